@@ -1,0 +1,103 @@
+// config.hpp — the resolved configuration of a run: model, training, data and
+// parallel strategy. Parsed from one YAML file plus `--set key=value`
+// overrides, validated once, then passed down by value. Only config.cpp
+// includes yaml-cpp. Every field documents itself here; docs/config.md lists
+// them for users.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace piper::config {
+
+// Model sizes (spec/MODEL.md). Derived sizes are methods, not fields.
+struct ModelConfig {
+  std::string pattern = "M-M*M-M-";  // one symbol per block: M mamba2, * attention, - mlp, E moe
+  int64_t vocab_size = 256;          // V
+  int64_t d_model = 256;             // D
+  int64_t n_heads = 8;               // H (attention)
+  int64_t n_kv_heads = 4;            // KV (attention), H % KV == 0
+  int64_t ffn_hidden = 768;          // F (MLP)
+  int64_t d_state = 32;              // N (mamba2)
+  int64_t head_dim = 32;             // P (mamba2 head dim)
+  int64_t expand = 2;                // d_inner = expand * D
+  int64_t n_groups = 1;              // G (mamba2 B/C groups)
+  int64_t d_conv = 4;                // K (mamba2 conv width)
+  double rope_theta = 10000.0;
+  int64_t ssd_chunk = 64;            // chunk length of the SSD scan (speed only, not numerics)
+
+  int64_t n_blocks() const { return static_cast<int64_t>(pattern.size()); }
+  int64_t attn_head_dim() const { return d_model / n_heads; }       // hd
+  int64_t d_inner() const { return expand * d_model; }
+  int64_t mamba_heads() const { return d_inner() / head_dim; }      // Hm
+  int64_t conv_channels() const { return d_inner() + 2 * n_groups * d_state; }
+  int64_t in_proj_rows() const { return 2 * d_inner() + 2 * n_groups * d_state + mamba_heads(); }
+};
+
+// Optimisation and the step loop.
+struct TrainConfig {
+  int64_t steps = 100;          // optimiser steps
+  int64_t global_batch = 8;     // sequences per step, over all ranks and microbatches
+  int64_t seq_len = 256;        // T
+  double lr = 3e-3;             // peak learning rate
+  double min_lr_ratio = 0.1;    // cosine decays to lr * min_lr_ratio at the last step
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;       // global-norm clip; 0 = off
+  int64_t warmup_steps = 10;    // linear warmup from lr/warmup_steps to lr
+  uint64_t seed = 1234;         // initialisation seed
+  int64_t log_every = 1;        // progress line every N steps
+  int64_t sample_every = 0;     // generate a text sample every N steps; 0 = off
+  int64_t sample_tokens = 64;   // length of a generated sample
+  int64_t threads = 0;          // OpenMP threads per rank; 0 = leave OMP_NUM_THREADS / default
+};
+
+struct DataConfig {
+  std::string path = "build/data/corpus.tok";  // token file (docs/data.md)
+};
+
+// The parallel strategy shorthand. At world size 1 only dp=tp=pp=1, zero=0 work.
+struct ParallelConfig {
+  int64_t dp = 1;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t zero = 0;                 // 0..3
+  std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved | zbh1 | dualpipev
+  int64_t microbatches = 1;         // split of the per-replica batch (gradient accumulation)
+  int64_t virtual_stages = 1;
+  bool split_backward = false;      // emit BWD_I + BWD_W instead of fused BWD
+};
+
+struct Config {
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  ParallelConfig parallel;
+  std::string source;      // file the config came from ("<defaults>" if none)
+  std::string yaml_text;   // the resolved config, re-emitted as YAML
+};
+
+// A user-facing configuration error: `what()` is the whole message, already
+// naming the file, line and column where there is one. The CLI prints it and
+// exits with code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads `path`, applies `overrides` ("a.b=value", value parsed as YAML), and
+// validates. Throws ConfigError.
+Config load(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from YAML text already in memory; `source` names it in messages.
+Config parse(const std::string& yaml_text, const std::string& source,
+             const std::vector<std::string>& overrides = {});
+// Checks sizes and strategy against each other and the world size; throws ConfigError.
+void validate(const Config& cfg, int world_size);
+// The resolved config as YAML text (every key, defaults included).
+std::string to_yaml(const Config& cfg);
+
+}  // namespace piper::config
