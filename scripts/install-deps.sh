@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# install-deps.sh — installs every Debian package piper needs (build, test, bench).
+# A no-op when all are present; uses sudo when not root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake make pkg-config xz-utils
+  openmpi-bin libopenmpi-dev          # launch and CPU tensor traffic
+  libhdf5-openmpi-dev                 # parallel HDF5 checkpoints
+  libyaml-cpp-dev                     # configs
+  nlohmann-json3-dev libcli11-dev     # metrics JSON, command line
+  libgtest-dev googletest             # tests
+  libopenblas-dev libopenblas0-openmp libopenblas-openmp-dev  # CPU BLAS (docs/blas.md)
+  python3 python3-torch python3-numpy # the PyTorch peer of `make bench` and the parity test
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,119 @@
+// main.cpp — the piper command line: train, plan, prepare.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "data/prepare.hpp"
+#include "data/token_file.hpp"
+#include "ir/compile.hpp"
+#include "runtime/mpi_env.hpp"
+#include "runtime/trainer.hpp"
+
+namespace {
+
+constexpr int kExitUsage = 2;  // bad config, bad input: nothing was started
+
+using namespace piper;
+
+int run_plan(const std::string& path, const std::vector<std::string>& sets, int world,
+             bool directives) {
+  config::Config cfg = config::load(path, sets);
+  config::validate(cfg, world);
+  ir::Plan plan = ir::compile(cfg, world);
+  if (directives) {
+    std::fputs(ir::directives_yaml(plan.strategy).c_str(), stdout);
+    return 0;
+  }
+  std::fputs(ir::summary(plan.graph, plan.model).c_str(), stdout);
+  for (int r = 0; r < world; ++r)
+    std::fputs(ir::format_program(ir::lower(plan.graph, r), plan.model).c_str(), stdout);
+  return 0;
+}
+
+int run_train(int* argc, char*** argv, const std::string& path, const std::vector<std::string>& sets,
+              const runtime::TrainOptions& opts) {
+  runtime::MpiEnv env(argc, argv);
+  try {
+    config::Config cfg = config::load(path, sets);
+    config::validate(cfg, env.world_size());
+    runtime::train(cfg, opts, env);
+    return 0;
+  } catch (const std::exception& e) {
+    // Every rank parses the same input and fails the same way: one prints.
+    const bool user = dynamic_cast<const config::ConfigError*>(&e) ||
+                      dynamic_cast<const runtime::UserError*>(&e) ||
+                      dynamic_cast<const ir::BuildError*>(&e) ||
+                      dynamic_cast<const ir::VerifyError*>(&e);
+    if (env.rank() == 0 || !user)
+      std::fprintf(stderr, "piper: %s%s\n", user ? "error: " : "internal error on rank 0: ", e.what());
+    return user ? kExitUsage : 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"piper: distributed training of hybrid Transformer / Mamba-2 language models"};
+  app.require_subcommand(1);
+
+  std::string config_path;
+  std::vector<std::string> sets;
+  runtime::TrainOptions topts;
+  auto* train = app.add_subcommand("train", "Train the model of CONFIG with its parallel strategy");
+  train->add_option("config", config_path, "YAML config (docs/config.md)")->required();
+  train->add_option("--set", sets, "Override a config key: --set train.steps=50 (repeatable)");
+  train->add_option("--metrics", topts.metrics_path, "Write one JSON object per step to PATH");
+  train->add_option("--dump-params", topts.dump_params_path,
+                    "Write the initial parameters to PATH (PIPERPRM format, docs/data.md)");
+  train->add_flag("--quiet", topts.quiet, "No per-step progress lines");
+
+  int world = 1;
+  bool directives = false;
+  auto* plan = app.add_subcommand("plan", "Print the global training DAG and each rank's program");
+  plan->add_option("config", config_path, "YAML config")->required();
+  plan->add_option("--set", sets, "Override a config key (repeatable)");
+  plan->add_option("--world", world, "World size to compile for")->check(CLI::PositiveNumber);
+  plan->add_flag("--directives", directives, "Print the directives the parallel shorthand expands to");
+
+  std::string out_path;
+  std::vector<std::string> inputs;
+  auto* prepare = app.add_subcommand("prepare", "Tokenize text files (bytes, vocab 256) into a token file");
+  prepare->add_option("-o,--output", out_path, "Token file to write")->required();
+  prepare->add_option("inputs", inputs, "Text files or directories")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitUsage;
+  }
+
+  if (*train) return run_train(&argc, &argv, config_path, sets, topts);
+  try {
+    if (*plan) return run_plan(config_path, sets, world, directives);
+    if (*prepare) {
+      const int64_t n = data::prepare(inputs, out_path);
+      std::printf("piper prepare: wrote %lld tokens to %s\n", static_cast<long long>(n), out_path.c_str());
+      return 0;
+    }
+  } catch (const config::ConfigError& e) {
+    std::fprintf(stderr, "piper: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const data::DataError& e) {
+    std::fprintf(stderr, "piper: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const ir::BuildError& e) {
+    std::fprintf(stderr, "piper: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const ir::VerifyError& e) {
+    std::fprintf(stderr, "piper: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "piper: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,95 @@
+// graph.hpp — the global training DAG: nodes (compute, optimiser and
+// communication), data and ordering edges, and the tags directives filter on.
+// Pure data: no MPI, no backend, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace piper::ir {
+
+enum class NodeKind : uint8_t {
+  FWD,             // forward of one unit for one microbatch
+  BWD_I,           // input-gradient half of a backward (zero-bubble split)
+  BWD_W,           // weight-gradient half of a backward
+  BWD,             // fused backward (input and weight gradients)
+  UPD,             // optimiser update of one unit's parameters
+  SEND,
+  RECV,
+  ALLREDUCE,
+  REDUCE_SCATTER,
+  ALLGATHER,
+  ALLTOALL,
+};
+constexpr int kNodeKindCount = 11;
+
+// The pass a node belongs to, as directive filters name it.
+enum class Pass : uint8_t { PASS_F, PASS_B, PASS_BI, PASS_BW, PASS_U, PASS_COMM };
+
+enum class EdgeKind : uint8_t {
+  EDGE_DATA,   // dst consumes a value src produces
+  EDGE_ORDER,  // dst runs after src on the same device and stream (a schedule)
+};
+
+// The logical streams of a device. Compute and communication nodes on
+// different streams may overlap; nodes on one stream run in program order.
+enum class Stream : uint8_t { STREAM_COMPUTE, STREAM_COMM };
+
+struct Tags {
+  int stage = 0;        // pipeline stage (model chunk) holding the unit
+  int microbatch = -1;  // -1 for per-step nodes (UPD)
+  Pass pass = Pass::PASS_F;
+  int unit = -1;        // ModelGraph unit index
+  int block = -1;       // global block index in the pattern, -1 for embed/head
+  char block_kind = '?';  // unit_symbol(): 'e', 'M', '*', '-', 'E', 'h'
+};
+
+struct Node {
+  int id = -1;
+  NodeKind kind = NodeKind::FWD;
+  Tags tags;
+  std::vector<int> devices;  // ranks executing the node (a group for collectives)
+  Stream stream = Stream::STREAM_COMPUTE;
+  int peer = -1;             // SEND/RECV: the other rank
+  int64_t bytes = 0;         // communication payload
+};
+
+struct Edge {
+  int src = -1;
+  int dst = -1;
+  EdgeKind kind = EdgeKind::EDGE_DATA;
+};
+
+class Graph {
+ public:
+  int add_node(Node n);  // assigns and returns the id
+  void add_edge(int src, int dst, EdgeKind kind);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Edge>& edges() const { return edges_; }
+  const Node& node(int id) const { return nodes_.at(static_cast<size_t>(id)); }
+  // Edge indices into and out of each node (built on demand, cached).
+  const std::vector<std::vector<int>>& in_edges() const;
+  const std::vector<std::vector<int>>& out_edges() const;
+
+  // Total number of ranks referenced by node device sets.
+  int world_size() const;
+
+ private:
+  void index() const;
+  std::vector<Node> nodes_;
+  std::vector<Edge> edges_;
+  mutable bool indexed_ = false;
+  mutable std::vector<std::vector<int>> in_, out_;
+};
+
+const char* node_kind_name(NodeKind k);  // "FWD", "BWD_I", ...
+const char* pass_name(Pass p);           // "F", "B", "BI", "BW", "U", "C"
+bool is_compute(NodeKind k);             // FWD / BWD* / UPD
+bool is_comm(NodeKind k);
+
+// "FWD layers.3 mb1" — a node as users read it.
+std::string describe(const Node& n, const std::vector<std::string>& unit_names);
+
+}  // namespace piper::ir

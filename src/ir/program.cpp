@@ -1,0 +1,137 @@
+// program.cpp — lowering the global DAG to per-rank programs; plan printing and hashing.
+#include "ir/program.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <queue>
+#include <set>
+#include <sstream>
+
+namespace piper::ir {
+
+Program lower(const Graph& g, int rank) {
+  const size_t n = g.nodes().size();
+  std::vector<char> mine(n, 0);
+  for (const Node& nd : g.nodes())
+    mine[static_cast<size_t>(nd.id)] =
+        std::find(nd.devices.begin(), nd.devices.end(), rank) != nd.devices.end();
+  std::vector<int> indeg(n, 0);
+  for (const Edge& e : g.edges())
+    if (mine[static_cast<size_t>(e.src)] && mine[static_cast<size_t>(e.dst)]) ++indeg[static_cast<size_t>(e.dst)];
+  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+  for (size_t i = 0; i < n; ++i)
+    if (mine[i] && indeg[i] == 0) ready.push(static_cast<int>(i));
+  Program p;
+  p.rank = rank;
+  while (!ready.empty()) {
+    int v = ready.top();
+    ready.pop();
+    const Node& nd = g.node(v);
+    Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.peer, nd.bytes};
+    (nd.stream == Stream::STREAM_COMPUTE ? p.compute : p.comm).push_back(in);
+    for (int e : g.out_edges()[static_cast<size_t>(v)]) {
+      int d = g.edges()[static_cast<size_t>(e)].dst;
+      if (mine[static_cast<size_t>(d)] && --indeg[static_cast<size_t>(d)] == 0) ready.push(d);
+    }
+  }
+  return p;
+}
+
+namespace {
+
+struct Fnv {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t len) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < len; ++i) {
+      h ^= b[i];
+      h *= 1099511628211ull;
+    }
+  }
+  template <class T>
+  void value(T v) {
+    bytes(&v, sizeof v);
+  }
+};
+
+}  // namespace
+
+uint64_t plan_hash(const Graph& g) {
+  Fnv f;
+  f.value<uint64_t>(g.nodes().size());
+  for (const Node& n : g.nodes()) {
+    f.value<int32_t>(n.id);
+    f.value<uint8_t>(static_cast<uint8_t>(n.kind));
+    f.value<int32_t>(n.tags.stage);
+    f.value<int32_t>(n.tags.microbatch);
+    f.value<uint8_t>(static_cast<uint8_t>(n.tags.pass));
+    f.value<int32_t>(n.tags.unit);
+    f.value<int32_t>(n.tags.block);
+    f.value<uint8_t>(static_cast<uint8_t>(n.stream));
+    f.value<int32_t>(n.peer);
+    f.value<int64_t>(n.bytes);
+    f.value<uint64_t>(n.devices.size());
+    for (int d : n.devices) f.value<int32_t>(d);
+  }
+  f.value<uint64_t>(g.edges().size());
+  for (const Edge& e : g.edges()) {
+    f.value<int32_t>(e.src);
+    f.value<int32_t>(e.dst);
+    f.value<uint8_t>(static_cast<uint8_t>(e.kind));
+  }
+  return f.h;
+}
+
+std::string summary(const Graph& g, const ModelGraph& model) {
+  int counts[kNodeKindCount] = {};
+  std::set<int> stages, mbs;
+  int order_edges = 0;
+  for (const Node& n : g.nodes()) {
+    ++counts[static_cast<int>(n.kind)];
+    stages.insert(n.tags.stage);
+    if (n.tags.microbatch >= 0) mbs.insert(n.tags.microbatch);
+  }
+  for (const Edge& e : g.edges()) order_edges += e.kind == EdgeKind::EDGE_ORDER;
+  std::ostringstream o;
+  char hash[32];
+  std::snprintf(hash, sizeof hash, "%016" PRIx64, plan_hash(g));
+  o << "global DAG: " << g.nodes().size() << " nodes, " << g.edges().size() << " edges ("
+    << g.edges().size() - static_cast<size_t>(order_edges) << " data, " << order_edges
+    << " order), " << g.world_size() << " rank(s), " << stages.size() << " stage(s), "
+    << mbs.size() << " microbatch(es), plan hash " << hash << "\n";
+  o << "  nodes by kind:";
+  for (int k = 0; k < kNodeKindCount; ++k)
+    if (counts[k]) o << ' ' << node_kind_name(static_cast<NodeKind>(k)) << '=' << counts[k];
+  o << "\n  units (" << model.units.size() << ", " << model.param_count() << " parameters):";
+  for (const auto& u : model.units) o << ' ' << u.name << '[' << unit_symbol(u.kind) << ']';
+  o << "\n";
+  return o.str();
+}
+
+std::string format_program(const Program& p, const ModelGraph& model) {
+  std::vector<std::string> names;
+  for (const auto& u : model.units) names.push_back(u.name);
+  std::ostringstream o;
+  o << "rank " << p.rank << ": " << p.compute.size() << " compute, " << p.comm.size()
+    << " communication instructions\n";
+  auto stream = [&](const char* title, const std::vector<Instr>& v) {
+    if (v.empty()) return;
+    o << "  stream " << title << ":\n";
+    for (size_t i = 0; i < v.size(); ++i) {
+      char line[160];
+      std::string unit = v[i].unit >= 0 && static_cast<size_t>(v[i].unit) < names.size()
+                             ? names[static_cast<size_t>(v[i].unit)]
+                             : "";
+      std::string mb = v[i].microbatch >= 0 ? "mb" + std::to_string(v[i].microbatch) : "";
+      std::snprintf(line, sizeof line, "    %4zu  %-14s %-12s %-5s node %d\n", i,
+                    node_kind_name(v[i].kind), unit.c_str(), mb.c_str(), v[i].node);
+      o << line;
+    }
+  };
+  stream("compute", p.compute);
+  stream("comm", p.comm);
+  return o.str();
+}
+
+}  // namespace piper::ir

@@ -1,0 +1,41 @@
+// program.hpp — a rank's slice of the global DAG: ordered instructions per
+// stream, what the runtime executes. Also the plan's printed form and hash.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/graph.hpp"
+#include "ir/model_graph.hpp"
+
+namespace piper::ir {
+
+struct Instr {
+  int node = -1;  // id in the global DAG
+  NodeKind kind = NodeKind::FWD;
+  int unit = -1;
+  int microbatch = -1;
+  int peer = -1;
+  int64_t bytes = 0;
+};
+
+struct Program {
+  int rank = 0;
+  std::vector<Instr> compute;  // STREAM_COMPUTE, in execution order
+  std::vector<Instr> comm;     // STREAM_COMM, in issue order
+};
+
+// The slice of rank `rank`: its nodes per stream, in a topological order of
+// the edges among them, ties broken by node id (deterministic on every rank).
+Program lower(const Graph& g, int rank);
+
+// 64-bit FNV-1a of the graph's canonical form; ranks compare it at start.
+uint64_t plan_hash(const Graph& g);
+
+// Node and edge counts by kind, stages, microbatches, units.
+std::string summary(const Graph& g, const ModelGraph& model);
+// One line per instruction: "  3  FWD    layers.2 mb0".
+std::string format_program(const Program& p, const ModelGraph& model);
+
+}  // namespace piper::ir

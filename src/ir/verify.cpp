@@ -1,0 +1,198 @@
+// verify.cpp — the DAG verifier: structure, completeness, order, acyclicity.
+#include "ir/verify.hpp"
+
+#include <map>
+#include <queue>
+#include <set>
+#include <tuple>
+
+namespace piper::ir {
+
+namespace {
+
+std::vector<std::string> unit_names(const ModelGraph& model) {
+  std::vector<std::string> names;
+  for (const auto& u : model.units) names.push_back(u.name);
+  return names;
+}
+
+std::string where(const Node& n, const std::vector<std::string>& names) {
+  std::string ranks;
+  for (size_t i = 0; i < n.devices.size(); ++i) ranks += (i ? "," : "") + std::to_string(n.devices[i]);
+  return describe(n, names) + " on rank " + (ranks.empty() ? "<none>" : ranks);
+}
+
+// Follows data edges backwards through SEND/RECV to the compute node producing a value.
+int producer(const Graph& g, int edge) {
+  int src = g.edges()[static_cast<size_t>(edge)].src;
+  while (g.node(src).kind == NodeKind::RECV || g.node(src).kind == NodeKind::SEND) {
+    int next = -1;
+    for (int e : g.in_edges()[static_cast<size_t>(src)])
+      if (g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_DATA) next = e;
+    if (next < 0) return -1;
+    src = g.edges()[static_cast<size_t>(next)].src;
+  }
+  return src;
+}
+
+void check_edges(const Graph& g, const std::vector<std::string>& names) {
+  const int n = static_cast<int>(g.nodes().size());
+  for (const Edge& e : g.edges()) {
+    if (e.src < 0 || e.src >= n || e.dst < 0 || e.dst >= n)
+      throw VerifyError("edge " + std::to_string(e.src) + " -> " + std::to_string(e.dst) +
+                        " names a node that does not exist (graph has " + std::to_string(n) +
+                        " nodes)");
+    const Node& a = g.node(e.src);
+    const Node& b = g.node(e.dst);
+    if (e.kind == EdgeKind::EDGE_DATA && a.devices != b.devices &&
+        !(a.kind == NodeKind::SEND && b.kind == NodeKind::RECV))
+      throw VerifyError("data edge from " + where(a, names) + " to " + where(b, names) +
+                        " crosses ranks without a SEND/RECV pair");
+    if (e.kind == EdgeKind::EDGE_ORDER && (a.devices != b.devices || a.stream != b.stream))
+      throw VerifyError("ordering edge from " + where(a, names) + " to " + where(b, names) +
+                        " joins different ranks or streams; an order applies within one rank");
+  }
+  for (const Node& nd : g.nodes()) {
+    if (nd.devices.empty()) throw VerifyError(describe(nd, names) + " is placed on no rank");
+    if (nd.kind != NodeKind::SEND && nd.kind != NodeKind::RECV) continue;
+    int partners = 0;
+    const auto& edges = nd.kind == NodeKind::SEND ? g.out_edges() : g.in_edges();
+    for (int e : edges[static_cast<size_t>(nd.id)]) {
+      const Edge& ed = g.edges()[static_cast<size_t>(e)];
+      const Node& other = g.node(nd.kind == NodeKind::SEND ? ed.dst : ed.src);
+      if (ed.kind == EdgeKind::EDGE_DATA &&
+          other.kind == (nd.kind == NodeKind::SEND ? NodeKind::RECV : NodeKind::SEND)) {
+        ++partners;
+        if (other.devices.front() != nd.peer || nd.devices.front() != other.peer)
+          throw VerifyError(where(nd, names) + " and its partner " + where(other, names) +
+                            " disagree about their peers");
+      }
+    }
+    if (partners != 1)
+      throw VerifyError(where(nd, names) + " has " + std::to_string(partners) + " matching " +
+                        (nd.kind == NodeKind::SEND ? "RECV" : "SEND") + " nodes; expected 1");
+  }
+}
+
+// Every (unit, microbatch) has its forward and backward, every unit its
+// update, and each compute node's inputs come from the right producers.
+void check_complete(const Graph& g, const ModelGraph& model, const std::vector<std::string>& names) {
+  const int n_units = static_cast<int>(model.units.size());
+  std::map<std::tuple<NodeKind, int, int>, int> index;  // (kind, unit, mb) -> node
+  int n_mb = 0;
+  for (const Node& nd : g.nodes()) {
+    if (!is_compute(nd.kind)) continue;
+    if (nd.tags.unit < 0 || nd.tags.unit >= n_units)
+      throw VerifyError(where(nd, names) + " names unit " + std::to_string(nd.tags.unit) +
+                        "; the model has units 0.." + std::to_string(n_units - 1));
+    auto key = std::make_tuple(nd.kind, nd.tags.unit, nd.tags.microbatch);
+    if (!index.emplace(key, nd.id).second)
+      throw VerifyError(where(nd, names) + " appears twice in the graph");
+    n_mb = std::max(n_mb, nd.tags.microbatch + 1);
+  }
+  auto has = [&](NodeKind k, int u, int mb) { return index.count({k, u, mb}) > 0; };
+  for (int mb = 0; mb < n_mb; ++mb) {
+    for (int u = 0; u < n_units; ++u) {
+      const std::string what = model.units[static_cast<size_t>(u)].name + " mb" + std::to_string(mb);
+      if (!has(NodeKind::FWD, u, mb)) throw VerifyError("missing FWD " + what);
+      bool fused = has(NodeKind::BWD, u, mb);
+      bool split = has(NodeKind::BWD_W, u, mb) && (u == 0 || has(NodeKind::BWD_I, u, mb));
+      if (!fused && !split) throw VerifyError("missing backward (BWD or BWD_I + BWD_W) of " + what);
+    }
+  }
+  for (int u = 0; u < n_units; ++u)
+    if (!has(NodeKind::UPD, u, -1))
+      throw VerifyError("missing UPD " + model.units[static_cast<size_t>(u)].name);
+
+  // Inputs: FWD(u) needs FWD(u-1); a backward of u needs FWD(u) and the input
+  // gradient of u+1.
+  for (const Node& nd : g.nodes()) {
+    if (nd.kind == NodeKind::UPD || !is_compute(nd.kind)) continue;
+    const int u = nd.tags.unit, mb = nd.tags.microbatch;
+    std::set<int> producers;
+    for (int e : g.in_edges()[static_cast<size_t>(nd.id)])
+      if (g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_DATA)
+        producers.insert(producer(g, e));
+    auto need = [&](NodeKind k, int pu, const char* what) {
+      auto it = index.find({k, pu, mb});
+      if (it == index.end() || !producers.count(it->second))
+        throw VerifyError(where(nd, names) + ": input not produced: " + what + " (" +
+                          node_kind_name(k) + " " + model.units[static_cast<size_t>(pu)].name +
+                          " mb" + std::to_string(mb) + ") is not connected to it");
+    };
+    if (nd.kind == NodeKind::FWD) {
+      if (u > 0) need(NodeKind::FWD, u - 1, "the previous unit's activations");
+      continue;
+    }
+    if (nd.kind == NodeKind::BWD_W && u > 0) {
+      need(NodeKind::BWD_I, u, "its input-gradient half");
+    } else {
+      need(NodeKind::FWD, u, "its own forward");
+    }
+    if (u + 1 < n_units && !(nd.kind == NodeKind::BWD_W && u > 0))
+      need(has(NodeKind::BWD, u + 1, mb) ? NodeKind::BWD : NodeKind::BWD_I, u + 1,
+           "the next unit's input gradient");
+  }
+}
+
+// Ordering edges per (rank, stream) must chain every compute node once.
+void check_order(const Graph& g, const std::vector<std::string>& names) {
+  std::map<int, std::vector<int>> compute_of_rank;
+  for (const Node& nd : g.nodes())
+    if (is_compute(nd.kind) && nd.devices.size() == 1) compute_of_rank[nd.devices.front()].push_back(nd.id);
+  for (const auto& [rank, ids] : compute_of_rank) {
+    bool any = false;
+    for (int id : ids)
+      for (int e : g.in_edges()[static_cast<size_t>(id)])
+        any |= g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
+    if (!any) continue;  // no schedule on this rank: topological order decides
+    for (int id : ids) {
+      bool linked = false;
+      for (int e : g.in_edges()[static_cast<size_t>(id)])
+        linked |= g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
+      for (int e : g.out_edges()[static_cast<size_t>(id)])
+        linked |= g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
+      if (!linked && ids.size() > 1)
+        throw VerifyError("the schedule of rank " + std::to_string(rank) + " misses " +
+                          where(g.node(id), names));
+    }
+  }
+}
+
+// Kahn's algorithm over data and ordering edges; a leftover node lies on a cycle.
+void check_acyclic(const Graph& g, const std::vector<std::string>& names) {
+  const size_t n = g.nodes().size();
+  std::vector<int> indeg(n, 0);
+  for (const Edge& e : g.edges()) ++indeg[static_cast<size_t>(e.dst)];
+  std::queue<int> ready;
+  for (size_t i = 0; i < n; ++i)
+    if (indeg[i] == 0) ready.push(static_cast<int>(i));
+  size_t seen = 0;
+  while (!ready.empty()) {
+    int v = ready.front();
+    ready.pop();
+    ++seen;
+    for (int e : g.out_edges()[static_cast<size_t>(v)]) {
+      int d = g.edges()[static_cast<size_t>(e)].dst;
+      if (--indeg[static_cast<size_t>(d)] == 0) ready.push(d);
+    }
+  }
+  if (seen == n) return;
+  for (size_t i = 0; i < n; ++i)
+    if (indeg[i] > 0)
+      throw VerifyError("the schedule can deadlock: " + where(g.node(static_cast<int>(i)), names) +
+                        " waits on a cycle of data and ordering edges (" +
+                        std::to_string(n - seen) + " nodes can never run)");
+}
+
+}  // namespace
+
+void verify(const Graph& g, const ModelGraph& model) {
+  const auto names = unit_names(model);
+  check_edges(g, names);
+  check_complete(g, model, names);
+  check_order(g, names);
+  check_acyclic(g, names);
+}
+
+}  // namespace piper::ir

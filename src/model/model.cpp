@@ -1,0 +1,62 @@
+// model.cpp — unit construction and autoregressive sampling.
+#include "model/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+namespace piper::model {
+
+std::vector<int> Model::all_units(const ir::ModelGraph& g, std::vector<int> units) {
+  if (units.empty())
+    for (size_t u = 0; u < g.units.size(); ++u) units.push_back(static_cast<int>(u));
+  return units;
+}
+
+Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
+             backend::Backend& be)
+    : cfg_(cfg), graph_(graph), be_(be), params_(graph, all_units(graph, units), be) {
+  units_.resize(graph.units.size());
+  for (int u : all_units(graph, std::move(units)))
+    units_[static_cast<size_t>(u)] = make_unit(graph.units[static_cast<size_t>(u)], cfg_, params_, be);
+}
+
+std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
+                                     int64_t max_context, uint64_t seed, float temperature) {
+  for (const auto& u : units_)
+    if (!u) throw std::logic_error("generate needs every unit of the model on this rank");
+  constexpr int kSlot = -1;  // inference slot, apart from training microbatches
+  std::vector<int32_t> seq = prompt;
+  std::mt19937_64 rng(seed);
+  const int64_t D = cfg_.d_model, V = cfg_.vocab_size;
+  for (int64_t step = 0; step < n; ++step) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - max_context);
+    std::vector<int32_t> ctx(seq.begin() + start, seq.end());
+    MicroBatch mb{ctx.data(), nullptr, 1, static_cast<int64_t>(ctx.size()), 1.0f};
+    Tensor a(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
+    Tensor b(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
+    units_.front()->forward(kSlot, mb, nullptr, a.data());
+    for (size_t u = 1; u + 1 < units_.size(); ++u) {
+      units_[u]->forward(kSlot, mb, a.data(), b.data());
+      std::swap(a, b);
+    }
+    units_.back()->forward(kSlot, mb, a.data(), nullptr);
+    const float* last = units_.back()->logits(kSlot) + (mb.rows() - 1) * V;
+    int32_t next = 0;
+    if (temperature <= 0.0f) {
+      next = static_cast<int32_t>(std::max_element(last, last + V) - last);
+    } else {
+      std::vector<double> p(static_cast<size_t>(V));
+      const double mx = *std::max_element(last, last + V);
+      for (int64_t v = 0; v < V; ++v) p[static_cast<size_t>(v)] = std::exp((last[v] - mx) / temperature);
+      std::discrete_distribution<int32_t> dist(p.begin(), p.end());
+      next = dist(rng);
+    }
+    for (auto& u : units_) u->release(kSlot);
+    seq.push_back(next);
+  }
+  return std::vector<int32_t>(seq.begin() + static_cast<int64_t>(prompt.size()), seq.end());
+}
+
+}  // namespace piper::model

@@ -1,0 +1,43 @@
+// model.hpp — the units a rank holds, their parameters, and text generation.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "config/config.hpp"
+#include "ir/model_graph.hpp"
+#include "model/params.hpp"
+#include "model/unit.hpp"
+
+namespace piper::model {
+
+class Model {
+ public:
+  // Holds `units` (indices into graph.units); all of them when empty.
+  Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
+        backend::Backend& be);
+
+  const config::ModelConfig& config() const { return cfg_; }
+  const ir::ModelGraph& graph() const { return graph_; }
+  ParamStore& params() { return params_; }
+  bool holds(int unit) const { return params_.holds(unit); }
+  Unit& unit(int u) { return *units_.at(static_cast<size_t>(u)); }
+  backend::Backend& backend() { return be_; }
+
+  // Continues `prompt` by `n` tokens, sampling from softmax(logits / temperature)
+  // with a generator seeded by `seed` (temperature 0: greedy). Context is cut to
+  // the last `max_context` tokens. Needs every unit on this rank.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, int64_t max_context,
+                                uint64_t seed, float temperature);
+
+ private:
+  static std::vector<int> all_units(const ir::ModelGraph& g, std::vector<int> units);
+  const config::ModelConfig cfg_;
+  const ir::ModelGraph& graph_;
+  backend::Backend& be_;
+  ParamStore params_;
+  std::vector<std::unique_ptr<Unit>> units_;  // indexed by unit; null where not held
+};
+
+}  // namespace piper::model

@@ -1,0 +1,51 @@
+// mpi_env.cpp — MPI start-up, shutdown and world-level agreement checks.
+#include "runtime/mpi_env.hpp"
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace piper::runtime {
+
+MpiEnv::MpiEnv(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  host_.assign(name, static_cast<size_t>(len));
+}
+
+MpiEnv::~MpiEnv() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+bool MpiEnv::all_equal(uint64_t value) const {
+  std::vector<uint64_t> all(static_cast<size_t>(size_));
+  MPI_Allgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (uint64_t v : all)
+    if (v != value) return false;
+  return true;
+}
+
+bool MpiEnv::any(bool flag) const {
+  int in = flag ? 1 : 0, out = 0;
+  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return out != 0;
+}
+
+void MpiEnv::abort(int code) const {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace piper::runtime

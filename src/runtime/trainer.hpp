@@ -1,0 +1,29 @@
+// trainer.hpp — the training loop: data, plan, model, executor, progress,
+// metrics, samples and the final summary.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "config/config.hpp"
+#include "runtime/mpi_env.hpp"
+
+namespace piper::runtime {
+
+struct TrainOptions {
+  std::string metrics_path;      // JSON lines, one object per step ("" = none)
+  std::string dump_params_path;  // initial parameters in the PIPERPRM format ("" = none)
+  bool quiet = false;            // no progress lines
+};
+
+// A problem with what the user gave (a file, a size): printed without a
+// stack trace, exit code 2, before any work.
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Trains the model of `cfg` with its strategy. Throws UserError for bad input.
+void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env);
+
+}  // namespace piper::runtime
