@@ -1,0 +1,79 @@
+// token_file.hpp — the on-disk token file (docs/data.md): a 32-byte little-endian header and a
+// flat array of ids, memory-mapped read-only, and the samples of the data order (spec/MODEL.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace piper::data {
+
+// Every failure of this module: the message names the file, what was wrong and what was expected.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Header layout (all little-endian):
+//   offset  0  char[8]  magic "PIPERTOK"
+//   offset  8  u32      format version (kTokenFormatVersion)
+//   offset 12  u32      vocab size V (every id < V)
+//   offset 16  u32      id width in bytes, 2 or 4
+//   offset 20  u32      reserved, 0
+//   offset 24  u64      token count n
+//   offset 32  ids      n ids of `id width` bytes each, unsigned
+inline constexpr char kTokenMagic[8] = {'P', 'I', 'P', 'E', 'R', 'T', 'O', 'K'};
+inline constexpr uint32_t kTokenFormatVersion = 1;
+inline constexpr int64_t kTokenHeaderBytes = 32;
+inline constexpr int64_t kTokenMinCount = 2;  // one input and its next-token target
+
+// A validated, read-only, memory-mapped token file. Opening checks the header, the file size
+// and every id (< vocab size), so a TokenFile that exists is well formed.
+class TokenFile {
+ public:
+  explicit TokenFile(const std::string& path);  // throws DataError
+  ~TokenFile();
+  TokenFile(TokenFile&& other) noexcept;
+  TokenFile& operator=(TokenFile&& other) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  uint32_t vocab_size() const { return vocab_size_; }
+  int64_t size() const { return size_; }  // token count n
+  uint32_t id_width() const { return id_width_; }
+
+  // Token i, 0 <= i < size(); throws DataError otherwise.
+  int32_t at(int64_t i) const;
+
+  // Global sample g (spec/MODEL.md "Data order"): out[i] = token (g*T + i) mod size(), for
+  // i = 0..T, i.e. T + 1 tokens (inputs out[0..T-1], targets out[1..T]) wrapping to the start
+  // of the file. out has room for T + 1 ids. Throws DataError unless g >= 0 and T >= 1.
+  void sample(int64_t g, int64_t T, int32_t* out) const;
+
+ private:
+  int32_t load(int64_t i) const;  // unchecked
+  void release() noexcept;
+
+  std::string path_;
+  void* map_ = nullptr;  // whole file, read-only
+  size_t map_bytes_ = 0;
+  const unsigned char* ids_ = nullptr;  // map_ + kTokenHeaderBytes
+  uint32_t vocab_size_ = 0;
+  uint32_t id_width_ = 0;
+  int64_t size_ = 0;
+};
+
+// Writes a token file atomically (to a temporary name beside `path`, then rename). The id width
+// is 2 bytes when vocab_size <= 65536, else 4. Throws DataError on an id outside [0, vocab_size),
+// fewer than kTokenMinCount ids, or an I/O failure.
+void write_token_file(const std::string& path, uint32_t vocab_size,
+                      const std::vector<int32_t>& ids);
+
+// Throws DataError when the file's vocab size exceeds the model's (it could hold ids the
+// embedding has no row for), naming both sizes.
+void check_vocab(const TokenFile& file, int64_t model_vocab);
+
+}  // namespace piper::data
