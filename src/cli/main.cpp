@@ -67,8 +67,10 @@ int main(int argc, char** argv) {
   train->add_option("config", config_path, "YAML config (docs/config.md)")->required();
   train->add_option("--set", sets, "Override a config key: --set train.steps=50 (repeatable)");
   train->add_option("--metrics", topts.metrics_path, "Write one JSON object per step to PATH");
-  train->add_option("--dump-params", topts.dump_params_path,
+  train->add_option("--dump-init", topts.dump_init_path,
                     "Write the initial parameters to PATH (PIPERPRM format, docs/data.md)");
+  train->add_option("--dump-final", topts.dump_final_path,
+                    "Write the parameters after the last step to PATH (PIPERPRM format)");
   train->add_flag("--quiet", topts.quiet, "No per-step progress lines");
 
   int world = 1;

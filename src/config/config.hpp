@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ struct ModelConfig {
   int64_t mamba_heads() const { return d_inner() / head_dim; }      // Hm
   int64_t conv_channels() const { return d_inner() + 2 * n_groups * d_state; }
   int64_t in_proj_rows() const { return 2 * d_inner() + 2 * n_groups * d_state + mamba_heads(); }
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Optimisation and the step loop.
@@ -54,10 +57,14 @@ struct TrainConfig {
   int64_t sample_every = 0;     // generate a text sample every N steps; 0 = off
   int64_t sample_tokens = 64;   // length of a generated sample
   int64_t threads = 0;          // OpenMP threads per rank; 0 = leave OMP_NUM_THREADS / default
+
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
   std::string path = "build/data/corpus.tok";  // token file (docs/data.md)
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 // The parallel strategy shorthand. At world size 1 only dp=tp=pp=1, zero=0 work.
@@ -70,6 +77,8 @@ struct ParallelConfig {
   int64_t microbatches = 1;         // split of the per-replica batch (gradient accumulation)
   int64_t virtual_stages = 1;
   bool split_backward = false;      // emit BWD_I + BWD_W instead of fused BWD
+
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct Config {
@@ -77,8 +86,18 @@ struct Config {
   TrainConfig train;
   DataConfig data;
   ParallelConfig parallel;
-  std::string source;      // file the config came from ("<defaults>" if none)
+  std::string source = "<defaults>";  // file the config came from ("<defaults>" if none)
   std::string yaml_text;   // the resolved config, re-emitted as YAML
+  // Where each "section.key" that was set came from: "file:line:col" (1-based)
+  // for a key of the file, "--set" for an override. Keys left at their
+  // default have no entry. validate() quotes these in its messages.
+  std::map<std::string, std::string> locations;
+
+  // Same settings (model, train, data, parallel); source, yaml_text and
+  // locations are not compared.
+  bool same_settings(const Config& o) const {
+    return model == o.model && train == o.train && data == o.data && parallel == o.parallel;
+  }
 };
 
 // A user-facing configuration error: `what()` is the whole message, already
@@ -89,15 +108,20 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Reads `path`, applies `overrides` ("a.b=value", value parsed as YAML), and
-// validates. Throws ConfigError.
+// Reads `path` and applies `overrides` ("section.key=value", value parsed as a
+// YAML scalar; for a text key, a value that is not valid YAML is taken as
+// written). Fills source, yaml_text and locations. Checks names and types
+// only: call validate() once the world size is known. Throws ConfigError
+// (also when the file cannot be read).
 Config load(const std::string& path, const std::vector<std::string>& overrides = {});
 // Same from YAML text already in memory; `source` names it in messages.
 Config parse(const std::string& yaml_text, const std::string& source,
              const std::vector<std::string>& overrides = {});
-// Checks sizes and strategy against each other and the world size; throws ConfigError.
+// Checks sizes and strategy against each other and the world size; throws
+// ConfigError listing every problem found, one per line.
 void validate(const Config& cfg, int world_size);
-// The resolved config as YAML text (every key, defaults included).
+// The resolved config as YAML text (every key, defaults included); parse()
+// reads it back to the same settings.
 std::string to_yaml(const Config& cfg);
 
 }  // namespace piper::config

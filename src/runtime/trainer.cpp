@@ -108,7 +108,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   std::sort(held.begin(), held.end());
   model::Model m(cfg.model, plan.model, held, backend::cpu());
   m.params().init(cfg.train.seed);
-  if (!opts.dump_params_path.empty() && lead) dump_params(opts.dump_params_path, m);
+  if (!opts.dump_init_path.empty() && lead) dump_params(opts.dump_init_path, m);
   Executor exec(m, std::move(program), cfg.train);
 
   std::unique_ptr<std::ofstream> metrics;
@@ -154,6 +154,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     std::fflush(stdout);
   }
   if (!lead) return;
+  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::vector<double> sorted = step_ms;
   std::sort(sorted.begin(), sorted.end());

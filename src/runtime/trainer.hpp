@@ -12,7 +12,8 @@ namespace piper::runtime {
 
 struct TrainOptions {
   std::string metrics_path;      // JSON lines, one object per step ("" = none)
-  std::string dump_params_path;  // initial parameters in the PIPERPRM format ("" = none)
+  std::string dump_init_path;    // initial parameters in the PIPERPRM format ("" = none)
+  std::string dump_final_path;   // parameters after the last step, same format
   bool quiet = false;            // no progress lines
 };
 

@@ -1,0 +1,122 @@
+// test_training.cpp — end-to-end training: the loss falls, runs are
+// reproducible, and splitting the batch into microbatches changes nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "e2e/e2e_util.hpp"
+
+namespace piper::e2e {
+namespace {
+
+std::string train_cmd(const std::string& extra) {
+  return piper() + " train " + source("config/tiny.yaml") + " --quiet --set data.path=" + corpus() +
+         " " + extra;
+}
+
+// The tiny config trains 200 steps; the loss falls at least 30% from step 0.
+TEST(Training, TinyLossFalls) {
+  TempDir tmp("loss");
+  auto r = run(train_cmd("--metrics " + tmp.file("m.jsonl")));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto rows = read_metrics(tmp.file("m.jsonl"));
+  ASSERT_EQ(rows.size(), 200u);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i]["step"].get<int64_t>(), static_cast<int64_t>(i));
+  const double first = rows.front()["loss"], last = rows.back()["loss"];
+  const double drop = 1.0 - last / first;
+  std::printf("[ e2e ] loss %.4f -> %.4f: fell %.1f%% (need >= 30%%)\n", first, last, 100 * drop);
+  EXPECT_GE(drop, 0.30);
+  for (const auto& row : rows) {
+    for (const char* key : {"loss", "grad_norm", "lr", "tokens_per_s", "step_ms"}) {
+      ASSERT_TRUE(row.contains(key)) << key;
+      EXPECT_TRUE(std::isfinite(row[key].get<double>())) << key;
+    }
+  }
+}
+
+// The same config twice: bit-identical losses, gradient norms and parameters.
+TEST(Training, BitIdenticalRuns) {
+  TempDir tmp("bits");
+  for (const char* tag : {"a", "b"}) {
+    auto r = run(train_cmd(std::string("--set train.steps=8 --metrics ") + tmp.file(std::string(tag) + ".jsonl") +
+                           " --dump-final " + tmp.file(std::string(tag) + ".prm")));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  auto a = read_metrics(tmp.file("a.jsonl")), b = read_metrics(tmp.file("b.jsonl"));
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << "step " << i;
+  }
+  auto pa = read_params(tmp.file("a.prm")), pb = read_params(tmp.file("b.prm"));
+  ASSERT_FALSE(pa.empty());
+  EXPECT_EQ(pa, pb);
+}
+
+// One global batch of 8 split into 1, 2 and 4 microbatches: the same losses
+// and final parameters to 1e-5 relative.
+TEST(Training, MicrobatchSplitInvariance) {
+  TempDir tmp("split");
+  std::vector<std::vector<nlohmann::json>> metrics;
+  std::vector<std::map<std::string, std::vector<float>>> params;
+  for (int mb : {1, 2, 4}) {
+    const std::string tag = std::to_string(mb);
+    auto r = run(train_cmd("--set train.steps=10 --set parallel.microbatches=" + tag + " --metrics " +
+                           tmp.file(tag + ".jsonl") + " --dump-final " + tmp.file(tag + ".prm")));
+    ASSERT_EQ(r.code, 0) << r.output;
+    metrics.push_back(read_metrics(tmp.file(tag + ".jsonl")));
+    params.push_back(read_params(tmp.file(tag + ".prm")));
+  }
+  constexpr double kTol = 1e-5;
+  for (size_t k = 1; k < metrics.size(); ++k) {
+    ASSERT_EQ(metrics[k].size(), metrics[0].size());
+    double worst_loss = 0;
+    for (size_t i = 0; i < metrics[0].size(); ++i) {
+      const double x = metrics[0][i]["loss"], y = metrics[k][i]["loss"];
+      worst_loss = std::max(worst_loss, std::fabs(x - y) / std::fabs(x));
+    }
+    // Per tensor: ||got - ref|| / ||ref||.
+    double worst_param = 0;
+    std::string worst_name;
+    ASSERT_EQ(params[k].size(), params[0].size());
+    for (const auto& [name, ref] : params[0]) {
+      const auto& got = params[k].at(name);
+      ASSERT_EQ(got.size(), ref.size()) << name;
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        diff += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+        norm += double(ref[i]) * ref[i];
+      }
+      const double err = std::sqrt(diff / std::max(norm, 1e-30));
+      if (err > worst_param) worst_param = err, worst_name = name;
+    }
+    std::printf("[ e2e ] microbatches %d vs 1: worst loss rel err %.3e, worst param rel err %.3e "
+                "(%s) (tol %.0e)\n",
+                k == 1 ? 2 : 4, worst_loss, worst_param, worst_name.c_str(), kTol);
+    EXPECT_LE(worst_loss, kTol);
+    EXPECT_LE(worst_param, kTol);
+  }
+}
+
+// Under mpirun with one rank, as `make run` launches it.
+TEST(Training, RunsUnderMpirun) {
+  TempDir tmp("mpirun");
+  auto r = run("mpirun --oversubscribe --allow-run-as-root -np 1 " +
+               train_cmd("--set train.steps=3 --metrics " + tmp.file("m.jsonl")));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(read_metrics(tmp.file("m.jsonl")).size(), 3u);
+  EXPECT_NE(r.output.find("summary:"), std::string::npos) << r.output;
+}
+
+// A text sample is printed when train.sample_every is set.
+TEST(Training, PrintsSamples) {
+  auto r = run(train_cmd("--set train.steps=4 --set train.sample_every=2 --set train.sample_tokens=16"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("sample @ step 1:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sample @ step 3:"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace piper::e2e

@@ -1,0 +1,277 @@
+// test_config.cpp — unit tests of config parsing, overrides, validation messages and YAML round trips.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace piper::config {
+namespace {
+
+// ---- good configs ---------------------------------------------------------------
+
+TEST(Config, DefaultsRoundTripThroughYaml) {
+  Config defaults;
+  std::string text = to_yaml(defaults);
+  for (const char* key : {"pattern:", "vocab_size:", "ssd_chunk:", "threads:", "path:", "split_backward:"})
+    EXPECT_NE(text.find(key), std::string::npos) << key;
+  Config back = parse(text, "roundtrip.yaml");
+  EXPECT_TRUE(back.same_settings(defaults));
+  EXPECT_EQ(back.source, "roundtrip.yaml");
+  EXPECT_EQ(back.yaml_text, text);
+  EXPECT_NO_THROW(validate(back, 1));
+}
+
+TEST(Config, EmptyTextGivesDefaults) {
+  const Config defaults;
+  Config c = parse("", "empty.yaml");
+  EXPECT_TRUE(c.same_settings(defaults));
+  EXPECT_TRUE(c.locations.empty());
+  EXPECT_EQ(c.yaml_text, to_yaml(defaults));
+  Config d = parse("# only a comment\nmodel:\n", "comment.yaml");
+  EXPECT_TRUE(d.same_settings(defaults));
+}
+
+TEST(Config, OddValuesRoundTrip) {
+  Config c;
+  c.model.pattern = "*M-";          // would be a YAML alias unquoted
+  c.model.rope_theta = 500000.0;
+  c.train.lr = 1e-8 / 3;            // needs every digit
+  c.train.eps = 1e-300;
+  c.train.min_lr_ratio = 0.0;
+  c.train.seed = 18446744073709551615ULL;
+  c.train.threads = -1;             // invalid, but the text must still carry it
+  c.data.path = "dir with: colon/\"q\"\\x\t.tok";
+  c.parallel.schedule = "yes";      // a string that YAML 1.1 would read as a bool
+  c.parallel.split_backward = true;
+  Config back = parse(to_yaml(c), "odd.yaml");
+  EXPECT_TRUE(back.same_settings(c));
+  EXPECT_EQ(back.train.lr, c.train.lr);
+  EXPECT_EQ(back.data.path, c.data.path);
+}
+
+TEST(Config, ValidConfigParsesToItsValues) {
+  const std::string text =
+      "model:\n"
+      "  pattern: M*-M\n"
+      "  vocab_size: 512\n"
+      "  d_model: 128\n"
+      "  n_heads: 4\n"
+      "  n_kv_heads: 2\n"
+      "  rope_theta: 5e5\n"
+      "train:\n"
+      "  steps: 20\n"
+      "  lr: 0.001\n"
+      "  seed: 7\n"
+      "  global_batch: 12\n"
+      "data:\n"
+      "  path: /tmp/x.tok\n"
+      "parallel:\n"
+      "  microbatches: 3\n"
+      "  schedule: gpipe\n"
+      "  split_backward: yes\n";
+  Config c = parse(text, "good.yaml");
+  EXPECT_EQ(c.model.pattern, "M*-M");
+  EXPECT_EQ(c.model.n_blocks(), 4);
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.d_model, 128);
+  EXPECT_EQ(c.model.n_heads, 4);
+  EXPECT_EQ(c.model.n_kv_heads, 2);
+  EXPECT_EQ(c.model.rope_theta, 5e5);
+  EXPECT_EQ(c.model.ffn_hidden, ModelConfig().ffn_hidden);  // untouched keys keep defaults
+  EXPECT_EQ(c.train.steps, 20);
+  EXPECT_EQ(c.train.lr, 0.001);
+  EXPECT_EQ(c.train.seed, 7u);
+  EXPECT_EQ(c.train.global_batch, 12);
+  EXPECT_EQ(c.data.path, "/tmp/x.tok");
+  EXPECT_EQ(c.parallel.microbatches, 3);
+  EXPECT_EQ(c.parallel.schedule, "gpipe");
+  EXPECT_TRUE(c.parallel.split_backward);
+  EXPECT_EQ(c.locations.at("model.d_model"), "good.yaml:4:3");
+  EXPECT_EQ(c.locations.at("parallel.split_backward"), "good.yaml:18:3");
+  EXPECT_EQ(c.locations.count("model.ffn_hidden"), 0u);
+  EXPECT_NO_THROW(validate(c, 1));
+  EXPECT_TRUE(parse(c.yaml_text, "again").same_settings(c));
+}
+
+TEST(Config, OverridesApplyAfterTheFileInOrder) {
+  const std::string text = "model:\n  d_model: 128\ntrain:\n  steps: 5\n";
+  Config c = parse(text, "base.yaml",
+                   {"model.d_model=64", "train.steps=9", "train.steps=11", "train.lr=2e-4",
+                    "parallel.split_backward=true", "model.pattern=*M-", "data.path=a b.tok",
+                    "parallel.schedule='zbh1'", " train.warmup_steps = 3"});
+  EXPECT_EQ(c.model.d_model, 64);
+  EXPECT_EQ(c.train.steps, 11);
+  EXPECT_EQ(c.train.lr, 2e-4);
+  EXPECT_TRUE(c.parallel.split_backward);
+  EXPECT_EQ(c.model.pattern, "*M-");
+  EXPECT_EQ(c.data.path, "a b.tok");
+  EXPECT_EQ(c.parallel.schedule, "zbh1");
+  EXPECT_EQ(c.train.warmup_steps, 3);
+  EXPECT_EQ(c.locations.at("model.d_model"), "--set");
+  EXPECT_NE(c.yaml_text.find("d_model: 64"), std::string::npos);
+  EXPECT_TRUE(parse(c.yaml_text, "resolved").same_settings(c));
+}
+
+TEST(Config, LoadReadsAFile) {
+  std::filesystem::path p = std::filesystem::path(testing::TempDir()) / "piper_cfg_load.yaml";
+  {
+    std::ofstream f(p);
+    f << "train:\n  steps: 3\n";
+  }
+  Config c = load(p.string(), {"train.seq_len=32"});
+  EXPECT_EQ(c.source, p.string());
+  EXPECT_EQ(c.train.steps, 3);
+  EXPECT_EQ(c.train.seq_len, 32);
+  EXPECT_EQ(c.locations.at("train.steps"), p.string() + ":2:3");
+  std::filesystem::remove(p);
+}
+
+TEST(Config, ValidateReportsEveryProblem) {
+  Config c = parse("train:\n  lr: 0\n  steps: 0\n", "two.yaml");
+  try {
+    validate(c, 1);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("two.yaml:2:3: train.lr=0.0: must be > 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("two.yaml:3:3: train.steps=0: must be at least 1"), std::string::npos) << m;
+  }
+}
+
+// ---- bad configs: each row must throw a ConfigError naming the given pieces ------
+
+struct BadCase {
+  const char* name;
+  std::string yaml;
+  std::vector<std::string> overrides;
+  int world_size;                  // passed to validate() when parse() succeeds
+  std::vector<std::string> needs;  // substrings of the message
+};
+
+std::ostream& operator<<(std::ostream& os, const BadCase& b) { return os << b.name; }
+
+const std::vector<BadCase> kBad = {
+    // syntax and structure
+    {"SyntaxError", "model:\n  d_model: 4\n  n_heads: [1,\n", {}, 1,
+     {"bad.yaml:", "YAML syntax error", "end of sequence flow not found"}},
+    {"SyntaxIllegalValue", "model:\n  d_model: a: b\n", {}, 1, {"bad.yaml:2:", "YAML syntax error"}},
+    {"TopLevelNotAMap", "- model\n", {}, 1, {"bad.yaml:1:1", "expected a map with the sections", "a list"}},
+    {"UnknownSection", "modle:\n  d_model: 4\n", {}, 1,
+     {"bad.yaml:1:1", "unknown section 'modle'", "did you mean 'model'?"}},
+    {"KeyOutsideSection", "d_model: 4\n", {}, 1, {"bad.yaml:1:1", "did you mean 'model.d_model'?"}},
+    {"UnknownKey", "model:\n  vocab_size: 8\n  dmodel: 3\n", {}, 1,
+     {"bad.yaml:3:3", "unknown key 'model.dmodel'", "did you mean 'd_model'?"}},
+    {"KeyInWrongSection", "model:\n  steps: 3\n", {}, 1,
+     {"bad.yaml:2:3", "unknown key 'model.steps'", "did you mean 'train.steps'?"}},
+    {"DuplicateKey", "train:\n  steps: 3\n  steps: 4\n", {}, 1,
+     {"bad.yaml:3:3", "duplicate key 'train.steps'", "first at bad.yaml:2:3"}},
+    {"SectionNotAMap", "train: 5\n", {}, 1, {"bad.yaml:1:8", "section 'train'", "expected a map of keys", "'5'"}},
+    // types
+    {"NotAnInteger", "model:\n  pattern: M-\n  d_model: abc\n", {}, 1,
+     {"bad.yaml:3:12", "model.d_model", "expected an integer, found 'abc'"}},
+    {"FloatForInteger", "train:\n  steps: 2.5\n", {}, 1, {"bad.yaml:2:10", "train.steps", "expected an integer"}},
+    {"MapForScalar", "model:\n  d_model:\n    a: 1\n", {}, 1, {"bad.yaml:3:5", "model.d_model", "found a map"}},
+    {"EmptyValue", "model:\n  d_model:\n  n_heads: 2\n", {}, 1,
+     {"bad.yaml:2:3", "model.d_model", "expected an integer, found an empty value"}},
+    {"NotANumber", "train:\n  lr: fast\n", {}, 1, {"bad.yaml:2:7", "train.lr", "expected a number, found 'fast'"}},
+    {"InfiniteNumber", "train:\n  lr: .inf\n", {}, 1, {"train.lr", "expected a number"}},
+    {"NegativeSeed", "train:\n  seed: -1\n", {}, 1, {"train.seed", "expected a non-negative integer"}},
+    {"NotABool", "parallel:\n  split_backward: maybe\n", {}, 1,
+     {"bad.yaml:2:19", "parallel.split_backward", "expected true or false, found 'maybe'"}},
+    {"ListForString", "data:\n  path: [a, b]\n", {}, 1, {"bad.yaml:2:9", "data.path", "expected a string, found a list"}},
+    // overrides
+    {"OverrideNoEquals", "", {"train.steps"}, 1, {"--set train.steps", "expected section.key=value"}},
+    {"OverrideNoSection", "", {"steps=3"}, 1, {"--set steps=3", "expected section.key=value"}},
+    {"OverrideUnknownKey", "", {"model.dmodel=3"}, 1,
+     {"--set model.dmodel=3: unknown key 'model.dmodel'", "did you mean 'd_model'?"}},
+    {"OverrideUnknownSection", "", {"trian.steps=3"}, 1, {"--set trian.steps=3", "did you mean 'train'?"}},
+    {"OverrideBadType", "", {"model.d_model=abc"}, 1,
+     {"--set model.d_model=abc", "model.d_model", "expected an integer, found 'abc'"}},
+    {"OverrideBadYaml", "", {"train.steps=[1"}, 1, {"--set train.steps=[1", "not valid YAML"}},
+    // validation: model
+    {"ZeroSize", "model:\n  vocab_size: 0\n", {}, 1, {"bad.yaml:2:3", "model.vocab_size=0", "at least 1"}},
+    {"EmptyPattern", "model:\n  pattern: ''\n", {}, 1, {"bad.yaml:2:3", "model.pattern", "empty"}},
+    {"BadPatternSymbol", "model:\n  pattern: M-X\n", {}, 1,
+     {"bad.yaml:2:3", "model.pattern=\"M-X\"", "'X'", "M (Mamba-2), * (attention) or - (MLP)"}},
+    {"MoePattern", "model:\n  pattern: M-E\n", {}, 1,
+     {"bad.yaml:2:3", "model.pattern: MoE blocks ('E') are not supported yet"}},
+    {"HeadsDontDivide", "model:\n  d_model: 100\n  n_heads: 8\n", {}, 1,
+     {"bad.yaml:2:3", "model.d_model=100", "not divisible by model.n_heads=8 (at bad.yaml:3:3)", "96 or 104"}},
+    {"KvHeadsDontDivide", "model:\n  n_heads: 8\n  n_kv_heads: 3\n", {}, 1,
+     {"bad.yaml:2:3: model.n_heads=8", "model.n_kv_heads=3 (at bad.yaml:3:3)", "2 or 4"}},
+    {"OddAttentionHeadDim", "model:\n  d_model: 36\n  n_heads: 4\n  n_kv_heads: 2\n  head_dim: 36\n", {}, 1,
+     {"bad.yaml:2:3", "model.d_model=36", "head dim", "= 9 is odd", "RoPE"}},
+    {"MambaHeadDim", "model:\n  head_dim: 48\n", {}, 1,
+     {"bad.yaml:2:3: model.head_dim=48", "does not divide d_inner = expand(2) x d_model(256) = 512", "32 or 64"}},
+    {"MambaGroups", "model:\n  n_groups: 3\n", {}, 1,
+     {"bad.yaml:2:3: model.n_groups=3", "Mamba-2 head count", "= 16", "2 or 4"}},
+    // validation: train
+    {"ZeroLr", "train:\n  lr: 0\n", {}, 1, {"bad.yaml:2:3", "train.lr=0.0", "must be > 0"}},
+    {"BetaOne", "train:\n  beta2: 1\n", {}, 1, {"bad.yaml:2:3", "train.beta2=1.0", "in [0, 1)"}},
+    {"NegativeBeta", "", {"train.beta1=-0.1"}, 1, {"--set train.beta1=-0.1", "in [0, 1)"}},
+    {"ZeroEps", "train:\n  eps: 0\n", {}, 1, {"train.eps=0.0", "must be > 0"}},
+    {"NegativeWeightDecay", "train:\n  weight_decay: -0.1\n", {}, 1, {"train.weight_decay=-0.1", ">= 0"}},
+    {"NegativeClip", "train:\n  grad_clip: -1\n", {}, 1, {"train.grad_clip=-1.0", ">= 0"}},
+    {"NegativeWarmup", "train:\n  warmup_steps: -5\n", {}, 1, {"train.warmup_steps=-5", "at least 0"}},
+    {"ZeroSteps", "train:\n  steps: 0\n", {}, 1, {"bad.yaml:2:3", "train.steps=0", "at least 1"}},
+    {"ZeroSeqLen", "", {"train.seq_len=0"}, 1, {"--set train.seq_len=0", "at least 1"}},
+    {"BatchNotDivisible", "train:\n  global_batch: 10\nparallel:\n  microbatches: 4\n", {}, 1,
+     {"bad.yaml:2:3: train.global_batch=10", "dp x microbatches = 1 x 4 = 4",
+      "parallel.microbatches=4 (at bad.yaml:4:3)", "parallel.dp=1 (default)", "8 or 12"}},
+    {"EmptyDataPath", "data:\n  path: \"\"\n", {}, 1, {"bad.yaml:2:3", "data.path", "token file"}},
+    // validation: parallel
+    {"ZeroStage", "parallel:\n  zero: 4\n", {}, 1, {"bad.yaml:2:3", "parallel.zero=4", "0, 1, 2 or 3"}},
+    {"UnknownSchedule", "parallel:\n  schedule: 1f1d\n", {}, 1,
+     {"bad.yaml:2:3", "parallel.schedule=\"1f1d\"", "gpipe, 1f1b, interleaved, zbh1, dualpipev", "did you mean '1f1b'?"}},
+    {"WorldSizeMismatch", "parallel:\n  dp: 2\n", {}, 1,
+     {"world size 1 != dp(2) x tp(1) x pp(1) = 2", "parallel.dp=2 (at bad.yaml:2:3)", "mpirun -n 2"}},
+    {"DataParallelNotYet", "parallel:\n  dp: 2\n", {}, 2,
+     {"bad.yaml:2:3: parallel.dp=2: data parallelism is not available yet in this build; only dp=tp=pp=1, zero=0 run"}},
+    {"TensorParallelNotYet", "", {"parallel.tp=2"}, 2,
+     {"--set parallel.tp=2: tensor parallelism is not available yet"}},
+    {"PipelineNotYet", "parallel:\n  pp: 4\n", {}, 4, {"parallel.pp=4: pipeline parallelism is not available yet"}},
+    {"ZeroNotYet", "parallel:\n  zero: 1\n", {}, 1, {"bad.yaml:2:3: parallel.zero=1: ZeRO", "not available yet"}},
+    {"VirtualStagesNotYet", "parallel:\n  virtual_stages: 2\n", {}, 1,
+     {"parallel.virtual_stages=2", "not available yet", "virtual_stages=1"}},
+};
+
+class BadConfig : public testing::TestWithParam<BadCase> {};
+
+TEST_P(BadConfig, ThrowsANamedMessage) {
+  const BadCase& b = GetParam();
+  std::string message;
+  try {
+    Config c = parse(b.yaml, "bad.yaml", b.overrides);
+    validate(c, b.world_size);
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "no ConfigError";
+  for (const std::string& s : b.needs) EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadConfig, testing::ValuesIn(kBad),
+                         [](const testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST(Config, MissingFile) {
+  try {
+    load("/nonexistent/piper.yaml");
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "cannot open config file /nonexistent/piper.yaml: No such file or directory");
+  }
+}
+
+TEST(Config, WorldSizeOneDefaultsAreValid) {
+  const Config defaults;
+  EXPECT_NO_THROW(validate(defaults, 1));
+  EXPECT_THROW(validate(defaults, 2), ConfigError);
+}
+
+}  // namespace
+}  // namespace piper::config
