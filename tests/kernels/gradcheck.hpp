@@ -22,11 +22,14 @@ std::vector<T> random_vec(size_t n, uint64_t seed, double lo = -1.0, double hi =
 }
 
 // Worst relative error max_i |a_i - b_i| / max(|b_i|, floor): b is the reference.
+// A size mismatch or a NaN anywhere is an infinite error.
 template <class A, class B>
 double max_rel_err(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-3) {
+  if (a.size() != b.size()) return INFINITY;
   double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+  for (size_t i = 0; i < a.size(); ++i) {
     double d = std::fabs(double(a[i]) - double(b[i]));
+    if (std::isnan(d)) return INFINITY;
     double s = std::max(std::fabs(double(b[i])), floor);
     worst = std::max(worst, d / s);
   }
