@@ -9,7 +9,7 @@ Plan compile(const config::Config& cfg, int world_size) {
   p.strategy = expand(cfg, world_size);
   p.graph = build(p.model, p.strategy);
   verify(p.graph, p.model);
-  p.hash = plan_hash(p.graph);
+  p.hash = plan_hash(p.graph, p.model);
   return p;
 }
 

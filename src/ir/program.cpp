@@ -68,6 +68,7 @@ uint64_t plan_hash(const Graph& g) {
     f.value<uint8_t>(static_cast<uint8_t>(n.tags.pass));
     f.value<int32_t>(n.tags.unit);
     f.value<int32_t>(n.tags.block);
+    f.value<char>(n.tags.block_kind);
     f.value<uint8_t>(static_cast<uint8_t>(n.stream));
     f.value<int32_t>(n.peer);
     f.value<int64_t>(n.bytes);
@@ -79,6 +80,19 @@ uint64_t plan_hash(const Graph& g) {
     f.value<int32_t>(e.src);
     f.value<int32_t>(e.dst);
     f.value<uint8_t>(static_cast<uint8_t>(e.kind));
+  }
+  return f.h;
+}
+
+uint64_t plan_hash(const Graph& g, const ModelGraph& model) {
+  Fnv f;
+  f.value<uint64_t>(plan_hash(g));
+  for (const UnitSpec& u : model.units) {
+    f.value<uint8_t>(static_cast<uint8_t>(u.kind));
+    for (const ParamSpec& p : u.params) {
+      f.bytes(p.name.data(), p.name.size());
+      for (int64_t d : p.shape) f.value<int64_t>(d);
+    }
   }
   return f.h;
 }
@@ -95,7 +109,7 @@ std::string summary(const Graph& g, const ModelGraph& model) {
   for (const Edge& e : g.edges()) order_edges += e.kind == EdgeKind::EDGE_ORDER;
   std::ostringstream o;
   char hash[32];
-  std::snprintf(hash, sizeof hash, "%016" PRIx64, plan_hash(g));
+  std::snprintf(hash, sizeof hash, "%016" PRIx64, plan_hash(g, model));
   o << "global DAG: " << g.nodes().size() << " nodes, " << g.edges().size() << " edges ("
     << g.edges().size() - static_cast<size_t>(order_edges) << " data, " << order_edges
     << " order), " << g.world_size() << " rank(s), " << stages.size() << " stage(s), "

@@ -32,6 +32,8 @@ Program lower(const Graph& g, int rank);
 
 // 64-bit FNV-1a of the graph's canonical form; ranks compare it at start.
 uint64_t plan_hash(const Graph& g);
+// The same, also covering every parameter's name and global shape.
+uint64_t plan_hash(const Graph& g, const ModelGraph& model);
 
 // Node and edge counts by kind, stages, microbatches, units.
 std::string summary(const Graph& g, const ModelGraph& model);

@@ -37,6 +37,8 @@ int producer(const Graph& g, int edge) {
 
 void check_edges(const Graph& g, const std::vector<std::string>& names) {
   const int n = static_cast<int>(g.nodes().size());
+  for (const Node& nd : g.nodes())
+    if (nd.devices.empty()) throw VerifyError(describe(nd, names) + " is placed on no rank");
   for (const Edge& e : g.edges()) {
     if (e.src < 0 || e.src >= n || e.dst < 0 || e.dst >= n)
       throw VerifyError("edge " + std::to_string(e.src) + " -> " + std::to_string(e.dst) +
@@ -53,7 +55,6 @@ void check_edges(const Graph& g, const std::vector<std::string>& names) {
                         " joins different ranks or streams; an order applies within one rank");
   }
   for (const Node& nd : g.nodes()) {
-    if (nd.devices.empty()) throw VerifyError(describe(nd, names) + " is placed on no rank");
     if (nd.kind != NodeKind::SEND && nd.kind != NodeKind::RECV) continue;
     int partners = 0;
     const auto& edges = nd.kind == NodeKind::SEND ? g.out_edges() : g.in_edges();
@@ -135,27 +136,36 @@ void check_complete(const Graph& g, const ModelGraph& model, const std::vector<s
   }
 }
 
-// Ordering edges per (rank, stream) must chain every compute node once.
+// Ordering edges per rank must chain every compute node once: one chain,
+// each node with at most one predecessor and one successor in the order.
 void check_order(const Graph& g, const std::vector<std::string>& names) {
   std::map<int, std::vector<int>> compute_of_rank;
   for (const Node& nd : g.nodes())
     if (is_compute(nd.kind) && nd.devices.size() == 1) compute_of_rank[nd.devices.front()].push_back(nd.id);
+  auto order_degree = [&](const std::vector<int>& edges) {
+    int d = 0;
+    for (int e : edges) d += g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
+    return d;
+  };
   for (const auto& [rank, ids] : compute_of_rank) {
-    bool any = false;
-    for (int id : ids)
-      for (int e : g.in_edges()[static_cast<size_t>(id)])
-        any |= g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
-    if (!any) continue;  // no schedule on this rank: topological order decides
+    int linked = 0, heads = 0;
     for (int id : ids) {
-      bool linked = false;
-      for (int e : g.in_edges()[static_cast<size_t>(id)])
-        linked |= g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
-      for (int e : g.out_edges()[static_cast<size_t>(id)])
-        linked |= g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
-      if (!linked && ids.size() > 1)
-        throw VerifyError("the schedule of rank " + std::to_string(rank) + " misses " +
-                          where(g.node(id), names));
+      const int in = order_degree(g.in_edges()[static_cast<size_t>(id)]);
+      const int out = order_degree(g.out_edges()[static_cast<size_t>(id)]);
+      linked += in + out > 0;
+      heads += in == 0;
+      if (in > 1 || out > 1)
+        throw VerifyError("the schedule of rank " + std::to_string(rank) + " orders " +
+                          where(g.node(id), names) + " after " + std::to_string(in) + " and before " +
+                          std::to_string(out) + " operations; an order is one sequence");
     }
+    if (linked == 0 || ids.size() < 2) continue;  // no schedule on this rank: topological order decides
+    for (int id : ids)
+      if (order_degree(g.in_edges()[static_cast<size_t>(id)]) + order_degree(g.out_edges()[static_cast<size_t>(id)]) == 0)
+        throw VerifyError("the schedule of rank " + std::to_string(rank) + " misses " + where(g.node(id), names));
+    if (heads > 1)  // none at all is a cycle: check_acyclic names it
+      throw VerifyError("the schedule of rank " + std::to_string(rank) + " is split into " +
+                        std::to_string(heads) + " separate sequences; an order is one sequence");
   }
 }
 

@@ -12,7 +12,8 @@ double lr_at(const config::TrainConfig& t, int64_t step) {
   if (step < t.warmup_steps)
     return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup_steps);
   const double min_lr = t.lr * t.min_lr_ratio;
-  const double span = static_cast<double>(std::max<int64_t>(1, t.steps - t.warmup_steps));
+  // The last step (steps - 1) lands exactly on the floor.
+  const double span = static_cast<double>(std::max<int64_t>(1, t.steps - t.warmup_steps - 1));
   const double progress = std::min(1.0, static_cast<double>(step - t.warmup_steps) / span);
   return min_lr + (t.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
@@ -21,6 +22,9 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64
                   const AdamWHyper& h, bool decay, float grad_scale) {
   const float b1 = static_cast<float>(h.beta1), b2 = static_cast<float>(h.beta2);
   const float eps = static_cast<float>(h.eps);
+  // As torch: the coefficients are rounded from double, not formed in float.
+  const float one_minus_b1 = static_cast<float>(1.0 - h.beta1);
+  const float one_minus_b2 = static_cast<float>(1.0 - h.beta2);
   const float decay_mul = decay ? 1.0f - static_cast<float>(h.lr * h.weight_decay) : 1.0f;
   const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(t));
   const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(t));
@@ -30,8 +34,8 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * grad_scale;
     const float pi = p[i] * decay_mul;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    const float mi = b1 * m[i] + one_minus_b1 * gi;
+    const float vi = b2 * v[i] + one_minus_b2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
     p[i] = pi - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);

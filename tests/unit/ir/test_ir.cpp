@@ -1,0 +1,856 @@
+// test_ir.cpp — unit tests of the IR: model graph, DAG build, schedules, verifier, lowering, hashing, compile and printing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "config/config.hpp"
+#include "ir/build.hpp"
+#include "ir/compile.hpp"
+#include "ir/graph.hpp"
+#include "ir/model_graph.hpp"
+#include "ir/program.hpp"
+#include "ir/schedule.hpp"
+#include "ir/strategy.hpp"
+#include "ir/verify.hpp"
+
+namespace piper::ir {
+namespace {
+
+// ---- helpers ------------------------------------------------------------------------
+
+// A small model: D 16, H 4 (hd 4), KV 2, F 24, N 8, P 8, expand 2 (d_inner 32,
+// Hm 4), G 2, K 4, V 32.
+config::ModelConfig small_model(const std::string& pattern = "M*-M-") {
+  config::ModelConfig m;
+  m.pattern = pattern;
+  m.vocab_size = 32;
+  m.d_model = 16;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 24;
+  m.d_state = 8;
+  m.head_dim = 8;
+  m.expand = 2;
+  m.n_groups = 2;
+  m.d_conv = 4;
+  return m;
+}
+
+config::Config small_config(const std::string& pattern = "M*-M-", int64_t mb = 2,
+                            const std::string& schedule = "1f1b", bool split_backward = false) {
+  config::Config c;
+  c.model = small_model(pattern);
+  c.parallel.microbatches = mb;
+  c.parallel.schedule = schedule;
+  c.parallel.split_backward = split_backward;
+  return c;
+}
+
+Strategy strategy(int mb, bool split_backward, ScheduleKind sched = ScheduleKind::SCHEDULE_1F1B,
+                  std::vector<int> stage_of_unit = {}, int world = 1) {
+  Strategy s;
+  s.world_size = world;
+  s.split.microbatches = mb;
+  s.split_backward = split_backward;
+  s.place.stage_of_unit = std::move(stage_of_unit);
+  s.order.schedule = sched;
+  return s;
+}
+
+std::map<NodeKind, int> count_kinds(const Graph& g) {
+  std::map<NodeKind, int> c;
+  for (const Node& n : g.nodes()) ++c[n.kind];
+  return c;
+}
+
+int find_node(const Graph& g, NodeKind kind, int unit, int mb) {
+  int found = -1;
+  for (const Node& n : g.nodes())
+    if (n.kind == kind && n.tags.unit == unit && n.tags.microbatch == mb) {
+      EXPECT_EQ(found, -1) << "two nodes " << node_kind_name(kind) << " unit " << unit << " mb" << mb;
+      found = n.id;
+    }
+  return found;
+}
+
+bool has_edge(const Graph& g, int src, int dst, EdgeKind kind) {
+  for (const Edge& e : g.edges())
+    if (e.src == src && e.dst == dst && e.kind == kind) return true;
+  return false;
+}
+
+// A copy of g without the nodes `keep_node` rejects (edges touching them dropped)
+// and without the edges `keep_edge` rejects; node ids are renumbered densely.
+Graph rebuild(const Graph& g, const std::function<bool(const Node&)>& keep_node,
+              const std::function<bool(const Edge&)>& keep_edge = nullptr) {
+  Graph out;
+  std::vector<int> remap(g.nodes().size(), -1);
+  for (const Node& n : g.nodes())
+    if (keep_node(n)) remap[static_cast<size_t>(n.id)] = out.add_node(n);
+  for (const Edge& e : g.edges()) {
+    if (keep_edge && !keep_edge(e)) continue;
+    int s = remap[static_cast<size_t>(e.src)], d = remap[static_cast<size_t>(e.dst)];
+    if (s >= 0 && d >= 0) out.add_edge(s, d, e.kind);
+  }
+  return out;
+}
+
+// The compute nodes of `rank` in the order the ordering edges chain them; fails
+// the test if the ordering edges among them are not one simple chain over all of them.
+std::vector<int> order_chain(const Graph& g, int rank) {
+  std::set<int> mine;
+  for (const Node& n : g.nodes())
+    if (is_compute(n.kind) && n.devices == std::vector<int>{rank}) mine.insert(n.id);
+  std::map<int, int> next, prev;
+  for (const Edge& e : g.edges()) {
+    if (e.kind != EdgeKind::EDGE_ORDER || !mine.count(e.src)) continue;
+    EXPECT_TRUE(mine.count(e.dst)) << "order edge leaves rank " << rank;
+    EXPECT_FALSE(next.count(e.src)) << "node " << e.src << " has two order successors";
+    EXPECT_FALSE(prev.count(e.dst)) << "node " << e.dst << " has two order predecessors";
+    next[e.src] = e.dst;
+    prev[e.dst] = e.src;
+  }
+  std::vector<int> starts;
+  for (int id : mine)
+    if (!prev.count(id)) starts.push_back(id);
+  EXPECT_EQ(starts.size(), 1u) << "rank " << rank << " order has " << starts.size() << " starts";
+  std::vector<int> chain;
+  if (starts.empty()) return chain;
+  for (int v = starts.front();; v = next.at(v)) {
+    chain.push_back(v);
+    if (!next.count(v) || chain.size() > mine.size()) break;
+  }
+  EXPECT_EQ(chain.size(), mine.size()) << "the order of rank " << rank << " does not cover its compute nodes";
+  return chain;
+}
+
+std::vector<std::string> names_of(const ModelGraph& m) {
+  std::vector<std::string> v;
+  for (const auto& u : m.units) v.push_back(u.name);
+  return v;
+}
+
+// ---- model_graph ----------------------------------------------------------------------
+
+TEST(ModelGraph, NamesAndShapesFollowTheSpec) {
+  const auto cfg = small_model("M*-M-");
+  const ModelGraph mg = make_model_graph(cfg);
+  // Sizes from spec/MODEL.md, computed here by hand.
+  const int64_t D = 16, V = 32, H = 4, KV = 2, hd = D / H, F = 24, N = 8, P = 8, G = 2, K = 4;
+  const int64_t di = 2 * D;           // expand * D = 32
+  const int64_t Hm = di / P;          // 4
+  const int64_t C = di + 2 * G * N;   // 64
+  const int64_t R = 2 * di + 2 * G * N + Hm;  // 100
+  ASSERT_EQ(R, 100);
+  using Shape = std::vector<int64_t>;
+  auto mamba = [&](int i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    return std::vector<std::pair<std::string, Shape>>{
+        {p + "norm.weight", {D}},
+        {p + "mixer.in_proj.weight", {R, D}},
+        {p + "mixer.conv1d.weight", {C, K}},
+        {p + "mixer.conv1d.bias", {C}},
+        {p + "mixer.dt_bias", {Hm}},
+        {p + "mixer.A_log", {Hm}},
+        {p + "mixer.D", {Hm}},
+        {p + "mixer.norm.weight", {di}},
+        {p + "mixer.out_proj.weight", {D, di}}};
+  };
+  auto attention = [&](int i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    return std::vector<std::pair<std::string, Shape>>{{p + "norm.weight", {D}},
+                                                      {p + "mixer.q_proj.weight", {H * hd, D}},
+                                                      {p + "mixer.k_proj.weight", {KV * hd, D}},
+                                                      {p + "mixer.v_proj.weight", {KV * hd, D}},
+                                                      {p + "mixer.o_proj.weight", {D, H * hd}}};
+  };
+  auto mlp = [&](int i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    return std::vector<std::pair<std::string, Shape>>{{p + "norm.weight", {D}},
+                                                      {p + "mixer.gate_proj.weight", {F, D}},
+                                                      {p + "mixer.up_proj.weight", {F, D}},
+                                                      {p + "mixer.down_proj.weight", {D, F}}};
+  };
+  struct Want {
+    std::string name;
+    UnitKind kind;
+    int block;
+    std::vector<std::pair<std::string, Shape>> params;
+  };
+  const std::vector<Want> want = {
+      {"embed", UnitKind::UNIT_EMBED, -1, {{"embed.weight", {V, D}}}},
+      {"layers.0", UnitKind::UNIT_MAMBA, 0, mamba(0)},
+      {"layers.1", UnitKind::UNIT_ATTENTION, 1, attention(1)},
+      {"layers.2", UnitKind::UNIT_MLP, 2, mlp(2)},
+      {"layers.3", UnitKind::UNIT_MAMBA, 3, mamba(3)},
+      {"layers.4", UnitKind::UNIT_MLP, 4, mlp(4)},
+      {"head", UnitKind::UNIT_HEAD, -1, {{"final_norm.weight", {D}}, {"lm_head.weight", {V, D}}}},
+  };
+  ASSERT_EQ(mg.units.size(), want.size());
+  int64_t total = 0;
+  for (size_t u = 0; u < want.size(); ++u) {
+    const UnitSpec& us = mg.units[u];
+    SCOPED_TRACE(want[u].name);
+    EXPECT_EQ(us.index, static_cast<int>(u));
+    EXPECT_EQ(us.name, want[u].name);
+    EXPECT_EQ(us.kind, want[u].kind);
+    EXPECT_EQ(us.block, want[u].block);
+    ASSERT_EQ(us.params.size(), want[u].params.size());
+    int64_t unit_total = 0;
+    for (size_t i = 0; i < us.params.size(); ++i) {
+      const ParamSpec& p = us.params[i];
+      EXPECT_EQ(p.name, want[u].params[i].first);
+      EXPECT_EQ(p.shape, want[u].params[i].second) << p.name;
+      // AdamW decays exactly the 2-D (and 3-D) weights.
+      EXPECT_EQ(p.weight_decay, p.shape.size() >= 2) << p.name;
+      int64_t n = 1;
+      for (int64_t d : want[u].params[i].second) n *= d;
+      EXPECT_EQ(p.numel(), n) << p.name;
+      unit_total += n;
+    }
+    EXPECT_EQ(us.param_count(), unit_total);
+    total += unit_total;
+  }
+  EXPECT_EQ(mg.param_count(), total);
+}
+
+TEST(ModelGraph, InitKindsAndSymbols) {
+  const ModelGraph mg = make_model_graph(small_model("M*-"));
+  std::map<std::string, InitKind> kinds;
+  for (const auto& u : mg.units)
+    for (const auto& p : u.params) kinds[p.name] = p.init;
+  EXPECT_EQ(kinds.at("layers.0.mixer.A_log"), InitKind::INIT_A_LOG);
+  EXPECT_EQ(kinds.at("layers.0.mixer.dt_bias"), InitKind::INIT_DT_BIAS);
+  EXPECT_EQ(kinds.at("layers.0.mixer.D"), InitKind::INIT_ONES);
+  EXPECT_EQ(kinds.at("layers.0.norm.weight"), InitKind::INIT_ONES);
+  EXPECT_EQ(kinds.at("final_norm.weight"), InitKind::INIT_ONES);
+  EXPECT_EQ(kinds.at("lm_head.weight"), InitKind::INIT_NORMAL);
+  std::string symbols;
+  for (const auto& u : mg.units) symbols += unit_symbol(u.kind);
+  EXPECT_EQ(symbols, "eM*-h");
+  EXPECT_STREQ(unit_kind_name(UnitKind::UNIT_ATTENTION), "attention");
+  EXPECT_THROW(make_model_graph(small_model("M?-")), std::invalid_argument);
+}
+
+// ---- build ------------------------------------------------------------------------------
+
+TEST(Build, NodeCountsByKind) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  const int units = static_cast<int>(mg.units.size());
+  ASSERT_EQ(units, 7);
+  for (int mb : {1, 2, 4}) {
+    for (bool sb : {false, true}) {
+      SCOPED_TRACE("mb " + std::to_string(mb) + (sb ? " split" : " fused"));
+      const Graph g = build(mg, strategy(mb, sb));
+      auto c = count_kinds(g);
+      EXPECT_EQ(c[NodeKind::FWD], units * mb);
+      EXPECT_EQ(c[NodeKind::UPD], units);
+      if (sb) {
+        EXPECT_EQ(c[NodeKind::BWD], 0);
+        EXPECT_EQ(c[NodeKind::BWD_I], (units - 1) * mb);  // the embedding has no input gradient
+        EXPECT_EQ(c[NodeKind::BWD_W], units * mb);
+        for (int m = 0; m < mb; ++m) EXPECT_EQ(find_node(g, NodeKind::BWD_I, 0, m), -1);
+      } else {
+        EXPECT_EQ(c[NodeKind::BWD], units * mb);
+        EXPECT_EQ(c[NodeKind::BWD_I], 0);
+        EXPECT_EQ(c[NodeKind::BWD_W], 0);
+      }
+      EXPECT_EQ(c[NodeKind::SEND], 0);
+      EXPECT_EQ(c[NodeKind::RECV], 0);
+      EXPECT_EQ(g.nodes().size(), static_cast<size_t>(units * mb * (sb ? 3 : 2) - (sb ? mb : 0) + units));
+      for (const Node& n : g.nodes()) {
+        EXPECT_EQ(n.devices, std::vector<int>{0});
+        EXPECT_EQ(n.stream, Stream::STREAM_COMPUTE);
+        EXPECT_EQ(n.tags.block, mg.units[static_cast<size_t>(n.tags.unit)].block);
+        EXPECT_EQ(n.tags.microbatch < 0, n.kind == NodeKind::UPD);
+      }
+      // Data edges: FWD(u-1) -> FWD(u); the backward chain runs the other way.
+      for (int m = 0; m < mb; ++m) {
+        for (int u = 1; u < units; ++u)
+          EXPECT_TRUE(has_edge(g, find_node(g, NodeKind::FWD, u - 1, m), find_node(g, NodeKind::FWD, u, m),
+                               EdgeKind::EDGE_DATA))
+              << "FWD " << u - 1 << " -> FWD " << u << " mb" << m;
+        for (int u = 0; u + 1 < units; ++u) {
+          int down = find_node(g, sb ? NodeKind::BWD_I : NodeKind::BWD, u + 1, m);
+          int up = find_node(g, sb ? (u == 0 ? NodeKind::BWD_W : NodeKind::BWD_I) : NodeKind::BWD, u, m);
+          EXPECT_TRUE(has_edge(g, down, up, EdgeKind::EDGE_DATA)) << "backward " << u + 1 << " -> " << u;
+        }
+        for (int u = 0; u < units; ++u)
+          EXPECT_TRUE(has_edge(g, find_node(g, sb ? NodeKind::BWD_W : NodeKind::BWD, u, m),
+                               find_node(g, NodeKind::UPD, u, -1), EdgeKind::EDGE_DATA));
+      }
+      // Ordering edges chain the whole program of the one rank, updates last.
+      auto chain = order_chain(g, 0);
+      ASSERT_EQ(chain.size(), static_cast<size_t>(c[NodeKind::FWD] + c[NodeKind::BWD] + c[NodeKind::BWD_I] +
+                                                  c[NodeKind::BWD_W] + c[NodeKind::UPD]));
+      for (int i = 0; i < units; ++i)
+        EXPECT_EQ(g.node(chain[chain.size() - static_cast<size_t>(units - i)]).kind, NodeKind::UPD);
+      EXPECT_NO_THROW(verify(g, mg));
+    }
+  }
+}
+
+TEST(Build, TwoStagesInsertSendRecvPairs) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  for (int mb : {1, 2, 4}) {
+    for (bool sb : {false, true}) {
+      SCOPED_TRACE("mb " + std::to_string(mb) + (sb ? " split" : " fused"));
+      const Graph g = build(mg, strategy(mb, sb, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2));
+      auto c = count_kinds(g);
+      // One cut: forward activations go 0 -> 1, input gradients 1 -> 0, per microbatch.
+      EXPECT_EQ(c[NodeKind::SEND], 2 * mb);
+      EXPECT_EQ(c[NodeKind::RECV], 2 * mb);
+      EXPECT_EQ(g.world_size(), 2);
+      for (const Node& n : g.nodes()) {
+        if (is_compute(n.kind)) {
+          EXPECT_EQ(n.devices.front(), n.tags.unit <= 2 ? 0 : 1);
+          EXPECT_EQ(n.tags.stage, n.tags.unit <= 2 ? 0 : 1);
+        } else {
+          EXPECT_EQ(n.stream, Stream::STREAM_COMM);
+          EXPECT_NE(n.peer, n.devices.front());
+        }
+      }
+      for (const Edge& e : g.edges())
+        if (g.node(e.src).devices != g.node(e.dst).devices) {
+          EXPECT_EQ(g.node(e.src).kind, NodeKind::SEND);
+          EXPECT_EQ(g.node(e.dst).kind, NodeKind::RECV);
+          EXPECT_EQ(e.kind, EdgeKind::EDGE_DATA);
+        }
+      order_chain(g, 0);
+      order_chain(g, 1);
+      EXPECT_NO_THROW(verify(g, mg));
+    }
+  }
+}
+
+TEST(Build, BadDirectivesThrowBuildError) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  auto expect_error = [&](const Strategy& s, const std::vector<std::string>& words) {
+    try {
+      build(mg, s);
+      ADD_FAILURE() << "no BuildError";
+    } catch (const BuildError& e) {
+      for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what() << " lacks " << w;
+    }
+  };
+  expect_error(strategy(0, false), {"microbatches must be >= 1"});
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1}, 2), {"stage_of_unit lists 3"});
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1, 0, 1, 1, 1}, 2), {"layers.2", "non-decreasing"});
+  {
+    Strategy s = strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2);
+    s.place.rank_of_stage = {0, 2};
+    expect_error(s, {"rank 2 outside world size 2"});
+  }
+  expect_error(strategy(2, false, ScheduleKind::SCHEDULE_INTERLEAVED, {0, 0, 0, 1, 1, 1, 1}, 2),
+               {"order:", "interleaved"});
+}
+
+// ---- schedules -------------------------------------------------------------------------
+
+TEST(Schedule, EveryPassOfEveryMicrobatchOncePerStage) {
+  for (auto kind : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B}) {
+    for (int S : {1, 2, 3, 4, 6}) {
+      for (int m : {1, 2, 3, 4, 5, 8}) {
+        for (bool sb : {false, true}) {
+          SCOPED_TRACE(std::string(schedule_name(kind)) + " S" + std::to_string(S) + " m" + std::to_string(m) +
+                       (sb ? " split" : ""));
+          auto ops = schedule_ops(kind, S, m, sb);
+          ASSERT_EQ(ops.size(), static_cast<size_t>(S));
+          for (int s = 0; s < S; ++s) {
+            const auto& v = ops[static_cast<size_t>(s)];
+            std::map<std::pair<Pass, int>, int> count;
+            std::map<std::pair<Pass, int>, size_t> pos;
+            for (size_t i = 0; i < v.size(); ++i) {
+              ++count[{v[i].pass, v[i].microbatch}];
+              pos[{v[i].pass, v[i].microbatch}] = i;
+              EXPECT_GE(v[i].microbatch, 0);
+              EXPECT_LT(v[i].microbatch, m);
+            }
+            EXPECT_EQ(v.size(), static_cast<size_t>(m * (sb ? 3 : 2)));
+            for (int i = 0; i < m; ++i) {
+              EXPECT_EQ((count[{Pass::PASS_F, i}]), 1);
+              if (sb) {
+                EXPECT_EQ((count[{Pass::PASS_BI, i}]), 1);
+                EXPECT_EQ((count[{Pass::PASS_BW, i}]), 1);
+                EXPECT_EQ((count[{Pass::PASS_B, i}]), 0);
+                EXPECT_LT((pos[{Pass::PASS_F, i}]), (pos[{Pass::PASS_BI, i}]));
+                EXPECT_LT((pos[{Pass::PASS_BI, i}]), (pos[{Pass::PASS_BW, i}]));
+              } else {
+                EXPECT_EQ((count[{Pass::PASS_B, i}]), 1);
+                EXPECT_LT((pos[{Pass::PASS_F, i}]), (pos[{Pass::PASS_B, i}]));
+              }
+              // microbatches enter and leave in order
+              if (i > 0) {
+                EXPECT_LT((pos[{Pass::PASS_F, i - 1}]), (pos[{Pass::PASS_F, i}]));
+              }
+            }
+            // forwards in flight: F done minus backwards (B or BI) done
+            int in_flight = 0, peak = 0;
+            size_t leading_f = 0;
+            bool seen_b = false;
+            for (const auto& op : v) {
+              if (op.pass == Pass::PASS_F) ++in_flight;
+              if (op.pass == Pass::PASS_B || op.pass == Pass::PASS_BI) --in_flight, seen_b = true;
+              if (!seen_b && op.pass == Pass::PASS_F) ++leading_f;
+              peak = std::max(peak, in_flight);
+            }
+            if (kind == ScheduleKind::SCHEDULE_GPIPE) {
+              EXPECT_EQ(peak, m);
+              EXPECT_EQ(leading_f, static_cast<size_t>(m));
+            } else {
+              // 1F1B: warm-up min(S-s-1, m) forwards, then the first steady-state
+              // forward when one is left; never more than S-s in flight.
+              const int warmup = std::min(S - s - 1, m);
+              EXPECT_EQ(leading_f, static_cast<size_t>(std::min(warmup + 1, m)));
+              EXPECT_LE(peak, S - s);
+              EXPECT_EQ(peak, std::min(S - s, m));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Schedule, ExactListsWrittenByHand) {
+  const Pass F = Pass::PASS_F, B = Pass::PASS_B, BI = Pass::PASS_BI, BW = Pass::PASS_BW;
+  using V = std::vector<StageOp>;
+  auto ops = schedule_ops(ScheduleKind::SCHEDULE_1F1B, 4, 8, false);
+  EXPECT_EQ(ops[0], (V{{F, 0}, {F, 1}, {F, 2}, {F, 3}, {B, 0}, {F, 4}, {B, 1}, {F, 5}, {B, 2}, {F, 6}, {B, 3},
+                       {F, 7}, {B, 4}, {B, 5}, {B, 6}, {B, 7}}));
+  EXPECT_EQ(ops[2], (V{{F, 0}, {F, 1}, {B, 0}, {F, 2}, {B, 1}, {F, 3}, {B, 2}, {F, 4}, {B, 3}, {F, 5}, {B, 4},
+                       {F, 6}, {B, 5}, {F, 7}, {B, 6}, {B, 7}}));
+  EXPECT_EQ(ops[3], (V{{F, 0}, {B, 0}, {F, 1}, {B, 1}, {F, 2}, {B, 2}, {F, 3}, {B, 3}, {F, 4}, {B, 4}, {F, 5},
+                       {B, 5}, {F, 6}, {B, 6}, {F, 7}, {B, 7}}));
+  // fewer microbatches than stages: all forwards, then all backwards
+  ops = schedule_ops(ScheduleKind::SCHEDULE_1F1B, 4, 2, true);
+  EXPECT_EQ(ops[0], (V{{F, 0}, {F, 1}, {BI, 0}, {BW, 0}, {BI, 1}, {BW, 1}}));
+  ops = schedule_ops(ScheduleKind::SCHEDULE_GPIPE, 3, 3, false);
+  for (const auto& v : ops) EXPECT_EQ(v, (V{{F, 0}, {F, 1}, {F, 2}, {B, 0}, {B, 1}, {B, 2}}));
+  // one stage: every schedule is gradient accumulation
+  for (auto k : {ScheduleKind::SCHEDULE_1F1B, ScheduleKind::SCHEDULE_INTERLEAVED, ScheduleKind::SCHEDULE_ZBH1,
+                 ScheduleKind::SCHEDULE_DUALPIPEV})
+    EXPECT_EQ(schedule_ops(k, 1, 2, false)[0], (V{{F, 0}, {B, 0}, {F, 1}, {B, 1}})) << schedule_name(k);
+}
+
+TEST(Schedule, BadArgumentsThrow) {
+  EXPECT_THROW(schedule_ops(ScheduleKind::SCHEDULE_1F1B, 0, 2, false), std::invalid_argument);
+  EXPECT_THROW(schedule_ops(ScheduleKind::SCHEDULE_GPIPE, 2, 0, false), std::invalid_argument);
+  EXPECT_THROW(schedule_ops(ScheduleKind::SCHEDULE_ZBH1, 2, 4, true), std::invalid_argument);
+  EXPECT_EQ(parse_schedule("gpipe"), ScheduleKind::SCHEDULE_GPIPE);
+  EXPECT_EQ(parse_schedule("dualpipev"), ScheduleKind::SCHEDULE_DUALPIPEV);
+  EXPECT_THROW(parse_schedule("2f2b"), std::invalid_argument);
+  for (auto k : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B, ScheduleKind::SCHEDULE_INTERLEAVED,
+                 ScheduleKind::SCHEDULE_ZBH1, ScheduleKind::SCHEDULE_DUALPIPEV})
+    EXPECT_EQ(parse_schedule(schedule_name(k)), k);
+}
+
+// Multi-stage pipelines built from every schedule are acyclic and complete.
+TEST(Schedule, PipelinesBuildAndVerify) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  const std::vector<std::vector<int>> placements = {
+      {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1, 1}, {0, 0, 1, 1, 2, 2, 2}, {0, 1, 1, 2, 2, 3, 3}};
+  for (auto kind : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B})
+    for (size_t p = 0; p < placements.size(); ++p)
+      for (int mb : {1, 2, 3, 5})
+        for (bool sb : {false, true}) {
+          SCOPED_TRACE(std::string(schedule_name(kind)) + " stages " + std::to_string(p + 1) + " mb " +
+                       std::to_string(mb) + (sb ? " split" : ""));
+          const Graph g = build(mg, strategy(mb, sb, kind, placements[p], static_cast<int>(p) + 1));
+          EXPECT_NO_THROW(verify(g, mg));
+          for (int r = 0; r <= static_cast<int>(p); ++r) order_chain(g, r);
+        }
+}
+
+// ---- verify -----------------------------------------------------------------------------
+
+struct Broken {
+  std::string what;
+  Graph graph;
+  std::vector<std::string> words;  // the message must contain each
+};
+
+TEST(Verify, BrokenGraphsAreRejected) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  const Graph one = build(mg, strategy(2, false));
+  const Graph split = build(mg, strategy(2, true));
+  const Graph two = build(mg, strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2));
+  ASSERT_NO_THROW(verify(one, mg));
+  ASSERT_NO_THROW(verify(split, mg));
+  ASSERT_NO_THROW(verify(two, mg));
+  auto is = [](NodeKind k, int unit, int mb) {
+    return [=](const Node& n) { return n.kind == k && n.tags.unit == unit && n.tags.microbatch == mb; };
+  };
+  auto drop_node = [](const Graph& g, std::function<bool(const Node&)> match) {
+    return rebuild(g, [&](const Node& n) { return !match(n); });
+  };
+  auto drop_edge = [](const Graph& g, int src, int dst, EdgeKind kind) {
+    EXPECT_TRUE(has_edge(g, src, dst, kind)) << "the mutation must remove an existing edge";
+    return rebuild(g, [](const Node&) { return true; },
+                   [=](const Edge& e) { return !(e.src == src && e.dst == dst && e.kind == kind); });
+  };
+  auto with_edge = [](const Graph& g, int src, int dst, EdgeKind kind) {
+    Graph c = g;
+    c.add_edge(src, dst, kind);
+    return c;
+  };
+
+  std::vector<Broken> cases;
+  cases.push_back({"dangling edge", with_edge(one, 0, static_cast<int>(one.nodes().size()) + 3, EdgeKind::EDGE_ORDER),
+                   {"does not exist", std::to_string(one.nodes().size()) + " nodes"}});
+  cases.push_back({"ordering cycle on one rank",
+                   with_edge(one, find_node(one, NodeKind::UPD, 6, -1), find_node(one, NodeKind::FWD, 0, 0),
+                             EdgeKind::EDGE_ORDER),
+                   {"deadlock", "rank 0", "cycle"}});
+  {
+    // Rank 1's order rewritten as one sequence that starts with microbatch 1's
+    // backwards: they wait for forwards the order puts after them.
+    std::vector<int> seq;
+    for (const auto& in : lower(two, 1).compute) seq.push_back(in.node);
+    std::stable_partition(seq.begin(), seq.end(), [&](int id) {
+      return two.node(id).kind == NodeKind::BWD && two.node(id).tags.microbatch == 1;
+    });
+    Graph h = rebuild(two, [](const Node&) { return true; }, [&](const Edge& e) {
+      return !(e.kind == EdgeKind::EDGE_ORDER && two.node(e.src).devices.front() == 1);
+    });
+    for (size_t i = 1; i < seq.size(); ++i) h.add_edge(seq[i - 1], seq[i], EdgeKind::EDGE_ORDER);
+    cases.push_back({"stage 1 runs a backward before its forward", h, {"deadlock", "rank 1"}});
+  }
+  {
+    // One ordering edge in the middle removed: two sequences on rank 0.
+    const auto prog = lower(one, 0).compute;
+    const int a = prog[prog.size() / 2].node, b = prog[prog.size() / 2 + 1].node;
+    cases.push_back({"order split in two", drop_edge(one, a, b, EdgeKind::EDGE_ORDER),
+                     {"rank 0", "2 separate sequences"}});
+  }
+  // unit u is block layers.(u-1): unit 2 is layers.1
+  cases.push_back({"missing FWD", drop_node(one, is(NodeKind::FWD, 2, 0)), {"missing FWD layers.1 mb0"}});
+  cases.push_back({"missing fused backward", drop_node(one, is(NodeKind::BWD, 2, 1)),
+                   {"missing backward", "layers.1 mb1"}});
+  cases.push_back({"missing input half of a split backward", drop_node(split, is(NodeKind::BWD_I, 3, 0)),
+                   {"missing backward", "layers.2 mb0"}});
+  cases.push_back({"missing weight half of the embedding", drop_node(split, is(NodeKind::BWD_W, 0, 1)),
+                   {"missing backward", "embed mb1"}});
+  cases.push_back({"missing UPD", drop_node(one, is(NodeKind::UPD, 6, -1)), {"missing UPD head"}});
+  cases.push_back({"FWD without its input edge",
+                   drop_edge(one, find_node(one, NodeKind::FWD, 1, 0), find_node(one, NodeKind::FWD, 2, 0),
+                             EdgeKind::EDGE_DATA),
+                   {"FWD layers.1 mb0", "rank 0", "input not produced", "FWD layers.0 mb0"}});
+  cases.push_back({"BWD without the next unit's input gradient",
+                   drop_edge(one, find_node(one, NodeKind::BWD, 2, 1), find_node(one, NodeKind::BWD, 1, 1),
+                             EdgeKind::EDGE_DATA),
+                   {"BWD layers.0 mb1", "input not produced", "BWD layers.1 mb1"}});
+  cases.push_back({"BWD_W without its input half",
+                   drop_edge(split, find_node(split, NodeKind::BWD_I, 4, 0), find_node(split, NodeKind::BWD_W, 4, 0),
+                             EdgeKind::EDGE_DATA),
+                   {"BWD_W layers.3 mb0", "input not produced", "BWD_I layers.3 mb0"}});
+  cases.push_back({"ordering edge across ranks",
+                   with_edge(two, find_node(two, NodeKind::FWD, 0, 0), find_node(two, NodeKind::FWD, 5, 1),
+                             EdgeKind::EDGE_ORDER),
+                   {"ordering edge", "FWD embed mb0 on rank 0", "FWD layers.4 mb1 on rank 1", "different ranks"}});
+  {
+    // the forward RECV of microbatch 0 (a copy of its destination, layers.3)
+    int recv = -1;
+    for (const Node& n : two.nodes())
+      if (n.kind == NodeKind::RECV && n.tags.unit == 3 && n.tags.microbatch == 0) recv = n.id;
+    ASSERT_GE(recv, 0);
+    cases.push_back({"SEND without RECV", drop_node(two, [&](const Node& n) { return n.id == recv; }),
+                     {"SEND layers.1 mb0 to rank 1 on rank 0", "0 matching RECV"}});
+  }
+  {
+    // a direct data edge across ranks instead of SEND/RECV
+    cases.push_back({"data edge across ranks",
+                     with_edge(two, find_node(two, NodeKind::FWD, 1, 0), find_node(two, NodeKind::FWD, 4, 0),
+                               EdgeKind::EDGE_DATA),
+                     {"data edge", "crosses ranks", "rank 0", "rank 1"}});
+  }
+  {
+    // a SEND whose peer is wrong
+    Graph g = rebuild(two, [](const Node&) { return true; });
+    Graph h;
+    for (Node n : g.nodes()) {
+      if (n.kind == NodeKind::SEND && n.tags.unit == 2 && n.tags.microbatch == 1) n.peer = 0;
+      h.add_node(n);
+    }
+    for (const Edge& e : g.edges()) h.add_edge(e.src, e.dst, e.kind);
+    cases.push_back({"SEND to the wrong peer", h, {"disagree about their peers", "SEND layers.1 mb1 to rank 0", "RECV layers.2 mb1"}});
+  }
+  {
+    // a compute node left out of the rank's order
+    const int lonely = find_node(one, NodeKind::FWD, 2, 1);
+    Graph g = rebuild(one, [](const Node&) { return true; },
+                      [&](const Edge& e) { return !(e.kind == EdgeKind::EDGE_ORDER && (e.src == lonely || e.dst == lonely)); });
+    cases.push_back({"compute node left out of the order", g, {"schedule of rank 0 misses", "FWD layers.1 mb1"}});
+  }
+  {
+    Graph h;
+    for (Node n : one.nodes()) {
+      if (n.kind == NodeKind::BWD && n.tags.unit == 4 && n.tags.microbatch == 0) n.devices.clear();
+      h.add_node(n);
+    }
+    for (const Edge& e : one.edges()) h.add_edge(e.src, e.dst, e.kind);
+    cases.push_back({"node on no rank", h, {"BWD layers.3 mb0", "placed on no rank"}});
+  }
+  {
+    Graph h = one;
+    Node dup = one.node(find_node(one, NodeKind::FWD, 2, 0));
+    h.add_node(dup);
+    cases.push_back({"duplicate node", h, {"FWD layers.1 mb0", "twice"}});
+  }
+
+  for (const Broken& c : cases) {
+    SCOPED_TRACE(c.what);
+    try {
+      verify(c.graph, mg);
+      ADD_FAILURE() << c.what << ": accepted";
+    } catch (const VerifyError& e) {
+      const std::string msg = e.what();
+      std::printf("[ verify ] %-58s -> %s\n", c.what.c_str(), msg.c_str());
+      for (const auto& w : c.words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << msg << "' lacks '" << w << "'";
+    }
+  }
+}
+
+TEST(Verify, DescribeNamesNodesAsUsersReadThem) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  const Graph two = build(mg, strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2));
+  const auto names = names_of(mg);
+  EXPECT_EQ(describe(two.node(find_node(two, NodeKind::FWD, 2, 1)), names), "FWD layers.1 mb1");
+  EXPECT_EQ(describe(two.node(find_node(two, NodeKind::UPD, 6, -1)), names), "UPD head");
+  int send = -1;
+  for (const Node& n : two.nodes())
+    if (n.kind == NodeKind::SEND && n.tags.unit == 2 && n.tags.microbatch == 0) send = n.id;
+  ASSERT_GE(send, 0);
+  EXPECT_EQ(describe(two.node(send), names), "SEND layers.1 mb0 to rank 1");
+}
+
+// ---- lower ------------------------------------------------------------------------------
+
+void expect_topological(const Graph& g, const Program& p) {
+  std::map<int, std::pair<int, size_t>> where;  // node -> (stream, position)
+  for (size_t i = 0; i < p.compute.size(); ++i) EXPECT_TRUE(where.emplace(p.compute[i].node, std::make_pair(0, i)).second);
+  for (size_t i = 0; i < p.comm.size(); ++i) EXPECT_TRUE(where.emplace(p.comm[i].node, std::make_pair(1, i)).second);
+  size_t mine = 0;
+  for (const Node& n : g.nodes()) {
+    bool on = std::find(n.devices.begin(), n.devices.end(), p.rank) != n.devices.end();
+    mine += on;
+    EXPECT_EQ(where.count(n.id) > 0, on) << "node " << n.id;
+    if (on) {
+      EXPECT_EQ(where.at(n.id).first, n.stream == Stream::STREAM_COMPUTE ? 0 : 1);
+    }
+  }
+  EXPECT_EQ(where.size(), mine);
+  for (const Edge& e : g.edges()) {
+    auto a = where.find(e.src), b = where.find(e.dst);
+    if (a == where.end() || b == where.end()) continue;
+    if (a->second.first == b->second.first) {
+      EXPECT_LT(a->second.second, b->second.second) << "edge " << e.src << " -> " << e.dst;
+    }
+  }
+  for (const auto& in : p.compute) {
+    const Node& n = g.node(in.node);
+    EXPECT_EQ(in.kind, n.kind);
+    EXPECT_EQ(in.unit, n.tags.unit);
+    EXPECT_EQ(in.microbatch, n.tags.microbatch);
+  }
+}
+
+bool same_program(const Program& a, const Program& b) {
+  auto eq = [](const std::vector<Instr>& x, const std::vector<Instr>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i)
+      if (x[i].node != y[i].node || x[i].kind != y[i].kind || x[i].unit != y[i].unit ||
+          x[i].microbatch != y[i].microbatch || x[i].peer != y[i].peer || x[i].bytes != y[i].bytes)
+        return false;
+    return true;
+  };
+  return a.rank == b.rank && eq(a.compute, b.compute) && eq(a.comm, b.comm);
+}
+
+TEST(Lower, ProgramsAreTopologicalAndDeterministic) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  for (auto kind : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B})
+    for (bool sb : {false, true})
+      for (const auto& place : {std::vector<int>{}, std::vector<int>{0, 0, 0, 1, 1, 1, 1},
+                                std::vector<int>{0, 1, 1, 2, 2, 3, 3}}) {
+        const int world = place.empty() ? 1 : place.back() + 1;
+        const Graph g = build(mg, strategy(3, sb, kind, place, world));
+        const Graph g2 = build(mg, strategy(3, sb, kind, place, world));
+        size_t total = 0;
+        for (int r = 0; r < world; ++r) {
+          SCOPED_TRACE(std::string(schedule_name(kind)) + " world " + std::to_string(world) + " rank " + std::to_string(r));
+          const Program p = lower(g, r);
+          EXPECT_EQ(p.rank, r);
+          expect_topological(g, p);
+          EXPECT_TRUE(same_program(p, lower(g, r)));
+          EXPECT_TRUE(same_program(p, lower(g2, r)));
+          // The compute stream follows the schedule's chain exactly.
+          auto chain = order_chain(g, r);
+          ASSERT_EQ(chain.size(), p.compute.size());
+          for (size_t i = 0; i < chain.size(); ++i) EXPECT_EQ(p.compute[i].node, chain[i]);
+          total += p.compute.size() + p.comm.size();
+        }
+        EXPECT_EQ(total, g.nodes().size());
+      }
+}
+
+TEST(Lower, Default1F1BTwoMicrobatchesOnOneRank) {
+  config::Config cfg = small_config("M*-M-", 2, "1f1b");
+  const Plan plan = compile(cfg, 1);
+  const Program p = lower(plan.graph, 0);
+  EXPECT_TRUE(p.comm.empty());
+  // One stage: F mb0 (embed..head), B mb0 (head..embed), F mb1, B mb1, then UPD of every unit.
+  std::vector<std::tuple<NodeKind, int, int>> want;
+  for (int mb = 0; mb < 2; ++mb) {
+    for (int u = 0; u < 7; ++u) want.emplace_back(NodeKind::FWD, u, mb);
+    for (int u = 6; u >= 0; --u) want.emplace_back(NodeKind::BWD, u, mb);
+  }
+  for (int u = 0; u < 7; ++u) want.emplace_back(NodeKind::UPD, u, -1);
+  ASSERT_EQ(p.compute.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(p.compute[i].kind, std::get<0>(want[i])) << i;
+    EXPECT_EQ(p.compute[i].unit, std::get<1>(want[i])) << i;
+    EXPECT_EQ(p.compute[i].microbatch, std::get<2>(want[i])) << i;
+  }
+  const std::string text = format_program(p, plan.model);
+  EXPECT_NE(text.find("FWD"), std::string::npos);
+  // the first instruction line names FWD embed mb0
+  const size_t first = text.find("\n    ");
+  ASSERT_NE(first, std::string::npos);
+  const std::string line0 = text.substr(first + 1, text.find('\n', first + 1) - first - 1);
+  EXPECT_NE(line0.find("FWD"), std::string::npos) << line0;
+  EXPECT_NE(line0.find("embed"), std::string::npos) << line0;
+  EXPECT_NE(line0.find("mb0"), std::string::npos) << line0;
+}
+
+// ---- hash, compile, printing ---------------------------------------------------------------
+
+TEST(PlanHash, SameConfigSameHashDifferentConfigDifferentHash) {
+  const Plan a = compile(small_config("M*-M-", 2), 1);
+  const Plan b = compile(small_config("M*-M-", 2), 1);
+  EXPECT_EQ(a.hash, b.hash);
+  EXPECT_EQ(a.hash, plan_hash(a.graph, a.model));
+  EXPECT_NE(a.hash, 0u);
+  const uint64_t mb4 = compile(small_config("M*-M-", 4), 1).hash;
+  const uint64_t gpipe = compile(small_config("M*-M-", 2, "gpipe"), 1).hash;
+  const uint64_t split = compile(small_config("M*-M-", 2, "1f1b", true), 1).hash;
+  std::printf("[ hash ] base %016llx mb4 %016llx gpipe %016llx split %016llx\n",
+              static_cast<unsigned long long>(a.hash), static_cast<unsigned long long>(mb4),
+              static_cast<unsigned long long>(gpipe), static_cast<unsigned long long>(split));
+  EXPECT_NE(a.hash, mb4);
+  EXPECT_NE(a.hash, gpipe);
+  EXPECT_NE(a.hash, split);
+  // a single added edge changes the hash
+  Graph g = a.graph;
+  g.add_edge(0, 1, EdgeKind::EDGE_ORDER);
+  EXPECT_NE(plan_hash(g, a.model), a.hash);
+}
+
+// Two patterns with the same number of blocks must not share a plan hash:
+// ranks started with different models would not notice.
+TEST(PlanHash, DifferentPatternDifferentHash) {
+  const uint64_t a = compile(small_config("M*-M-", 2), 1).hash;
+  const uint64_t b = compile(small_config("M-M*-", 2), 1).hash;  // same unit count, other order
+  const uint64_t c = compile(small_config("MMMMM", 2), 1).hash;
+  std::printf("[ hash ] M*-M- %016llx M-M*- %016llx MMMMM %016llx\n", static_cast<unsigned long long>(a),
+              static_cast<unsigned long long>(b), static_cast<unsigned long long>(c));
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, c);
+  // a different block count changes the graph itself
+  EXPECT_NE(a, compile(small_config("M*-M", 2), 1).hash);
+}
+
+TEST(Compile, ProducesAVerifiedPlan) {
+  config::Config cfg = small_config("M*-M-", 4, "gpipe", false);
+  const Plan p = compile(cfg, 1);
+  EXPECT_EQ(p.model.units.size(), 7u);
+  EXPECT_EQ(p.strategy.split.microbatches, 4);
+  EXPECT_EQ(p.strategy.order.schedule, ScheduleKind::SCHEDULE_GPIPE);
+  EXPECT_FALSE(p.strategy.split_backward);
+  EXPECT_NO_THROW(verify(p.graph, p.model));
+  // zero-bubble schedules imply the backward split
+  cfg.parallel.schedule = "zbh1";
+  EXPECT_TRUE(compile(cfg, 1).strategy.split_backward);
+}
+
+TEST(Compile, PlaceOutsideTheWorldIsABuildError) {
+  // compile() places stage 0 on rank 0: a world of 0 ranks has no rank 0.
+  try {
+    compile(small_config(), 0);
+    ADD_FAILURE() << "no BuildError";
+  } catch (const BuildError& e) {
+    EXPECT_NE(std::string(e.what()).find("outside world size 0"), std::string::npos) << e.what();
+  }
+  // The same directive, spelled out: stage 1 on rank 5 of a 2-rank world.
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  Strategy s = strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2);
+  s.place.rank_of_stage = {0, 5};
+  EXPECT_THROW(build(mg, s), BuildError);
+  s.place.rank_of_stage = {-1, 1};
+  EXPECT_THROW(build(mg, s), BuildError);
+  s.place.rank_of_stage = {1, 0};  // a permutation inside the world is fine
+  EXPECT_NO_THROW(verify(build(mg, s), mg));
+}
+
+TEST(Printing, DirectivesYaml) {
+  Strategy s = strategy(4, true, ScheduleKind::SCHEDULE_GPIPE);
+  std::string y = directives_yaml(s);
+  std::printf("%s", y.c_str());
+  EXPECT_NE(y.find("directives:"), std::string::npos);
+  EXPECT_NE(y.find("split: {microbatches: 4}"), std::string::npos) << y;
+  EXPECT_NE(y.find("split_backward: true"), std::string::npos) << y;
+  EXPECT_NE(y.find("schedule: gpipe"), std::string::npos) << y;
+  Strategy t = strategy(3, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2);
+  t.place.rank_of_stage = {1, 0};
+  y = directives_yaml(t);
+  EXPECT_NE(y.find("microbatches: 3"), std::string::npos) << y;
+  EXPECT_EQ(y.find("split_backward"), std::string::npos) << y;
+  EXPECT_NE(y.find("schedule: 1f1b"), std::string::npos) << y;
+  EXPECT_NE(y.find("stages: 2, ranks: [1, 0]"), std::string::npos) << y;
+}
+
+TEST(Printing, SummaryAndProgram) {
+  const Plan p = compile(small_config("M*-M-", 2), 1);
+  const std::string s = summary(p.graph, p.model);
+  std::printf("%s", s.c_str());
+  // 7 units x 2 microbatches forward and backward, 7 updates = 35 nodes
+  EXPECT_NE(s.find("35 nodes"), std::string::npos) << s;
+  EXPECT_NE(s.find("FWD=14"), std::string::npos) << s;
+  EXPECT_NE(s.find("BWD=14"), std::string::npos) << s;
+  EXPECT_NE(s.find("UPD=7"), std::string::npos) << s;
+  EXPECT_EQ(s.find("SEND="), std::string::npos) << s;
+  EXPECT_NE(s.find("34 order"), std::string::npos) << s;  // one chain over 35 nodes
+  EXPECT_NE(s.find("2 microbatch"), std::string::npos) << s;
+  EXPECT_NE(s.find("1 rank"), std::string::npos) << s;
+  EXPECT_NE(s.find("units (7, " + std::to_string(p.model.param_count()) + " parameters)"), std::string::npos) << s;
+  EXPECT_NE(s.find("layers.1[*]"), std::string::npos) << s;
+  char hash[32];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(p.hash));
+  EXPECT_NE(s.find(hash), std::string::npos) << s;
+
+  const Program prog = lower(p.graph, 0);
+  const std::string t = format_program(prog, p.model);
+  std::printf("%s", t.c_str());
+  EXPECT_NE(t.find("rank 0: 35 compute, 0 communication instructions"), std::string::npos) << t;
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 2 + 35) << t;
+  EXPECT_NE(t.find("BWD            layers.3     mb1"), std::string::npos) << t;
+  EXPECT_NE(t.find("UPD            head"), std::string::npos) << t;
+
+  // a pipeline rank prints its communication stream too
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  const Graph two = build(mg, strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2));
+  const std::string t1 = format_program(lower(two, 1), mg);
+  EXPECT_NE(t1.find("stream comm"), std::string::npos) << t1;
+  EXPECT_NE(t1.find("RECV"), std::string::npos) << t1;
+  EXPECT_NE(summary(two, mg).find("SEND=4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace piper::ir
