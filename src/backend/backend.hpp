@@ -37,9 +37,12 @@ class Backend {
   virtual ~Backend() = default;
   virtual DeviceKind kind() const = 0;
   virtual const char* name() const = 0;
-  // Device memory, 64-byte aligned, zero-filled.
+  // Device memory, 64-byte aligned, uninitialised. Freed blocks may be kept
+  // for reuse; memory() counts only blocks in use.
   virtual void* allocate(size_t bytes, MemCategory category) = 0;
   virtual void deallocate(void* p, size_t bytes, MemCategory category) = 0;
+  // Returns cached free blocks to the system.
+  virtual void release_cached() = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   // Logical streams; the CPU runs everything in order on stream 0.
@@ -56,6 +59,7 @@ Backend& cpu();
 class Tensor {
  public:
   Tensor() = default;
+  // Uninitialised storage for numel floats.
   Tensor(Backend& b, int64_t numel, MemCategory category);
   ~Tensor();
   Tensor(Tensor&& o) noexcept;

@@ -1,7 +1,9 @@
 // cpu_backend.cpp — the CPU implementation of the backend interface.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <new>
+#include <vector>
 
 #include "backend/backend.hpp"
 
@@ -25,19 +27,38 @@ class CpuBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::DEVICE_CPU; }
   const char* name() const override { return "cpu"; }
 
+  ~CpuBackend() override { release_cached(); }
+
+  // Blocks are cached by size and reused: a training step allocates the same
+  // sizes every time, and fresh pages would cost a page fault each.
   void* allocate(size_t bytes, MemCategory c) override {
     if (bytes == 0) return nullptr;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, rounded);
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = nullptr;
+    auto it = cache_.find(rounded);
+    if (it != cache_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      cached_bytes_ -= rounded;
+    } else {
+      p = std::aligned_alloc(64, rounded);
+      if (!p) throw std::bad_alloc();
+    }
     account(c, static_cast<int64_t>(bytes));
     return p;
   }
   void deallocate(void* p, size_t bytes, MemCategory c) override {
     if (!p) return;
-    std::free(p);
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    cache_[rounded].push_back(p);
+    cached_bytes_ += rounded;
     account(c, -static_cast<int64_t>(bytes));
+  }
+  void release_cached() override {
+    for (auto& [size, blocks] : cache_)
+      for (void* p : blocks) std::free(p);
+    cache_.clear();
+    cached_bytes_ = 0;
   }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
@@ -58,6 +79,8 @@ class CpuBackend final : public Backend {
     if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
   }
   MemoryStats stats_;
+  std::map<size_t, std::vector<void*>> cache_;  // free blocks by rounded size
+  size_t cached_bytes_ = 0;
 };
 
 }  // namespace

@@ -22,6 +22,8 @@ ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& unit
     }
     values_.emplace(u, backend::Tensor(be, off, backend::MemCategory::MEM_PARAMS));
     grads_.emplace(u, backend::Tensor(be, off, backend::MemCategory::MEM_GRADS));
+    values_.at(u).zero();
+    grads_.at(u).zero();
   }
 }
 

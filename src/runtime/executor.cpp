@@ -17,8 +17,11 @@ Executor::Executor(model::Model& model, ir::Program program, const config::Train
   last_unit_ = static_cast<int>(model.graph().units.size()) - 1;
   for (int u : model.params().units()) {
     const int64_t n = model.params().unit_numel(u);
-    moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
-                                       Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)));
+    auto& [m, v] = moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
+                                                      Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)))
+                       .first->second;
+    m.zero();
+    v.zero();
   }
   if (!program_.comm.empty())
     throw std::runtime_error("rank " + std::to_string(program_.rank) + ": the program has " +
