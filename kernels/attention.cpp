@@ -8,6 +8,7 @@
 // [0, r1), so only the lower triangle (plus the diagonal blocks) is computed. The matrix
 // products go through gemm<T> with leading dimensions that address q/k/v/out in place.
 #include "attention.hpp"
+#include "vmath.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -29,29 +30,6 @@ constexpr int64_t kBQ = 32;  // query rows per block
 // costs more than the work. Results do not depend on the thread count either way.
 constexpr int64_t kParallelWork = int64_t(1) << 16;
 
-// exp for x <= 0 (softmax arguments), written so that plain and `omp simd` loops vectorise it
-// (std::exp and std::floor do not without -ffast-math). Cephes expf polynomial, within
-// 1.5 ulp of exp on [-87, 0]; 0 below -87.
-[[gnu::always_inline]] inline float exp_nonpos(float x) {
-  const bool under = x < -87.0f;
-  x = std::max(x, -87.0f);
-  const float t = x * 1.44269504088896341f + 12582912.0f;    // + 1.5*2^23 rounds x/ln2 to int
-  const float fx = t - 12582912.0f;                          // n = round(x / ln 2), as float
-  const int32_t n = std::bit_cast<int32_t>(t) - 0x4B400000;  // ... and as int
-  float r = x - fx * 0.693359375f;
-  r = r + fx * 2.12194440e-4f;  // r = x - n ln2 (two-part ln 2), |r| <= ln2/2
-  const float z = r * r;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;                                    // exp(r)
-  const float p2 = std::bit_cast<float>((n + 127) << 23);  // 2^n, n in [-126, 0]
-  return under ? 0.0f : y * p2;
-}
-inline double exp_nonpos(double x) { return std::exp(x); }
 
 // max_j s[j] for j < n. GCC vectorises neither a max loop nor `omp simd reduction(max)`
 // without -ffast-math, so the lanes are spelled out with a vector extension.
@@ -88,7 +66,7 @@ void softmax_block(T* S, int64_t ldS, int64_t nr, int64_t nc, int64_t r0, T* lse
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < nv; ++j) {
-      const T e = exp_nonpos(s[j] - mx);
+      const T e = vmath::exp(s[j] - mx);
       s[j] = e;
       sum += e;
     }
@@ -195,7 +173,7 @@ void attention_bwd(const T* dout, const T* q, const T* k, const T* v, const T* o
             const T li = L[r0 + i];
             const int64_t nv = r0 + i + 1;
 #pragma omp simd
-            for (int64_t j = 0; j < nv; ++j) p[j] = exp_nonpos(p[j] - li);
+            for (int64_t j = 0; j < nv; ++j) p[j] = vmath::exp(p[j] - li);
             for (int64_t j = nv; j < nc; ++j) p[j] = T(0);
           }
           // dP = dO V^T  (into dS)

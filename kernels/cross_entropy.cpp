@@ -1,5 +1,6 @@
 // cross_entropy.cpp — fused, numerically stable softmax cross-entropy over rows of logits.
 #include "cross_entropy.hpp"
+#include "vmath.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -17,35 +18,6 @@ namespace {
 // Below this many logits a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = int64_t(1) << 14;
 
-// exp(x) in float that GCC vectorises inside `omp simd` loops (std::exp does not without
-// -ffast-math): Cody-Waite range reduction x = n*ln2 + r, |r| <= ln2/2, then the Cephes
-// degree-7 polynomial; worst relative error 8.6e-8 (< 1 ulp) over [-87.3, 88.4].
-// Saturates to 2.4e38 above 88.4, returns 0 below -87.3, propagates NaN.
-// (Same function as in silu.cpp / swiglu.cpp; kept file-local.)
-inline float exp_vec(float x) {
-  const float xc = std::min(std::max(x, -87.33654f), 88.37626f);
-  const float n = std::nearbyint(xc * 1.44269504088896341f);
-  float r = xc - n * 0.693359375f;  // ln2 split in a high part exact in float ...
-  r = r - n * -2.12194440e-4f;      // ... and the remainder
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // 2^n
-  const float e = p * scale;
-  return x < -87.33654f ? 0.0f : e;
-}
-// float: the vectorisable exp above; double (the gradient-check path): std::exp.
-template <class T>
-inline T exp_t(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return exp_vec(x);
-  else
-    return std::exp(x);
-}
 
 // Loss of one row x[V] with target t; when d != nullptr writes d[V] = (softmax - onehot) * scale.
 template <class T>
@@ -57,7 +29,7 @@ double row_loss(const T* x, int32_t t, T* d, int64_t V, T scale) {
   if (d) {
 #pragma omp simd reduction(+ : sum)
     for (int64_t v = 0; v < V; ++v) {
-      const T e = exp_t(x[v] - mx);
+      const T e = vmath::exp(x[v] - mx);
       d[v] = e;
       sum += e;
     }
@@ -67,7 +39,7 @@ double row_loss(const T* x, int32_t t, T* d, int64_t V, T scale) {
     d[t] -= scale;
   } else {
 #pragma omp simd reduction(+ : sum)
-    for (int64_t v = 0; v < V; ++v) sum += exp_t(x[v] - mx);
+    for (int64_t v = 0; v < V; ++v) sum += vmath::exp(x[v] - mx);
   }
   // loss = logsumexp(x) - x_t = max + log(sum) - x_t, formed in double
   return double(mx) + std::log(double(sum)) - double(x[t]);

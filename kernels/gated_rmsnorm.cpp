@@ -4,6 +4,7 @@
 //   g = y * silu(z);  rstd[m,grp] = 1/sqrt(mean_{i in grp} g_i^2 + eps);  out = g * rstd * w
 // Saved for backward: rstd[M*G] (row-major [M, G]).
 #include "gated_rmsnorm.hpp"
+#include "vmath.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -21,36 +22,7 @@ constexpr int64_t kRowChunk = 32;
 constexpr int64_t kMaxChunks = 64;
 constexpr int64_t kParallelWork = int64_t(1) << 14;  // M*Di below which one thread runs
 
-// exp for x <= 0, written so that `omp simd` loops vectorise it (std::exp does not without
-// -ffast-math): Cephes expf polynomial, within 1.5 ulp of exp on [-87, 0]; 0 below -87.
-[[gnu::always_inline]] inline float exp_nonpos(float x) {
-  const bool under = x < -87.0f;
-  x = std::max(x, -87.0f);
-  const float t = x * 1.44269504088896341f + 12582912.0f;    // + 1.5*2^23 rounds x/ln2 to int
-  const float fx = t - 12582912.0f;                          // n = round(x / ln 2), as float
-  const int32_t n = std::bit_cast<int32_t>(t) - 0x4B400000;  // ... and as int
-  float r = x - fx * 0.693359375f;
-  r = r + fx * 2.12194440e-4f;  // r = x - n ln2 (two-part ln 2), |r| <= ln2/2
-  const float zz = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * zz + r + 1.0f;                                   // exp(r)
-  const float p2 = std::bit_cast<float>((n + 127) << 23);  // 2^n, n in [-126, 0]
-  return under ? 0.0f : p * p2;
-}
-inline double exp_nonpos(double x) { return std::exp(x); }
 
-// sigmoid(v) from e = exp(-|v|) in (0, 1]: no overflow for either sign.
-template <class T>
-[[gnu::always_inline]] inline T sigmoid(T v) {
-  const T e = exp_nonpos(v < T(0) ? v : -v);
-  const T r = T(1) / (T(1) + e);
-  return v >= T(0) ? r : e * r;
-}
 }  // namespace
 
 template <class T>
@@ -67,7 +39,7 @@ void gated_rmsnorm_fwd(const T* y, const T* z, const T* w, T* out, T* rstd, int6
       const T* zr = z + m * Di;
       T* orow = out + m * Di;
 #pragma omp simd
-      for (int64_t i = 0; i < Di; ++i) g[i] = yr[i] * zr[i] * sigmoid(zr[i]);
+      for (int64_t i = 0; i < Di; ++i) g[i] = yr[i] * zr[i] * vmath::sigmoid(zr[i]);
       for (int64_t grp = 0; grp < G; ++grp) {
         const T* gg = g.data() + grp * Dg;
         double ss = 0;
@@ -104,7 +76,7 @@ void gated_rmsnorm_bwd(const T* dout, const T* y, const T* z, const T* w, const 
           double dot = 0;  // sum_i dn_i * n_i over the group
 #pragma omp simd reduction(+ : dot)
           for (int64_t i = grp * Dg; i < (grp + 1) * Dg; ++i) {
-            sg[i] = sigmoid(zr[i]);
+            sg[i] = vmath::sigmoid(zr[i]);
             n[i] = yr[i] * zr[i] * sg[i] * r;  // normalised gated input
             dn[i] = dor[i] * w[i];
             pw[i] += double(dor[i]) * double(n[i]);

@@ -27,7 +27,7 @@ struct ModelConfig {
   int64_t n_groups = 1;              // G (mamba2 B/C groups)
   int64_t d_conv = 4;                // K (mamba2 conv width)
   double rope_theta = 10000.0;
-  int64_t ssd_chunk = 64;            // chunk length of the SSD scan (speed only, not numerics)
+  int64_t ssd_chunk = 32;            // chunk length of the SSD scan (speed only, not numerics)
 
   int64_t n_blocks() const { return static_cast<int64_t>(pattern.size()); }
   int64_t attn_head_dim() const { return d_model / n_heads; }       // hd
