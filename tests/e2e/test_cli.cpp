@@ -92,7 +92,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"malformed_tokens", nullptr, "--set data.path=@TMP@garbage.tok",
                 {"data.path", "garbage.tok", "not a piper token file"}},
         BadCase{"vocab_too_small", nullptr, "--set model.vocab_size=100", {"vocab", "256", "100"}}),
-    [](const auto& info) { return std::string(info.param.name); });
+    [](const ::testing::TestParamInfo<BadCase>& p) { return std::string(p.param.name); });
 
 // A config file that does not exist.
 TEST(Cli, MissingConfigFile) {
