@@ -49,6 +49,8 @@ struct BadCase {
   std::vector<std::string> expect;  // substrings of the message
 };
 
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
 class BadInput : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadInput, RefusedWithMessage) {
