@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "data/prepare.hpp"
 #include "data/token_file.hpp"
@@ -48,9 +49,18 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
                       dynamic_cast<const runtime::UserError*>(&e) ||
                       dynamic_cast<const ir::BuildError*>(&e) ||
                       dynamic_cast<const ir::VerifyError*>(&e);
-    if (env.rank() == 0 || !user)
-      std::fprintf(stderr, "piper: %s%s\n", user ? "error: " : "internal error on rank 0: ", e.what());
-    return user ? kExitUsage : 1;
+    if (user) {
+      if (env.rank() == 0) std::fprintf(stderr, "piper: error: %s\n", e.what());
+      return kExitUsage;
+    }
+    // A failure while running (a communication timeout, a dead peer, a bug):
+    // this rank says what it was doing, then the whole job stops.
+    const bool comm_error = dynamic_cast<const comm::CommError*>(&e) != nullptr;
+    std::fprintf(stderr, "piper: %s on rank %d (%s): %s\n", comm_error ? "communication failure" : "internal error",
+                 env.rank(), env.host().c_str(), e.what());
+    std::fflush(stderr);
+    if (env.world_size() > 1) env.abort(comm_error ? 3 : 1);
+    return comm_error ? 3 : 1;
   }
 }
 

@@ -75,6 +75,9 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(parallel, microbatches, "microbatches per replica and step"),
       PIPER_FIELD(parallel, virtual_stages, "model chunks per pipeline rank"),
       PIPER_FIELD(parallel, split_backward, "BWD_I + BWD_W instead of fused BWD"),
+      PIPER_FIELD(parallel, order, "rank grid order, first varies fastest"),
+      PIPER_FIELD(parallel, bucket_mb, "data-parallel gradient bucket size, MiB"),
+      PIPER_FIELD(parallel, comm_timeout_s, "seconds before a pending communication aborts the job"),
   };
   return table;
 }
@@ -569,15 +572,22 @@ void check_parallel(const Config& c, int world_size, Checker& ck) {
             " so that their product is " + std::to_string(world_size));
   }
 
-  const std::string only = "; only dp=tp=pp=1, zero=0 run";
-  if (p.dp > 1) ck.fail(ck.head("parallel.dp") + ": data parallelism is not available yet in this build" + only);
-  if (p.tp > 1) ck.fail(ck.head("parallel.tp") + ": tensor parallelism is not available yet in this build" + only);
-  if (p.pp > 1) ck.fail(ck.head("parallel.pp") + ": pipeline parallelism is not available yet in this build" + only);
-  if (zero_ok && p.zero != 0)
-    ck.fail(ck.head("parallel.zero") + ": ZeRO sharding is not available yet in this build" + only);
-  if (vs_ok && p.virtual_stages != 1)
-    ck.fail(ck.head("parallel.virtual_stages") +
-            ": virtual pipeline stages are not available yet in this build; only virtual_stages=1 runs");
+  if (p.tp > 1)
+    ck.fail(ck.head("parallel.tp") + ": tensor parallelism is not available yet in this build; use tp=1 "
+            "(data and pipeline parallelism, ZeRO 0-3 and every schedule run)");
+  if (zero_ok && p.zero > 0 && dims_ok && p.dp == 1)
+    ck.fail(ck.head("parallel.zero") + "=" + std::to_string(p.zero) +
+            ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") + "; use dp >= 2 or zero 0");
+  const bool interleaved = p.schedule == "interleaved";
+  if (vs_ok && interleaved && p.virtual_stages < 2)
+    ck.fail(ck.head("parallel.virtual_stages") + ": the interleaved schedule needs virtual_stages >= 2 (" +
+            ck.ref("parallel.schedule") + ")");
+  if (vs_ok && !interleaved && p.virtual_stages != 1)
+    ck.fail(ck.head("parallel.virtual_stages") + ": only the interleaved schedule uses virtual stages; use 1 "
+            "with " + ck.ref("parallel.schedule") + " (dualpipev always holds 2 chunks per rank)");
+  ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, HUGE_VAL, false, "> 0 MiB (typical: 25)");
+  ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, HUGE_VAL, false, "> 0 seconds");
+  if (p.order.empty()) ck.fail(ck.head("parallel.order") + ": empty; use e.g. tp-dp-pp");
 }
 
 std::string read_file(const std::string& path) {

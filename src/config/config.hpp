@@ -77,6 +77,9 @@ struct ParallelConfig {
   int64_t microbatches = 1;         // split of the per-replica batch (gradient accumulation)
   int64_t virtual_stages = 1;
   bool split_backward = false;      // emit BWD_I + BWD_W instead of fused BWD
+  std::string order = "tp-dp-pp";   // rank grid order, first varies fastest (Megatron's RankGenerator)
+  double bucket_mb = 25.0;          // data-parallel gradient bucket size, MiB
+  double comm_timeout_s = 300.0;    // a communication pending longer aborts the job
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -1,58 +1,111 @@
 // build.cpp — the DAG builder: directives rewrite the model graph into the
-// global training DAG.
+// global training DAG (split, backward split, place, replicate, order).
 #include "ir/build.hpp"
 
+#include <algorithm>
+#include <memory>
+#include <numeric>
 #include <string>
 
-#include "ir/schedule.hpp"
+#include "ir/grid.hpp"
+#include "ir/pipeline_schedules.hpp"
 
 namespace piper::ir {
 
 namespace {
 
+// Relative cost of a unit's forward, for balancing stages: its matrix
+// parameters (the embedding is a lookup and costs almost nothing).
+double unit_cost(const UnitSpec& u) {
+  if (u.kind == UnitKind::UNIT_EMBED) return 0.0;
+  return static_cast<double>(u.param_count());
+}
+
+// Contiguous partition of units into `stages` non-empty stages minimising the
+// most expensive stage (exact, by dynamic programming over prefix costs).
+std::vector<int> balance(const ModelGraph& model, int stages) {
+  const int n = static_cast<int>(model.units.size());
+  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
+  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + unit_cost(model.units[static_cast<size_t>(u)]) + 1.0;
+  const double inf = 1e300;
+  // best[s][u]: the smallest max-stage cost putting units [0, u) on s stages.
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
+  best[0][0] = 0.0;
+  for (int s = 1; s <= stages; ++s)
+    for (int u = s; u <= n - (stages - s); ++u)
+      for (int c = s - 1; c < u; ++c) {
+        const double v = std::max(best[s - 1][c], prefix[u] - prefix[c]);
+        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
+      }
+  std::vector<int> stage_of(static_cast<size_t>(n), 0);
+  for (int s = stages, u = n; s > 0; --s) {
+    const int c = cut[s][u];
+    for (int i = c; i < u; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
+    u = c;
+  }
+  return stage_of;
+}
+
 struct Builder {
   const ModelGraph& model;
   const Strategy& strategy;
   Graph g;
+  RankGrid grid;
+  PipeSchedule sched;
   int n_units = 0, n_mb = 0, n_stages = 1;
-  std::vector<int> stage_of_unit, rank_of_stage;
+  std::vector<int> stage_of_unit;
+  std::vector<std::vector<int>> devices_of_stage;
   // Node ids by [unit][microbatch]; -1 where a unit has no such node.
   std::vector<std::vector<int>> fwd, bwd, bwd_i, bwd_w;
   std::vector<int> upd;
 
-  Builder(const ModelGraph& m, const Strategy& s) : model(m), strategy(s) {}
-
-  int rank_of_unit(int u) const {
-    return rank_of_stage[static_cast<size_t>(stage_of_unit[static_cast<size_t>(u)])];
-  }
+  Builder(const ModelGraph& m, const Strategy& s)
+      : model(m),
+        strategy(s),
+        grid(s.world_size, s.grid_order,
+             {{"tp", s.shard.tp}, {"dp", s.replicate.dp}, {"pp", s.place.pp}}) {}
 
   void place() {
     n_units = static_cast<int>(model.units.size());
     n_mb = strategy.split.microbatches;
     if (n_mb < 1) throw BuildError("split: microbatches must be >= 1, got " + std::to_string(n_mb));
+    try {
+      sched = make_schedule(strategy.order.schedule, strategy.place.pp, strategy.place.virtual_stages, n_mb,
+                            strategy.split_backward);
+    } catch (const std::invalid_argument& e) {
+      throw BuildError(std::string("order: ") + e.what());
+    }
+    n_stages = sched.stages();
+    if (n_units < n_stages)
+      throw BuildError("place: the model has " + std::to_string(n_units) + " units (embedding, " +
+                       std::to_string(n_units - 2) + " blocks, head), too few for " + std::to_string(n_stages) +
+                       " pipeline stages (pp " + std::to_string(strategy.place.pp) + " x " +
+                       std::to_string(sched.chunks) + " chunks per rank)");
     stage_of_unit = strategy.place.stage_of_unit;
-    if (stage_of_unit.empty()) stage_of_unit.assign(static_cast<size_t>(n_units), 0);
+    if (stage_of_unit.empty()) stage_of_unit = balance(model, n_stages);
     if (static_cast<int>(stage_of_unit.size()) != n_units)
       throw BuildError("place: stage_of_unit lists " + std::to_string(stage_of_unit.size()) +
                        " units, the model has " + std::to_string(n_units));
     for (int u = 0; u < n_units; ++u) {
-      int s = stage_of_unit[static_cast<size_t>(u)];
-      if (s < 0 || (u > 0 && s < stage_of_unit[static_cast<size_t>(u - 1)]))
-        throw BuildError("place: unit " + model.units[static_cast<size_t>(u)].name +
-                         " is on stage " + std::to_string(s) +
-                         "; stages must be non-negative and non-decreasing along the model");
-      n_stages = std::max(n_stages, s + 1);
+      const int s = stage_of_unit[static_cast<size_t>(u)];
+      const int prev = u > 0 ? stage_of_unit[static_cast<size_t>(u - 1)] : 0;
+      if (s < 0 || s >= n_stages || s < prev || s > prev + 1 || (u == 0 && s != 0) ||
+          (u == n_units - 1 && s != n_stages - 1))
+        throw BuildError("place: unit " + model.units[static_cast<size_t>(u)].name + " is on stage " +
+                         std::to_string(s) + "; stages must run 0.." + std::to_string(n_stages - 1) +
+                         " along the model, each holding at least one unit");
     }
-    rank_of_stage = strategy.place.rank_of_stage;
-    if (rank_of_stage.empty())
-      for (int s = 0; s < n_stages; ++s) rank_of_stage.push_back(s);
-    if (static_cast<int>(rank_of_stage.size()) != n_stages)
-      throw BuildError("place: " + std::to_string(rank_of_stage.size()) + " ranks for " +
-                       std::to_string(n_stages) + " stages");
-    for (int r : rank_of_stage)
-      if (r < 0 || r >= strategy.world_size)
-        throw BuildError("place: rank " + std::to_string(r) + " outside world size " +
-                         std::to_string(strategy.world_size));
+    devices_of_stage.resize(static_cast<size_t>(n_stages));
+    for (int s = 0; s < n_stages; ++s) {
+      const int p = sched.rank_of(s);
+      for (int r = 0; r < strategy.world_size; ++r)
+        if (grid.coord(r, "pp") == p) devices_of_stage[static_cast<size_t>(s)].push_back(r);
+    }
+  }
+
+  const std::vector<int>& devices_of_unit(int u) const {
+    return devices_of_stage[static_cast<size_t>(stage_of_unit[static_cast<size_t>(u)])];
   }
 
   Node compute_node(NodeKind kind, Pass pass, int u, int mb) const {
@@ -60,27 +113,41 @@ struct Builder {
     Node n;
     n.kind = kind;
     n.tags = {stage_of_unit[static_cast<size_t>(u)], mb, pass, u, us.block, unit_symbol(us.kind)};
-    n.devices = {rank_of_unit(u)};
+    n.devices = devices_of_unit(u);
     return n;
   }
 
-  // A data edge from src to dst; SEND/RECV in between when they are on different ranks.
-  void connect(int src, int dst) {
-    const Node& a = g.node(src);
-    const Node& b = g.node(dst);
+  // The rank of `to_devices` with the same tp and dp coordinates as `rank`.
+  int partner(int rank, const std::vector<int>& to_devices) const {
+    const int p = grid.coord(to_devices.front(), "pp");
+    auto coords = grid.coords(rank);
+    coords["pp"] = p;
+    return grid.rank_of(coords);
+  }
+
+  // A data edge from src to dst; SEND/RECV in between when they run on different ranks.
+  void connect(int src, int dst, Payload payload) {
+    const Node a = g.node(src);
+    const Node b = g.node(dst);
     if (a.devices == b.devices) {
       g.add_edge(src, dst, EdgeKind::EDGE_DATA);
       return;
     }
-    Node send = a, recv = b;
+    Node send, recv;
     send.kind = NodeKind::SEND;
     recv.kind = NodeKind::RECV;
+    send.tags = recv.tags = a.tags;  // what moves: the producer's output
     send.tags.pass = recv.tags.pass = Pass::PASS_COMM;
     send.stream = recv.stream = Stream::STREAM_COMM;
-    send.peer = b.devices.front();
-    recv.peer = a.devices.front();
-    int s = g.add_node(send);
-    int r = g.add_node(recv);
+    send.payload = recv.payload = payload;
+    send.bytes = recv.bytes = strategy.activation_bytes;
+    send.devices = a.devices;
+    recv.devices = b.devices;
+    for (int r : a.devices) send.peers.push_back(partner(r, b.devices));
+    for (int r : b.devices) recv.peers.push_back(partner(r, a.devices));
+    const int s = g.add_node(send);
+    const int r = g.add_node(recv);
+    g.node_mut(s).tag = g.node_mut(r).tag = s;
     g.add_edge(src, s, EdgeKind::EDGE_DATA);
     g.add_edge(s, r, EdgeKind::EDGE_DATA);
     g.add_edge(r, dst, EdgeKind::EDGE_DATA);
@@ -90,69 +157,131 @@ struct Builder {
   void split() {
     const bool sb = strategy.split_backward;
     auto table = [&] {
-      return std::vector<std::vector<int>>(static_cast<size_t>(n_units),
-                                           std::vector<int>(static_cast<size_t>(n_mb), -1));
+      return std::vector<std::vector<int>>(static_cast<size_t>(n_units), std::vector<int>(static_cast<size_t>(n_mb), -1));
     };
     fwd = table(), bwd = table(), bwd_i = table(), bwd_w = table();
     for (int mb = 0; mb < n_mb; ++mb) {
       for (int u = 0; u < n_units; ++u) {
-        int f = g.add_node(compute_node(NodeKind::FWD, Pass::PASS_F, u, mb));
+        const int f = g.add_node(compute_node(NodeKind::FWD, Pass::PASS_F, u, mb));
         fwd[u][mb] = f;
-        if (u > 0) connect(fwd[u - 1][mb], f);
+        if (u > 0) connect(fwd[u - 1][mb], f, Payload::PAYLOAD_ACTIVATION);
       }
       for (int u = n_units - 1; u >= 0; --u) {
         // The embedding has no input gradient: only its weight half exists.
         const bool has_input_grad = u > 0;
-        int upstream = u + 1 < n_units ? (sb ? bwd_i[u + 1][mb] : bwd[u + 1][mb]) : -1;
+        const int upstream = u + 1 < n_units ? (sb ? bwd_i[u + 1][mb] : bwd[u + 1][mb]) : -1;
         if (!sb) {
-          int b = g.add_node(compute_node(NodeKind::BWD, Pass::PASS_B, u, mb));
+          const int b = g.add_node(compute_node(NodeKind::BWD, Pass::PASS_B, u, mb));
           bwd[u][mb] = b;
           g.add_edge(fwd[u][mb], b, EdgeKind::EDGE_DATA);
-          if (upstream >= 0) connect(upstream, b);
+          if (upstream >= 0) connect(upstream, b, Payload::PAYLOAD_GRADIENT);
           continue;
         }
         int w_src = fwd[u][mb];
         if (has_input_grad) {
-          int bi = g.add_node(compute_node(NodeKind::BWD_I, Pass::PASS_BI, u, mb));
+          const int bi = g.add_node(compute_node(NodeKind::BWD_I, Pass::PASS_BI, u, mb));
           bwd_i[u][mb] = bi;
           g.add_edge(fwd[u][mb], bi, EdgeKind::EDGE_DATA);
-          if (upstream >= 0) connect(upstream, bi);
+          if (upstream >= 0) connect(upstream, bi, Payload::PAYLOAD_GRADIENT);
           w_src = bi;
         }
-        int bw = g.add_node(compute_node(NodeKind::BWD_W, Pass::PASS_BW, u, mb));
+        const int bw = g.add_node(compute_node(NodeKind::BWD_W, Pass::PASS_BW, u, mb));
         bwd_w[u][mb] = bw;
         g.add_edge(w_src, bw, EdgeKind::EDGE_DATA);
-        if (!has_input_grad && upstream >= 0) connect(upstream, bw);
+        if (!has_input_grad && upstream >= 0) connect(upstream, bw, Payload::PAYLOAD_GRADIENT);
       }
     }
   }
 
-  // One optimiser update per unit, after every microbatch's weight gradients.
-  void updates() {
-    upd.assign(static_cast<size_t>(n_units), -1);
-    for (int u = 0; u < n_units; ++u) {
-      int id = g.add_node(compute_node(NodeKind::UPD, Pass::PASS_U, u, -1));
-      upd[u] = id;
-      for (int mb = 0; mb < n_mb; ++mb)
-        g.add_edge(strategy.split_backward ? bwd_w[u][mb] : bwd[u][mb], id, EdgeKind::EDGE_DATA);
-    }
+  int last_grad_node(int u, int mb) const { return strategy.split_backward ? bwd_w[u][mb] : bwd[u][mb]; }
+
+  Node collective(NodeKind kind, Payload payload, const std::vector<int>& units, int mb) const {
+    const int u0 = units.front();
+    Node n;
+    n.kind = kind;
+    n.tags = {stage_of_unit[static_cast<size_t>(u0)], mb, Pass::PASS_COMM, u0, -1, '?'};
+    n.devices = devices_of_unit(u0);
+    n.stream = Stream::STREAM_COMM;
+    n.group = GroupDim::GROUP_DP;
+    n.payload = payload;
+    n.units = units;
+    for (int u : units) n.bytes += model.units[static_cast<size_t>(u)].param_count() * 4;
+    return n;
   }
 
-  // order: the schedule's op list per stage, expanded over the stage's units
-  // and chained with ordering edges; updates last.
-  void order() {
-    std::vector<std::vector<StageOp>> ops;
-    try {
-      ops = schedule_ops(strategy.order.schedule, n_stages, n_mb, strategy.split_backward);
-    } catch (const std::invalid_argument& e) {
-      throw BuildError(std::string("order: ") + e.what());
+  // Gradient buckets per stage, last unit first (the order gradients are ready
+  // in), each at least bucket_bytes unless the stage runs out.
+  std::vector<std::vector<int>> buckets() const {
+    std::vector<std::vector<int>> out;
+    for (int s = n_stages - 1; s >= 0; --s) {
+      std::vector<int> cur;
+      int64_t bytes = 0;
+      for (int u = n_units - 1; u >= 0; --u) {
+        if (stage_of_unit[static_cast<size_t>(u)] != s) continue;
+        cur.insert(cur.begin(), u);
+        bytes += model.units[static_cast<size_t>(u)].param_count() * 4;
+        if (bytes >= strategy.replicate.bucket_bytes) out.push_back(cur), cur.clear(), bytes = 0;
+      }
+      if (!cur.empty()) out.push_back(cur);
     }
-    for (int s = 0; s < n_stages; ++s) {
-      std::vector<int> units;
+    return out;
+  }
+
+  // Updates, and with data parallelism the gradient reduction before them and
+  // (ZeRO >= 1) the parameter all-gather after; ZeRO-3 gathers parameters
+  // before every use instead, one unit ahead.
+  void updates() {
+    upd.assign(static_cast<size_t>(n_units), -1);
+    for (int u = 0; u < n_units; ++u) upd[u] = g.add_node(compute_node(NodeKind::UPD, Pass::PASS_U, u, -1));
+    const int zero = strategy.replicate.zero;
+    if (strategy.replicate.dp <= 1) {
       for (int u = 0; u < n_units; ++u)
-        if (stage_of_unit[static_cast<size_t>(u)] == s) units.push_back(u);
+        for (int mb = 0; mb < n_mb; ++mb) g.add_edge(last_grad_node(u, mb), upd[u], EdgeKind::EDGE_DATA);
+      return;
+    }
+    for (const auto& bucket : buckets()) {
+      const NodeKind k = zero >= 2 ? NodeKind::REDUCE_SCATTER : NodeKind::ALLREDUCE;
+      const int red = g.add_node(collective(k, Payload::PAYLOAD_WGRAD, bucket, -1));
+      for (int u : bucket) {
+        for (int mb = 0; mb < n_mb; ++mb) g.add_edge(last_grad_node(u, mb), red, EdgeKind::EDGE_DATA);
+        g.add_edge(red, upd[u], EdgeKind::EDGE_DATA);
+      }
+      if (zero == 1 || zero == 2) {
+        const int ag = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, bucket, -1));
+        for (int u : bucket) g.add_edge(upd[u], ag, EdgeKind::EDGE_DATA);
+      }
+    }
+    if (zero == 3) gather_before_use();
+  }
+
+  // ZeRO-3: an all-gather of unit u's parameters before each forward and each
+  // backward that needs them, issued once the unit two before has run.
+  void gather_before_use() {
+    for (int mb = 0; mb < n_mb; ++mb)
+      for (int u = 0; u < n_units; ++u) {
+        const int f = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
+        g.node_mut(f).tags.pass = Pass::PASS_F;
+        g.add_edge(f, fwd[u][mb], EdgeKind::EDGE_DATA);
+        if (u >= 2 && stage_of_unit[u - 2] == stage_of_unit[u]) g.add_edge(fwd[u - 2][mb], f, EdgeKind::EDGE_DATA);
+        const int first_b = strategy.split_backward ? (u > 0 ? bwd_i[u][mb] : bwd_w[u][mb]) : bwd[u][mb];
+        const int b = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
+        g.node_mut(b).tags.pass = Pass::PASS_B;
+        g.add_edge(b, first_b, EdgeKind::EDGE_DATA);
+        if (strategy.split_backward && u > 0) g.add_edge(b, bwd_w[u][mb], EdgeKind::EDGE_DATA);
+        g.add_edge(fwd[u][mb], b, EdgeKind::EDGE_DATA);
+      }
+  }
+
+  // order: each pipeline rank's schedule expanded over the units of the
+  // stage each op names, chained with ordering edges; updates last.
+  void order() {
+    for (int r = 0; r < sched.ranks; ++r) {
       std::vector<int> seq;
-      for (const StageOp& op : ops[static_cast<size_t>(s)]) {
+      for (const PipeOp& op : sched.ops[static_cast<size_t>(r)]) {
+        const int s = sched.stage_of(r, op.chunk);
+        std::vector<int> units;
+        for (int u = 0; u < n_units; ++u)
+          if (stage_of_unit[static_cast<size_t>(u)] == s) units.push_back(u);
         auto& table = op.pass == Pass::PASS_F    ? fwd
                       : op.pass == Pass::PASS_B  ? bwd
                       : op.pass == Pass::PASS_BI ? bwd_i
@@ -164,7 +293,8 @@ struct Builder {
             if (table[*it][op.microbatch] >= 0) seq.push_back(table[*it][op.microbatch]);
         }
       }
-      for (int u : units) seq.push_back(upd[u]);
+      for (int u = 0; u < n_units; ++u)
+        if (sched.rank_of(stage_of_unit[static_cast<size_t>(u)]) == r) seq.push_back(upd[u]);
       for (size_t i = 1; i < seq.size(); ++i) g.add_edge(seq[i - 1], seq[i], EdgeKind::EDGE_ORDER);
     }
   }
@@ -173,12 +303,17 @@ struct Builder {
 }  // namespace
 
 Graph build(const ModelGraph& model, const Strategy& strategy) {
-  Builder b(model, strategy);
-  b.place();
-  b.split();
-  b.updates();
-  b.order();
-  return std::move(b.g);
+  std::unique_ptr<Builder> b;
+  try {
+    b = std::make_unique<Builder>(model, strategy);
+  } catch (const std::invalid_argument& e) {
+    throw BuildError(std::string("grid: ") + e.what());
+  }
+  b->place();
+  b->split();
+  b->updates();
+  b->order();
+  return std::move(b->g);
 }
 
 }  // namespace piper::ir

@@ -10,6 +10,9 @@ Plan compile(const config::Config& cfg, int world_size) {
   p.graph = build(p.model, p.strategy);
   verify(p.graph, p.model);
   p.hash = plan_hash(p.graph, p.model);
+  p.devices_of_unit.resize(p.model.units.size());
+  for (const Node& n : p.graph.nodes())
+    if (n.kind == NodeKind::FWD && n.tags.microbatch == 0) p.devices_of_unit[static_cast<size_t>(n.tags.unit)] = n.devices;
   return p;
 }
 

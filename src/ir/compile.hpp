@@ -20,6 +20,7 @@ struct Plan {
   Strategy strategy;
   Graph graph;
   uint64_t hash = 0;
+  std::vector<std::vector<int>> devices_of_unit;  // ranks running each unit, ascending
 };
 
 // Builds and verifies the global DAG of a validated config for `world_size`

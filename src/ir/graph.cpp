@@ -93,7 +93,11 @@ std::string describe(const Node& n, const std::vector<std::string>& unit_names) 
              : "unit" + std::to_string(n.tags.unit);
   }
   if (n.tags.microbatch >= 0) s += " mb" + std::to_string(n.tags.microbatch);
-  if (n.peer >= 0) s += (n.kind == NodeKind::SEND ? " to rank " : " from rank ") + std::to_string(n.peer);
+  if (!n.peers.empty()) s += (n.kind == NodeKind::SEND ? " to rank " : " from rank ") + std::to_string(n.peers.front());
+  if (!n.units.empty()) {
+    s += " units " + std::to_string(n.units.front());
+    if (n.units.size() > 1) s += ".." + std::to_string(n.units.back());
+  }
   return s;
 }
 

@@ -45,14 +45,34 @@ struct Tags {
   char block_kind = '?';  // unit_symbol(): 'e', 'M', '*', '-', 'E', 'h'
 };
 
+// What a communication node moves.
+enum class Payload : uint8_t {
+  PAYLOAD_NONE,
+  PAYLOAD_ACTIVATION,  // SEND/RECV: a unit's output, forward
+  PAYLOAD_GRADIENT,    // SEND/RECV: the gradient w.r.t. a unit's input, backward
+  PAYLOAD_WGRAD,       // ALLREDUCE / REDUCE_SCATTER: weight gradients of `units`
+  PAYLOAD_PARAMS,      // ALLGATHER: parameters of `units`
+};
+
+// The process-group dimension a collective runs over, within each group of
+// the rank grid that the node's devices contain.
+enum class GroupDim : uint8_t { GROUP_NONE, GROUP_DP, GROUP_TP };
+
 struct Node {
   int id = -1;
   NodeKind kind = NodeKind::FWD;
   Tags tags;
-  std::vector<int> devices;  // ranks executing the node (a group for collectives)
+  // Ranks executing the node. A replicated node (data or tensor parallel) runs
+  // on every rank of its set, each on its own shard; a collective runs within
+  // each `group` of the set.
+  std::vector<int> devices;
   Stream stream = Stream::STREAM_COMPUTE;
-  int peer = -1;             // SEND/RECV: the other rank
-  int64_t bytes = 0;         // communication payload
+  std::vector<int> peers;    // SEND/RECV: peers[i] is the other side of devices[i]
+  int tag = -1;              // SEND/RECV: message tag, the SEND's node id
+  GroupDim group = GroupDim::GROUP_NONE;
+  Payload payload = Payload::PAYLOAD_NONE;
+  std::vector<int> units;    // collectives: the units whose parameters or gradients move
+  int64_t bytes = 0;         // payload per rank
 };
 
 struct Edge {
@@ -69,6 +89,7 @@ class Graph {
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<Edge>& edges() const { return edges_; }
   const Node& node(int id) const { return nodes_.at(static_cast<size_t>(id)); }
+  Node& node_mut(int id) { return nodes_.at(static_cast<size_t>(id)); }
   // Edge indices into and out of each node (built on demand, cached).
   const std::vector<std::vector<int>>& in_edges() const;
   const std::vector<std::vector<int>>& out_edges() const;

@@ -12,27 +12,36 @@ namespace piper::ir {
 
 Program lower(const Graph& g, int rank) {
   const size_t n = g.nodes().size();
-  std::vector<char> mine(n, 0);
-  for (const Node& nd : g.nodes())
-    mine[static_cast<size_t>(nd.id)] =
-        std::find(nd.devices.begin(), nd.devices.end(), rank) != nd.devices.end();
+  std::vector<int> slot(n, -1);  // index of `rank` in each node's device set, -1 when not there
+  for (const Node& nd : g.nodes()) {
+    auto it = std::find(nd.devices.begin(), nd.devices.end(), rank);
+    if (it != nd.devices.end()) slot[static_cast<size_t>(nd.id)] = static_cast<int>(it - nd.devices.begin());
+  }
+  auto mine = [&](int id) { return slot[static_cast<size_t>(id)] >= 0; };
   std::vector<int> indeg(n, 0);
   for (const Edge& e : g.edges())
-    if (mine[static_cast<size_t>(e.src)] && mine[static_cast<size_t>(e.dst)]) ++indeg[static_cast<size_t>(e.dst)];
+    if (mine(e.src) && mine(e.dst)) ++indeg[static_cast<size_t>(e.dst)];
   std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
   for (size_t i = 0; i < n; ++i)
-    if (mine[i] && indeg[i] == 0) ready.push(static_cast<int>(i));
+    if (mine(static_cast<int>(i)) && indeg[i] == 0) ready.push(static_cast<int>(i));
   Program p;
   p.rank = rank;
   while (!ready.empty()) {
-    int v = ready.top();
+    const int v = ready.top();
     ready.pop();
     const Node& nd = g.node(v);
-    Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.peer, nd.bytes};
-    (nd.stream == Stream::STREAM_COMPUTE ? p.compute : p.comm).push_back(in);
+    Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.tags.pass, -1, nd.tag, nd.group, nd.payload,
+             nd.units, nd.bytes, {}};
+    if (!nd.peers.empty()) in.peer = nd.peers[static_cast<size_t>(slot[static_cast<size_t>(v)])];
+    for (int e : g.in_edges()[static_cast<size_t>(v)]) {
+      const Edge& ed = g.edges()[static_cast<size_t>(e)];
+      if (ed.kind == EdgeKind::EDGE_DATA && mine(ed.src) && g.node(ed.src).stream != nd.stream)
+        in.waits.push_back(ed.src);
+    }
+    (nd.stream == Stream::STREAM_COMPUTE ? p.compute : p.comm).push_back(std::move(in));
     for (int e : g.out_edges()[static_cast<size_t>(v)]) {
-      int d = g.edges()[static_cast<size_t>(e)].dst;
-      if (mine[static_cast<size_t>(d)] && --indeg[static_cast<size_t>(d)] == 0) ready.push(d);
+      const int d = g.edges()[static_cast<size_t>(e)].dst;
+      if (mine(d) && --indeg[static_cast<size_t>(d)] == 0) ready.push(d);
     }
   }
   return p;
@@ -70,7 +79,13 @@ uint64_t plan_hash(const Graph& g) {
     f.value<int32_t>(n.tags.block);
     f.value<char>(n.tags.block_kind);
     f.value<uint8_t>(static_cast<uint8_t>(n.stream));
-    f.value<int32_t>(n.peer);
+    f.value<uint64_t>(n.peers.size());
+    for (int q : n.peers) f.value<int32_t>(q);
+    f.value<int32_t>(n.tag);
+    f.value<uint8_t>(static_cast<uint8_t>(n.group));
+    f.value<uint8_t>(static_cast<uint8_t>(n.payload));
+    f.value<uint64_t>(n.units.size());
+    for (int u : n.units) f.value<int32_t>(u);
     f.value<int64_t>(n.bytes);
     f.value<uint64_t>(n.devices.size());
     for (int d : n.devices) f.value<int32_t>(d);
@@ -138,8 +153,13 @@ std::string format_program(const Program& p, const ModelGraph& model) {
                              ? names[static_cast<size_t>(v[i].unit)]
                              : "";
       std::string mb = v[i].microbatch >= 0 ? "mb" + std::to_string(v[i].microbatch) : "";
-      std::snprintf(line, sizeof line, "    %4zu  %-14s %-12s %-5s node %d\n", i,
-                    node_kind_name(v[i].kind), unit.c_str(), mb.c_str(), v[i].node);
+      std::string extra;
+      if (v[i].peer >= 0) extra = (v[i].kind == NodeKind::SEND ? " to rank " : " from rank ") + std::to_string(v[i].peer);
+      if (!v[i].units.empty())
+        extra = std::string(v[i].group == GroupDim::GROUP_DP ? " dp" : " tp") + " units " +
+                std::to_string(v[i].units.front()) + ".." + std::to_string(v[i].units.back());
+      std::snprintf(line, sizeof line, "    %4zu  %-14s %-12s %-5s node %d%s\n", i,
+                    node_kind_name(v[i].kind), unit.c_str(), mb.c_str(), v[i].node, extra.c_str());
       o << line;
     }
   };

@@ -16,8 +16,14 @@ struct Instr {
   NodeKind kind = NodeKind::FWD;
   int unit = -1;
   int microbatch = -1;
-  int peer = -1;
+  Pass pass = Pass::PASS_F;
+  int peer = -1;                 // SEND/RECV: this rank's partner
+  int tag = -1;                  // SEND/RECV: message tag
+  GroupDim group = GroupDim::GROUP_NONE;
+  Payload payload = Payload::PAYLOAD_NONE;
+  std::vector<int> units;        // collectives: the units moved
   int64_t bytes = 0;
+  std::vector<int> waits;        // nodes of this rank's other stream to complete first
 };
 
 struct Program {

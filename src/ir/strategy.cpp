@@ -1,6 +1,7 @@
 // strategy.cpp — the `parallel:` shorthand expanded into directives.
 #include "ir/strategy.hpp"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -28,14 +29,22 @@ const char* schedule_name(ScheduleKind k) {
 }
 
 Strategy expand(const config::Config& cfg, int world_size) {
+  const auto& p = cfg.parallel;
   Strategy s;
   s.world_size = world_size;
-  s.split.microbatches = static_cast<int>(cfg.parallel.microbatches);
-  s.order.schedule = parse_schedule(cfg.parallel.schedule);
+  s.split.microbatches = static_cast<int>(p.microbatches);
+  s.order.schedule = parse_schedule(p.schedule);
   // Zero-bubble schedules need the backward split into its two halves.
-  s.split_backward = cfg.parallel.split_backward ||
-                     s.order.schedule == ScheduleKind::SCHEDULE_ZBH1 ||
+  s.split_backward = p.split_backward || s.order.schedule == ScheduleKind::SCHEDULE_ZBH1 ||
                      s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV;
+  s.place.pp = static_cast<int>(p.pp);
+  s.place.virtual_stages = s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
+                                                                               : static_cast<int>(p.virtual_stages);
+  s.replicate.dp = static_cast<int>(p.dp);
+  s.replicate.zero = static_cast<int>(p.zero);
+  s.shard.tp = static_cast<int>(p.tp);
+  s.activation_bytes = cfg.train.global_batch / std::max<int64_t>(1, p.dp * p.microbatches) *
+                       cfg.train.seq_len * cfg.model.d_model * static_cast<int64_t>(sizeof(float));
   return s;
 }
 
@@ -44,13 +53,20 @@ std::string directives_yaml(const Strategy& s) {
   o << "directives:\n";
   o << "  - split: {microbatches: " << s.split.microbatches << "}\n";
   if (s.split_backward) o << "  - split_backward: true\n";
-  o << "  - place: {stages: " << (s.place.rank_of_stage.empty() ? 1 : s.place.rank_of_stage.size())
-    << ", ranks: [";
-  for (size_t i = 0; i < s.place.rank_of_stage.size(); ++i)
-    o << (i ? ", " : "") << s.place.rank_of_stage[i];
-  if (s.place.rank_of_stage.empty()) o << "0";
-  o << "]}\n";
+  o << "  - place: {pp: " << s.place.pp << ", virtual_stages: " << s.place.virtual_stages;
+  if (!s.place.stage_of_unit.empty()) {
+    o << ", stage_of_unit: [";
+    for (size_t i = 0; i < s.place.stage_of_unit.size(); ++i) o << (i ? ", " : "") << s.place.stage_of_unit[i];
+    o << "]";
+  }
+  o << "}\n";
+  o << "  - replicate: {dp: " << s.replicate.dp << ", shard_grads: " << (s.replicate.zero >= 2 ? "true" : "false")
+    << ", shard_params: " << (s.replicate.zero >= 3 ? "true" : "false")
+    << ", shard_optimizer: " << (s.replicate.zero >= 1 ? "true" : "false")
+    << ", bucket_mb: " << static_cast<double>(s.replicate.bucket_bytes) / (1 << 20) << "}\n";
+  o << "  - shard: {tp: " << s.shard.tp << "}\n";
   o << "  - order: {schedule: " << schedule_name(s.order.schedule) << "}\n";
+  o << "  - grid: {order: " << s.grid_order << "}\n";
   return o.str();
 }
 

@@ -1,6 +1,7 @@
 // verify.cpp — the DAG verifier: structure, completeness, order, acyclicity.
 #include "ir/verify.hpp"
 
+#include <algorithm>
 #include <map>
 #include <queue>
 #include <set>
@@ -64,7 +65,13 @@ void check_edges(const Graph& g, const std::vector<std::string>& names) {
       if (ed.kind == EdgeKind::EDGE_DATA &&
           other.kind == (nd.kind == NodeKind::SEND ? NodeKind::RECV : NodeKind::SEND)) {
         ++partners;
-        if (other.devices.front() != nd.peer || nd.devices.front() != other.peer)
+        bool agree = nd.peers.size() == nd.devices.size() && other.peers.size() == other.devices.size();
+        for (size_t i = 0; agree && i < nd.devices.size(); ++i) {
+          auto it = std::find(other.devices.begin(), other.devices.end(), nd.peers[i]);
+          agree = it != other.devices.end() &&
+                  other.peers[static_cast<size_t>(it - other.devices.begin())] == nd.devices[i];
+        }
+        if (!agree)
           throw VerifyError(where(nd, names) + " and its partner " + where(other, names) +
                             " disagree about their peers");
       }
@@ -139,15 +146,17 @@ void check_complete(const Graph& g, const ModelGraph& model, const std::vector<s
 // Ordering edges per rank must chain every compute node once: one chain,
 // each node with at most one predecessor and one successor in the order.
 void check_order(const Graph& g, const std::vector<std::string>& names) {
-  std::map<int, std::vector<int>> compute_of_rank;
+  // Replicated nodes share one order: group compute nodes by their device set.
+  std::map<std::vector<int>, std::vector<int>> compute_of_set;
   for (const Node& nd : g.nodes())
-    if (is_compute(nd.kind) && nd.devices.size() == 1) compute_of_rank[nd.devices.front()].push_back(nd.id);
+    if (is_compute(nd.kind)) compute_of_set[nd.devices].push_back(nd.id);
   auto order_degree = [&](const std::vector<int>& edges) {
     int d = 0;
     for (int e : edges) d += g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_ORDER;
     return d;
   };
-  for (const auto& [rank, ids] : compute_of_rank) {
+  for (const auto& [devices, ids] : compute_of_set) {
+    const int rank = devices.front();
     int linked = 0, heads = 0;
     for (int id : ids) {
       const int in = order_degree(g.in_edges()[static_cast<size_t>(id)]);

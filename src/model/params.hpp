@@ -1,5 +1,7 @@
 // params.hpp — parameter values and gradients of the units a rank holds, one
-// contiguous buffer per unit (values and gradients alike), located by name.
+// contiguous buffer per unit, located by name, optionally sharded over the
+// data-parallel group (ZeRO): each unit's buffer, padded to a multiple of the
+// group size, splits into equal shards, one per data-parallel rank.
 #pragma once
 
 #include <map>
@@ -15,34 +17,72 @@ namespace piper::model {
 struct ParamRef {
   const ir::ParamSpec* spec = nullptr;
   int unit = -1;
-  int64_t offset = 0;  // into the unit's buffer
+  int64_t offset = 0;  // into the unit's (full) buffer
+};
+
+// How the store is sharded over the data-parallel group.
+struct Sharding {
+  int dp_rank = 0;
+  int dp_size = 1;
+  int zero = 0;  // 0 replicated, 1 optimiser state, 2 + gradients, 3 + parameters
 };
 
 class ParamStore {
  public:
-  // Allocates (zeroed) values and gradients of `units` (indices into `graph`).
-  ParamStore(const ir::ModelGraph& graph, const std::vector<int>& units, backend::Backend& be);
+  ParamStore(const ir::ModelGraph& graph, const std::vector<int>& units, backend::Backend& be,
+             Sharding sharding = {});
 
-  // Initialises every value from (seed, name, global index).
+  // Initialises every value this rank stores from (seed, name, global index).
   void init(uint64_t seed);
 
-  bool holds(int unit) const { return values_.count(unit) > 0; }
-  float* values(int unit) { return values_.at(unit).data(); }
-  float* grads(int unit) { return grads_.at(unit).data(); }
-  int64_t unit_numel(int unit) const { return values_.at(unit).numel(); }
-  // Pointers to parameter i (spec order) of a unit.
-  float* value(int unit, size_t i);
-  float* grad(int unit, size_t i);
-
+  const Sharding& sharding() const { return sharding_; }
+  bool holds(int unit) const { return slots_.count(unit) > 0; }
+  std::vector<int> units() const;
   const std::vector<ParamRef>& params() const { return refs_; }
   const ParamRef& find(const std::string& name) const;  // throws std::out_of_range
-  std::vector<int> units() const;
-  void zero_grads();
+
+  int64_t unit_numel(int unit) const { return slot(unit).numel; }
+  int64_t padded_numel(int unit) const { return slot(unit).shard_len * sharding_.dp_size; }
+  int64_t shard_len(int unit) const { return slot(unit).shard_len; }
+  int64_t shard_offset(int unit) const { return slot(unit).shard_len * sharding_.dp_rank; }
+
+  // Full parameter values [padded_numel]. With ZeRO-3 only while gathered
+  // values are bound (bind_full_values); throws otherwise.
+  float* values(int unit);
+  float* value(int unit, size_t i);  // parameter i (spec order) of a unit
+  // This rank's shard of the values [shard_len].
+  float* shard_values(int unit);
+  // ZeRO-3: lends gathered full values to the unit's computation (not owned).
+  void bind_full_values(int unit, float* full);
+  void unbind_full_values(int unit);
+
+  // Full gradients [padded_numel], accumulated by backward. With ZeRO >= 2
+  // allocated (zeroed) on first use in a step and released after the
+  // reduce-scatter (release_full_grads).
+  float* grads(int unit);
+  float* grad(int unit, size_t i);
+  // This rank's shard of the gradients [shard_len] (after the reduction).
+  float* shard_grads(int unit);
+  void release_full_grads(int unit);
+  // Zeroes the gradients this rank keeps between steps.
+  void zero_grads(int unit);
 
  private:
+  struct Slot {
+    int64_t numel = 0, shard_len = 0;
+    std::vector<int64_t> offsets;  // per param
+    backend::Tensor values, grads;   // full (padded), when this rank keeps them
+    backend::Tensor shard_values_t;  // ZeRO-3: the persistent shard
+    backend::Tensor shard_grads_t;   // ZeRO >= 2: the persistent shard
+    float* bound = nullptr;          // ZeRO-3: gathered full values lent in
+  };
+  Slot& slot(int unit);
+  const Slot& slot(int unit) const;
+
   const ir::ModelGraph& graph_;
-  std::map<int, backend::Tensor> values_, grads_;
-  std::map<int, std::vector<int64_t>> offsets_;  // per unit, per param
+  backend::Backend& be_;
+  Sharding sharding_;
+  std::map<int, Slot> slots_;
   std::vector<ParamRef> refs_;
   std::map<std::string, size_t> by_name_;
 };

@@ -1,6 +1,9 @@
-// executor.cpp — instruction dispatch for one training step.
+// executor.cpp — instruction dispatch for one training step: the compute
+// stream in program order, the communication stream issued ahead of it.
 #include "runtime/executor.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -11,23 +14,49 @@ namespace piper::runtime {
 
 using backend::MemCategory;
 using backend::Tensor;
+using ir::NodeKind;
+using ir::Payload;
 
-Executor::Executor(model::Model& model, ir::Program program, const config::TrainConfig& train)
-    : model_(model), program_(std::move(program)), train_(train) {
+namespace {
+
+// How many compute instructions ahead a receive or a ZeRO-3 gather is posted:
+// enough to hide its latency, few enough to keep memory at the schedule's.
+constexpr size_t kLookahead = 2;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool zero3_gather(const ir::Instr& c) { return c.kind == NodeKind::ALLGATHER && c.microbatch >= 0; }
+
+}  // namespace
+
+Executor::Executor(model::Model& model, ir::Program program, const config::TrainConfig& train, Groups groups)
+    : model_(model), program_(std::move(program)), train_(train), groups_(groups) {
   last_unit_ = static_cast<int>(model.graph().units.size()) - 1;
-  for (int u : model.params().units()) {
-    const int64_t n = model.params().unit_numel(u);
+  model::ParamStore& ps = model.params();
+  for (int u : ps.units()) {
+    const int64_t n = ps.sharding().zero >= 1 ? ps.shard_len(u) : ps.padded_numel(u);
     auto& [m, v] = moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
                                                       Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)))
                        .first->second;
     m.zero();
     v.zero();
   }
-  if (!program_.comm.empty())
-    throw std::runtime_error("rank " + std::to_string(program_.rank) + ": the program has " +
-                             std::to_string(program_.comm.size()) +
-                             " communication instructions, and this build has no communicator");
+  for (size_t c = 0; c < program_.comm.size(); ++c) comm_index_[program_.comm[c].node] = c;
+  first_use_.assign(program_.comm.size(), program_.compute.size());
+  for (size_t i = 0; i < program_.compute.size(); ++i)
+    for (int w : program_.compute[i].waits) {
+      auto it = comm_index_.find(w);
+      if (it != comm_index_.end()) first_use_[it->second] = std::min(first_use_[it->second], i);
+    }
+  const bool needs_dp = std::any_of(program_.comm.begin(), program_.comm.end(),
+                                    [](const ir::Instr& c) { return c.group == ir::GroupDim::GROUP_DP; });
+  if (needs_dp && !groups_.dp)
+    throw std::logic_error("rank " + std::to_string(program_.rank) + ": data-parallel collectives without a dp group");
 }
+
+Tensor Executor::buffer(int64_t n, MemCategory c) { return Tensor(model_.backend(), n, c); }
 
 Tensor Executor::take(std::map<Key, Tensor>& m, Key k) {
   auto it = m.find(k);
@@ -46,12 +75,14 @@ float* Executor::get(std::map<Key, Tensor>& m, Key k, const char* what) {
   return it->second.data();
 }
 
+// ---- compute stream -----------------------------------------------------------
+
 void Executor::forward(const ir::Instr& in, const model::MicroBatch& mb, StepStats& st) {
   const int u = in.unit, i = in.microbatch;
   const float* x = u > 0 ? get(acts_, {u - 1, i}, "the input activation") : nullptr;
   float* y = nullptr;
   if (u < last_unit_) {
-    Tensor out(model_.backend(), mb.rows() * model_.config().d_model, MemCategory::MEM_ACTIVATIONS);
+    Tensor out = buffer(mb.rows() * model_.config().d_model, MemCategory::MEM_ACTIVATIONS);
     y = out.data();
     acts_[{u, i}] = std::move(out);
   }
@@ -62,17 +93,16 @@ void Executor::forward(const ir::Instr& in, const model::MicroBatch& mb, StepSta
 void Executor::backward(const ir::Instr& in) {
   const int u = in.unit, i = in.microbatch;
   model::Unit& unit = model_.unit(u);
-  if (in.kind == ir::NodeKind::BWD_W && u > 0) {
+  if (in.kind == NodeKind::BWD_W && u > 0) {
     unit.backward_weight(i);
     return;
   }
   const float* x = u > 0 ? get(acts_, {u - 1, i}, "the input activation") : nullptr;
   const float* dy = u < last_unit_ ? get(grads_, {u + 1, i}, "the output gradient") : nullptr;
   Tensor grad_in;  // the input gradient has the shape of the input activation
-  if (u > 0) grad_in = Tensor(model_.backend(), acts_.at({u - 1, i}).numel(), MemCategory::MEM_BUFFERS);
+  if (u > 0) grad_in = buffer(acts_.at({u - 1, i}).numel(), MemCategory::MEM_BUFFERS);
   // The embedding has no input gradient: its weight half is the whole backward.
-  const bool whole = in.kind == ir::NodeKind::BWD || u == 0;
-  if (whole) {
+  if (in.kind == NodeKind::BWD || u == 0) {
     unit.backward(i, x, dy, grad_in.data());
   } else {
     unit.backward_input(i, x, dy, grad_in.data());
@@ -82,51 +112,191 @@ void Executor::backward(const ir::Instr& in) {
   if (u > 0) grads_[{u, i}] = std::move(grad_in);
 }
 
-void Executor::update(int unit, int64_t step, StepStats& st) {
+// Clipping needs the norm over every gradient of the step: all reductions
+// complete, then each rank sums the squares of its shard and the world adds.
+void Executor::prepare_norm(int64_t step, StepStats& st) {
+  for (const ir::Instr& c : program_.comm)
+    if (c.payload == Payload::PAYLOAD_WGRAD) complete(c.node, st);
   model::ParamStore& ps = model_.params();
-  if (!norm_ready_) {  // clipping needs the norm over every gradient of the step
-    double sq = 0.0;
-    for (int u : ps.units()) sq += optim::sum_squares(ps.grads(u), ps.unit_numel(u));
-    st.grad_norm = std::sqrt(sq);
-    clip_scale_ = optim::clip_coefficient(st.grad_norm, train_.grad_clip);
-    st.lr = optim::lr_at(train_, step);
-    norm_ready_ = true;
-    ++adam_steps_;
+  double sq = 0.0;
+  for (int u : ps.units()) sq += optim::sum_squares(ps.shard_grads(u), ps.shard_len(u));
+  if (groups_.world && groups_.world->size() > 1) {
+    const auto t0 = std::chrono::steady_clock::now();
+    groups_.world->allreduce_double(&sq, 1);
+    st.comm_ms += ms_since(t0);
   }
+  st.grad_norm = std::sqrt(sq);
+  clip_scale_ = optim::clip_coefficient(st.grad_norm, train_.grad_clip);
+  st.lr = optim::lr_at(train_, step);
+  norm_ready_ = true;
+  ++adam_steps_;
+}
+
+void Executor::update(int unit, int64_t step, StepStats& st) {
+  if (!norm_ready_) prepare_norm(step, st);
+  model::ParamStore& ps = model_.params();
   const optim::AdamWHyper h{st.lr, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
   auto& [m, v] = moments_.at(unit);
   const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
+  // The range of the unit's buffer this rank updates: all of it, or its shard.
+  const bool sharded = ps.sharding().zero >= 1;
+  const int64_t lo_all = sharded ? ps.shard_offset(unit) : 0;
+  const int64_t hi_all = sharded ? lo_all + ps.shard_len(unit) : ps.unit_numel(unit);
+  float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
+  float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
   int64_t off = 0;
-  for (size_t p = 0; p < spec.params.size(); ++p) {
-    const int64_t n = spec.params[p].numel();
-    optim::adamw_update(ps.value(unit, p), ps.grad(unit, p), m.data() + off, v.data() + off, n,
-                        adam_steps_, h, spec.params[p].weight_decay, clip_scale_);
-    off += n;
+  for (const auto& p : spec.params) {
+    const int64_t lo = std::max(off, lo_all), hi = std::min(off + p.numel(), hi_all);
+    if (lo < hi)
+      optim::adamw_update(values + (lo - lo_all), grads + (lo - lo_all), m.data() + (lo - lo_all),
+                          v.data() + (lo - lo_all), hi - lo, adam_steps_, h, p.weight_decay, clip_scale_);
+    off += p.numel();
   }
-  model_.backend().fill_zero(ps.grads(unit), static_cast<size_t>(ps.unit_numel(unit)) * sizeof(float));
+  ps.zero_grads(unit);
+}
+
+// ---- communication stream -------------------------------------------------------
+
+bool Executor::ready(const ir::Instr& c) const {
+  return std::all_of(c.waits.begin(), c.waits.end(), [&](int w) { return done_.count(w) > 0; });
+}
+
+// Issues communication instructions in program order while their inputs are
+// ready; receives and ZeRO-3 gathers wait until their consumer is near.
+void Executor::pump(size_t compute_index) {
+  while (comm_next_ < program_.comm.size()) {
+    const ir::Instr& c = program_.comm[comm_next_];
+    if (!ready(c)) return;
+    if ((c.kind == NodeKind::RECV || zero3_gather(c)) && first_use_[comm_next_] > compute_index + kLookahead) return;
+    issue(c);
+    ++comm_next_;
+  }
+}
+
+void Executor::issue(const ir::Instr& c) {
+  model::ParamStore& ps = model_.params();
+  auto& reqs = inflight_[c.node];
+  auto& held = held_[c.node];
+  const Key key{c.unit, c.microbatch};
+  auto& values_map = c.payload == Payload::PAYLOAD_ACTIVATION ? acts_ : grads_;
+  switch (c.kind) {
+    case NodeKind::SEND: {
+      Tensor t = take(values_map, key);
+      if (t.empty())
+        throw std::logic_error("rank " + std::to_string(program_.rank) + ": nothing to send for unit " +
+                               std::to_string(c.unit) + " mb" + std::to_string(c.microbatch));
+      reqs.push_back(groups_.world->isend(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
+      held.push_back(std::move(t));
+      break;
+    }
+    case NodeKind::RECV: {
+      Tensor t = buffer(c.bytes / static_cast<int64_t>(sizeof(float)),
+                        c.payload == Payload::PAYLOAD_ACTIVATION ? MemCategory::MEM_ACTIVATIONS
+                                                                 : MemCategory::MEM_BUFFERS);
+      reqs.push_back(groups_.world->irecv(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
+      values_map[key] = std::move(t);  // the consumer waits for this node before reading
+      break;
+    }
+    case NodeKind::ALLREDUCE:
+      for (int u : c.units)
+        reqs.push_back(groups_.dp->iallreduce(ps.grads(u), static_cast<size_t>(ps.padded_numel(u))));
+      break;
+    case NodeKind::REDUCE_SCATTER:
+      for (int u : c.units)
+        reqs.push_back(groups_.dp->ireduce_scatter(ps.grads(u), ps.shard_grads(u), static_cast<size_t>(ps.shard_len(u))));
+      break;
+    case NodeKind::ALLGATHER:
+      for (int u : c.units) {
+        const auto n = static_cast<size_t>(ps.shard_len(u));
+        if (zero3_gather(c)) {  // into a fresh full buffer the unit borrows
+          Tensor full = buffer(ps.padded_numel(u), MemCategory::MEM_PARAMS);
+          reqs.push_back(groups_.dp->iallgather(ps.shard_values(u), full.data(), n));
+          held.push_back(std::move(full));
+        } else {  // updated shards back into every replica's full values
+          Tensor mine = buffer(ps.shard_len(u), MemCategory::MEM_BUFFERS);
+          model_.backend().copy(mine.data(), ps.shard_values(u), n * sizeof(float));
+          reqs.push_back(groups_.dp->iallgather(mine.data(), ps.values(u), n));
+          held.push_back(std::move(mine));
+        }
+      }
+      break;
+    default:
+      throw std::logic_error(std::string(ir::node_kind_name(c.kind)) + " is not supported by this executor");
+  }
+}
+
+// Waits for communication node `node` (issuing it, and what precedes it, first).
+void Executor::complete(int node, StepStats& st) {
+  if (done_.count(node)) return;
+  const size_t idx = comm_index_.at(node);
+  while (comm_next_ <= idx) {
+    const ir::Instr& c = program_.comm[comm_next_];
+    if (!ready(c))
+      throw std::logic_error("rank " + std::to_string(program_.rank) + ": communication node " +
+                             std::to_string(c.node) + " waits for compute that has not run");
+    issue(c);
+    ++comm_next_;
+  }
+  const ir::Instr& c = program_.comm[idx];
+  const auto t0 = std::chrono::steady_clock::now();
+  comm::wait_all(inflight_[node]);
+  (c.kind == NodeKind::RECV ? st.idle_ms : st.comm_ms) += ms_since(t0);
+  inflight_.erase(node);
+  if (c.kind == NodeKind::REDUCE_SCATTER)
+    for (int u : c.units) model_.params().release_full_grads(u);
+  if (!zero3_gather(c)) held_.erase(node);
+  done_.insert(node);
+}
+
+void Executor::drain(StepStats& st) {
+  for (const ir::Instr& c : program_.comm) complete(c.node, st);
 }
 
 StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>& mbs) {
   StepStats st;
   norm_ready_ = false;
-  for (const ir::Instr& in : program_.compute) {
+  done_.clear();
+  comm_next_ = 0;
+  uses_left_.clear();
+  for (const ir::Instr& in : program_.compute)
+    for (int w : in.waits)
+      if (comm_index_.count(w) && zero3_gather(program_.comm[comm_index_.at(w)])) ++uses_left_[w];
+  model::ParamStore& ps = model_.params();
+  for (size_t i = 0; i < program_.compute.size(); ++i) {
+    const ir::Instr& in = program_.compute[i];
+    pump(i);
+    std::vector<int> gathers;
+    for (int w : in.waits) {
+      complete(w, st);
+      if (uses_left_.count(w)) gathers.push_back(w);
+    }
+    for (int w : gathers) ps.bind_full_values(in.unit, held_.at(w).front().data());
+    const auto t0 = std::chrono::steady_clock::now();
     switch (in.kind) {
-      case ir::NodeKind::FWD:
+      case NodeKind::FWD:
         forward(in, mbs.at(static_cast<size_t>(in.microbatch)), st);
         break;
-      case ir::NodeKind::BWD:
-      case ir::NodeKind::BWD_I:
-      case ir::NodeKind::BWD_W:
+      case NodeKind::BWD:
+      case NodeKind::BWD_I:
+      case NodeKind::BWD_W:
         backward(in);
         break;
-      case ir::NodeKind::UPD:
+      case NodeKind::UPD:
         update(in.unit, step, st);
         break;
       default:
-        throw std::logic_error(std::string("communication instruction ") +
-                               ir::node_kind_name(in.kind) + " on the compute stream");
+        throw std::logic_error(std::string("communication instruction ") + ir::node_kind_name(in.kind) +
+                               " on the compute stream");
     }
+    st.compute_ms += ms_since(t0);
+    for (int w : gathers) {
+      ps.unbind_full_values(in.unit);
+      if (--uses_left_[w] == 0) held_.erase(w);
+    }
+    done_.insert(in.node);
+    pump(i);
   }
+  drain(st);
   if (!acts_.empty() || !grads_.empty())
     throw std::logic_error("rank " + std::to_string(program_.rank) + ": " +
                            std::to_string(acts_.size() + grads_.size()) +

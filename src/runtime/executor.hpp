@@ -1,31 +1,46 @@
 // executor.hpp — runs a rank's Program for one training step: dispatches
-// FWD / BWD / BWD_I / BWD_W / UPD instructions to the model's units, holds the
+// FWD / BWD / BWD_I / BWD_W / UPD to the model's units on the compute stream,
+// issues SEND / RECV / ALLREDUCE / REDUCE_SCATTER / ALLGATHER non-blocking on
+// the communication stream as soon as their inputs are ready, holds the
 // activations and gradients flowing between units, and owns the optimiser
 // state. It does not decide order: the Program does.
 #pragma once
 
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "ir/program.hpp"
 #include "model/model.hpp"
 
 namespace piper::runtime {
 
+// The process groups a rank's program talks over (null when of size 1).
+struct Groups {
+  comm::Communicator* world = nullptr;  // point-to-point and step totals
+  comm::Communicator* dp = nullptr;     // data-parallel collectives
+  comm::Communicator* tp = nullptr;     // tensor-parallel collectives
+};
+
 struct StepStats {
   double loss_sum = 0.0;   // sum of token losses of this rank's microbatches
   double grad_norm = 0.0;  // global L2 norm of the gradients, before clipping
   double lr = 0.0;         // learning rate applied
+  double compute_ms = 0.0; // time in compute instructions
+  double comm_ms = 0.0;    // time waiting for collectives (exposed communication)
+  double idle_ms = 0.0;    // time waiting for another stage's data (bubble)
 };
 
 class Executor {
  public:
-  Executor(model::Model& model, ir::Program program, const config::TrainConfig& train);
+  Executor(model::Model& model, ir::Program program, const config::TrainConfig& train, Groups groups);
 
-  // Runs every instruction of the program once. `mbs[i]` is microbatch i.
+  // Runs every instruction of the program once. `mbs[i]` is microbatch i of
+  // this rank's data-parallel replica.
   StepStats run_step(int64_t step, const std::vector<model::MicroBatch>& mbs);
 
   const ir::Program& program() const { return program_; }
@@ -35,12 +50,23 @@ class Executor {
   void forward(const ir::Instr& in, const model::MicroBatch& mb, StepStats& st);
   void backward(const ir::Instr& in);
   void update(int unit, int64_t step, StepStats& st);
+  void prepare_norm(int64_t step, StepStats& st);
+
+  // Communication stream.
+  void pump(size_t compute_index);
+  void issue(const ir::Instr& c);
+  void complete(int node, StepStats& st);
+  void drain(StepStats& st);
+  bool ready(const ir::Instr& c) const;
+
   backend::Tensor take(std::map<Key, backend::Tensor>& m, Key k);
   float* get(std::map<Key, backend::Tensor>& m, Key k, const char* what);
+  backend::Tensor buffer(int64_t n, backend::MemCategory c);
 
   model::Model& model_;
   ir::Program program_;
   const config::TrainConfig& train_;
+  Groups groups_;
   int last_unit_ = 0;
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
@@ -48,6 +74,15 @@ class Executor {
   int64_t adam_steps_ = 0;
   bool norm_ready_ = false;
   float clip_scale_ = 1.0f;
+
+  // Per step: what ran, what is in flight.
+  std::set<int> done_;                               // nodes completed on this rank
+  size_t comm_next_ = 0;                             // next communication instruction to issue
+  std::map<int, size_t> comm_index_;                 // node -> index in program_.comm
+  std::vector<size_t> first_use_;                    // comm index -> first compute index waiting on it
+  std::map<int, std::vector<comm::Request>> inflight_;
+  std::map<int, std::vector<backend::Tensor>> held_;  // buffers a request reads or writes (sends, gathers)
+  std::map<int, int> uses_left_;                     // ZeRO-3 gather node -> compute uses left this step
 };
 
 }  // namespace piper::runtime

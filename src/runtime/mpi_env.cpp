@@ -1,6 +1,8 @@
 // mpi_env.cpp — MPI start-up, shutdown and world-level agreement checks.
 #include "runtime/mpi_env.hpp"
 
+#include "comm/mpi_comm.hpp"
+
 #include <mpi.h>
 
 #include <cstdlib>
@@ -9,12 +11,7 @@
 namespace piper::runtime {
 
 MpiEnv::MpiEnv(int* argc, char*** argv) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) {
-    int provided = 0;
-    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  }
+  comm::init_mpi(argc, argv);  // MPI_THREAD_MULTIPLE: the communicator's progress thread
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   char name[MPI_MAX_PROCESSOR_NAME];
@@ -23,11 +20,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   host_.assign(name, static_cast<size_t>(len));
 }
 
-MpiEnv::~MpiEnv() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
+MpiEnv::~MpiEnv() { comm::finalize_mpi(); }
 
 bool MpiEnv::all_equal(uint64_t value) const {
   std::vector<uint64_t> all(static_cast<size_t>(size_));

@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -15,7 +16,9 @@
 
 #include "data/token_file.hpp"
 #include "data/tokenizer.hpp"
+#include "comm/mpi_comm.hpp"
 #include "ir/compile.hpp"
+#include "ir/grid.hpp"
 #include "kernels.hpp"
 #include "model/model.hpp"
 #include "runtime/executor.hpp"
@@ -26,21 +29,59 @@ namespace {
 
 // PIPERPRM: magic, u32 version 1, u32 count; per tensor u32 name length, name,
 // u32 ndim, i64 dims, float32 data (little-endian, row-major).
-void dump_params(const std::string& path, model::Model& m) {
+void write_params(const std::string& path, const ir::ModelGraph& g,
+                  const std::map<int, std::vector<float>>& unit_values) {
   std::ofstream f(path, std::ios::binary);
   if (!f) throw UserError("cannot write parameters to '" + path + "'");
   auto u32 = [&](uint32_t v) { f.write(reinterpret_cast<const char*>(&v), 4); };
+  uint32_t count = 0;
+  for (const auto& u : g.units) count += static_cast<uint32_t>(u.params.size());
   f.write("PIPERPRM", 8);
   u32(1);
-  u32(static_cast<uint32_t>(m.params().params().size()));
-  for (const auto& r : m.params().params()) {
-    u32(static_cast<uint32_t>(r.spec->name.size()));
-    f.write(r.spec->name.data(), static_cast<std::streamsize>(r.spec->name.size()));
-    u32(static_cast<uint32_t>(r.spec->shape.size()));
-    for (int64_t d : r.spec->shape) f.write(reinterpret_cast<const char*>(&d), 8);
-    f.write(reinterpret_cast<const char*>(m.params().values(r.unit) + r.offset),
-            static_cast<std::streamsize>(r.spec->numel() * 4));
+  u32(count);
+  for (const auto& u : g.units) {
+    const float* base = unit_values.at(u.index).data();
+    for (const auto& p : u.params) {
+      u32(static_cast<uint32_t>(p.name.size()));
+      f.write(p.name.data(), static_cast<std::streamsize>(p.name.size()));
+      u32(static_cast<uint32_t>(p.shape.size()));
+      for (int64_t d : p.shape) f.write(reinterpret_cast<const char*>(&d), 8);
+      f.write(reinterpret_cast<const char*>(base), static_cast<std::streamsize>(p.numel() * 4));
+      base += p.numel();
+    }
   }
+}
+
+// Collects every unit's full values on rank 0 (gathering ZeRO-3 shards
+// first) and writes them. Collective: every rank calls it.
+void dump_params(const std::string& path, model::Model& m, const ir::Plan& plan, const Groups& groups,
+                 const MpiEnv& env) {
+  model::ParamStore& ps = m.params();
+  std::map<int, std::vector<float>> values;
+  for (const auto& unit : plan.model.units) {
+    const int u = unit.index;
+    const std::vector<int>& devices = plan.devices_of_unit[static_cast<size_t>(u)];
+    const int owner = devices.front();
+    std::vector<float> full;
+    if (ps.holds(u)) {
+      full.resize(static_cast<size_t>(ps.padded_numel(u)));
+      if (ps.sharding().zero >= 3)
+        groups.dp->allgather(ps.shard_values(u), full.data(), static_cast<size_t>(ps.shard_len(u)));
+      else
+        std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), full.begin());
+      full.resize(static_cast<size_t>(ps.unit_numel(u)));
+    }
+    const size_t n = static_cast<size_t>(unit.param_count());
+    if (owner != 0) {
+      if (env.rank() == owner) groups.world->send(full.data(), n, 0, u);
+      if (env.rank() == 0) {
+        full.resize(n);
+        groups.world->recv(full.data(), n, owner, u);
+      }
+    }
+    if (env.rank() == 0) values[u] = std::move(full);
+  }
+  if (env.rank() == 0) write_params(path, plan.model, values);
 }
 
 // The tokens of step `step`: samples g = step * global_batch + j (spec/MODEL.md,
@@ -50,18 +91,20 @@ struct StepBatch {
   std::vector<model::MicroBatch> mbs;
 };
 
-void load_step(const data::TokenFile& tf, const config::Config& cfg, int64_t step, int n_mb,
-               StepBatch& b) {
-  const int64_t GB = cfg.train.global_batch, T = cfg.train.seq_len;
-  b.inputs.resize(static_cast<size_t>(GB * T));
-  b.targets.resize(static_cast<size_t>(GB * T));
+// Replica `replica` of `replicas` takes the contiguous share
+// [replica * GB/replicas, (replica + 1) * GB/replicas) of the global batch.
+void load_step(const data::TokenFile& tf, const config::Config& cfg, int64_t step, int n_mb, int replica,
+               int replicas, StepBatch& b) {
+  const int64_t GB = cfg.train.global_batch, T = cfg.train.seq_len, share = GB / replicas;
+  b.inputs.resize(static_cast<size_t>(share * T));
+  b.targets.resize(static_cast<size_t>(share * T));
   std::vector<int32_t> seq(static_cast<size_t>(T + 1));
-  for (int64_t j = 0; j < GB; ++j) {
-    tf.sample(step * GB + j, T, seq.data());
+  for (int64_t j = 0; j < share; ++j) {
+    tf.sample(step * GB + replica * share + j, T, seq.data());
     std::copy(seq.begin(), seq.end() - 1, b.inputs.begin() + j * T);
     std::copy(seq.begin() + 1, seq.end(), b.targets.begin() + j * T);
   }
-  const int64_t per = GB / n_mb;
+  const int64_t per = share / n_mb;
   const float scale = static_cast<float>(1.0 / static_cast<double>(GB * T));
   b.mbs.clear();
   for (int i = 0; i < n_mb; ++i)
@@ -83,6 +126,12 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
 
 }  // namespace
 
+// Per-rank figures of a step, gathered on rank 0 for the metrics.
+struct RankFigures {
+  static constexpr int kCount = 9;
+  double v[kCount] = {};  // compute, comm, idle ms; params, grads, optimizer, activations, buffers, total peak bytes
+};
+
 void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) {
   const bool lead = env.rank() == 0;
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
@@ -102,26 +151,45 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
                     "); every rank must run the same piper binary with the same config");
   ir::Program program = ir::lower(plan.graph, env.rank());
 
+  // Process groups from the rank grid, passed down explicitly.
+  const ir::RankGrid grid(env.world_size(), plan.strategy.grid_order,
+                          {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp},
+                           {"pp", plan.strategy.place.pp}});
+  comm::CommOptions copts;
+  copts.timeout_s = cfg.parallel.comm_timeout_s;
+  std::unique_ptr<comm::Communicator> world = comm::make_mpi_world(copts);
+  std::unique_ptr<comm::Communicator> dp = world->split(grid.group(env.rank(), "dp"), "dp");
+  std::unique_ptr<comm::Communicator> tp = world->split(grid.group(env.rank(), "tp"), "tp");
+  const Groups groups{world.get(), dp.get(), tp.get()};
+  const int replica = grid.coord(env.rank(), "dp"), replicas = grid.size("dp");
+
   std::vector<int> held;
   for (const auto& in : program.compute)
     if (std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
   std::sort(held.begin(), held.end());
-  model::Model m(cfg.model, plan.model, held, backend::cpu());
+  model::Model m(cfg.model, plan.model, held, backend::cpu(),
+                 {replica, replicas, static_cast<int>(cfg.parallel.zero)});
   m.params().init(cfg.train.seed);
-  if (!opts.dump_init_path.empty() && lead) dump_params(opts.dump_init_path, m);
-  Executor exec(m, std::move(program), cfg.train);
+  if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, groups, env);
+  Executor exec(m, std::move(program), cfg.train, groups);
 
   std::unique_ptr<std::ofstream> metrics;
   if (!opts.metrics_path.empty() && lead) {
     metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::trunc);
     if (!*metrics) throw UserError("--metrics: cannot write '" + opts.metrics_path + "'");
   }
+  const bool can_sample = held.size() == plan.model.units.size();
   const int64_t tokens_per_step = cfg.train.global_batch * cfg.train.seq_len;
-  if (lead)
-    std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s), %d thread(s), BLAS %s, "
-                "plan %016" PRIx64 "\n",
-                plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(),
-                omp_get_max_threads(), kernels::blas_name(), plan.hash);
+  if (lead) {
+    std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d, zero %d, %s), "
+                "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
+                plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), replicas,
+                plan.strategy.shard.tp, plan.strategy.place.pp, plan.strategy.replicate.zero,
+                ir::schedule_name(plan.strategy.order.schedule), omp_get_max_threads(), kernels::blas_name(),
+                plan.hash);
+    if (cfg.train.sample_every > 0 && !can_sample)
+      std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
+  }
 
   StepBatch batch;
   std::vector<double> step_ms;
@@ -129,39 +197,60 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   const auto t_start = std::chrono::steady_clock::now();
   for (int64_t step = 0; step < cfg.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    load_step(*tokens, cfg, step, plan.strategy.split.microbatches, batch);
+    load_step(*tokens, cfg, step, plan.strategy.split.microbatches, replica, replicas, batch);
+    m.backend().reset_peak();
     StepStats st = exec.run_step(step, batch.mbs);
+    double loss_sum = st.loss_sum;
+    if (world->size() > 1) world->allreduce_double(&loss_sum, 1);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = st.loss_sum / static_cast<double>(tokens_per_step);
+    const double loss = loss_sum / static_cast<double>(tokens_per_step);
     const double tps = static_cast<double>(tokens_per_step) / (ms / 1000.0);
+    // Per-rank time split and memory, one slot per rank, summed into place.
+    const auto mem = m.backend().memory();
+    std::vector<double> ranks(static_cast<size_t>(env.world_size() * RankFigures::kCount), 0.0);
+    double* mine = ranks.data() + env.rank() * RankFigures::kCount;
+    mine[0] = st.compute_ms, mine[1] = st.comm_ms, mine[2] = st.idle_ms;
+    for (int c = 0; c < backend::kMemCategoryCount; ++c) mine[3 + c] = static_cast<double>(mem.peak[static_cast<size_t>(c)]);
+    mine[8] = static_cast<double>(mem.total_peak);
+    if (world->size() > 1) world->allreduce_double(ranks.data(), ranks.size());
     step_ms.push_back(ms);
     if (step == 0) first_loss = loss;
     last_loss = loss;
-    if (!lead) continue;
-    if (!opts.quiet && (step % cfg.train.log_every == 0 || step + 1 == cfg.train.steps))
+    if (lead && !opts.quiet && (step % cfg.train.log_every == 0 || step + 1 == cfg.train.steps))
       std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms\n",
                   step, loss, st.lr, st.grad_norm, tps, ms);
     if (metrics) {
-      const auto mem = m.backend().memory();
-      nlohmann::json j = {{"step", step},         {"loss", loss},          {"grad_norm", st.grad_norm},
-                          {"lr", st.lr},          {"tokens_per_s", tps},   {"step_ms", ms},
-                          {"tokens", (step + 1) * tokens_per_step},
-                          {"peak_mem_bytes", mem.total_peak}};
+      nlohmann::json per_rank = nlohmann::json::array();
+      for (int r = 0; r < env.world_size(); ++r) {
+        const double* f = ranks.data() + r * RankFigures::kCount;
+        per_rank.push_back({{"rank", r},
+                            {"compute_ms", f[0]},
+                            {"comm_ms", f[1]},
+                            {"idle_ms", f[2]},
+                            {"peak_mem_bytes", f[8]},
+                            {"mem_bytes", {{"params", f[3]}, {"grads", f[4]}, {"optimizer", f[5]},
+                                           {"activations", f[6]}, {"buffers", f[7]}}}});
+      }
+      nlohmann::json j = {{"step", step},       {"loss", loss},        {"grad_norm", st.grad_norm},
+                          {"lr", st.lr},        {"tokens_per_s", tps}, {"step_ms", ms},
+                          {"tokens", (step + 1) * tokens_per_step},    {"peak_mem_bytes", mem.total_peak},
+                          {"ranks", per_rank}};
       *metrics << j.dump() << '\n';
       metrics->flush();
     }
-    if (cfg.train.sample_every > 0 && (step + 1) % cfg.train.sample_every == 0) print_sample(m, cfg, step);
+    if (lead && can_sample && cfg.train.sample_every > 0 && (step + 1) % cfg.train.sample_every == 0)
+      print_sample(m, cfg, step);
     std::fflush(stdout);
   }
+  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, groups, env);
   if (!lead) return;
-  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::vector<double> sorted = step_ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   const auto mem = m.backend().memory();
   std::printf("summary: %" PRId64 " steps in %.1f s | loss %.4f -> %.4f | median step %.1f ms | "
-              "%.0f tok/s | peak memory %s (params %s, grads %s, optimizer %s, activations %s, buffers %s)\n",
+              "%.0f tok/s | rank 0 peak memory %s (params %s, grads %s, optimizer %s, activations %s, buffers %s)\n",
               cfg.train.steps, total_s, first_loss, last_loss, median,
               static_cast<double>(tokens_per_step) / (median / 1000.0), human_bytes(mem.total_peak).c_str(),
               human_bytes(mem.peak[0]).c_str(), human_bytes(mem.peak[1]).c_str(),

@@ -1,0 +1,145 @@
+// comm.hpp — the communicator interface over float buffers: one object per process group, non-blocking
+// operations returning RAII requests, and timeouts that name the operation that hung.
+//
+// Contract (every implementation, see docs/comm.md):
+// - Ranks: `rank()` is this process's index in the group, `peer` arguments are
+//   group ranks, `world_rank(i)` maps a group rank to its world rank.
+// - Collectives on one communicator are issued in the same order on every
+//   member (as in MPI and NCCL); they carry no tag. Two collectives that may be
+//   in flight concurrently in different orders need different communicators.
+// - Point-to-point messages are matched by (peer, tag) in posting order; the
+//   caller chooses tags (0 .. 32767 always works).
+// - A buffer passed to an i* call stays valid, and is not written (isend, the
+//   inputs of collectives) or read (irecv, outputs) by the caller, until the
+//   request completes. Collectives reduce by sum.
+// - `Request::wait()` longer than `CommOptions::timeout_s` throws CommError
+//   naming the world rank, host, operation, peer or group, bytes, tag and
+//   time waited; the request stays pending, so wait() may be called again.
+// - A Communicator and its requests are used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace piper::comm {
+
+class RankGrid;
+
+struct CommOptions {
+  // A wait (or blocking call) longer than this throws CommError.
+  double timeout_s = 300;
+  // Drive transfers from a background progress thread (needs MPI_THREAD_MULTIPLE;
+  // without it, progress happens only inside test() and wait()).
+  bool progress_thread = true;
+  // How long the progress thread sleeps after a poll that completed nothing,
+  // while no thread waits (it spins while one does). 0 = yield only.
+  int progress_sleep_us = 20;
+};
+
+// A communication failure: a timeout, or an error reported by the library.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a backend implements for one pending operation.
+class RequestImpl {
+ public:
+  virtual ~RequestImpl() = default;
+  virtual bool test() = 0;  // true once complete; throws CommError on a library error
+  virtual void wait() = 0;  // blocks until complete; throws CommError on timeout or error
+  // The owning Request is destroyed while an exception unwinds the stack:
+  // stop waiting for the operation (cancel a receive) without blocking.
+  virtual void abandon() noexcept = 0;
+};
+
+// RAII handle of one non-blocking operation; move-only. An empty Request is
+// complete. Destroying a pending Request waits for it (a timeout there prints
+// the CommError and terminates: destructors cannot throw), except during stack
+// unwinding, where it is abandoned so the error can reach the caller's handler.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::unique_ptr<RequestImpl> impl) : impl_(std::move(impl)) {}
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&& other) noexcept;  // finishes the request it held first
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  bool test();  // true once complete (then the request is empty)
+  void wait();  // throws CommError after the timeout; the request stays pending
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  void finish() noexcept;
+  std::unique_ptr<RequestImpl> impl_;
+};
+
+// Waits for every request, in order.
+void wait_all(std::vector<Request>& requests);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int world_rank(int i) const = 0;    // group rank -> world rank
+  virtual const std::string& name() const = 0;  // "world [0..3]", "dp group [0,2]"
+  virtual const CommOptions& options() const = 0;
+
+  // Non-blocking; n counts floats. peer is a group rank.
+  virtual Request isend(const float* buf, size_t n, int peer, int tag) = 0;
+  virtual Request irecv(float* buf, size_t n, int peer, int tag) = 0;
+  // buf (n) <- sum over ranks of buf, in place.
+  virtual Request iallreduce(float* buf, size_t n) = 0;
+  // in (size() * n_per_rank): block r of the sum goes to rank r's out (n_per_rank).
+  virtual Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) = 0;
+  // in (n_per_rank) from rank r lands in out (size() * n_per_rank) at block r.
+  virtual Request iallgather(const float* in, float* out, size_t n_per_rank) = 0;
+  // block j of rank i's in (size() * n_per_rank) lands at block i of rank j's out.
+  virtual Request ialltoall(const float* in, float* out, size_t n_per_rank) = 0;
+
+  // Blocking versions: the i* call, then wait().
+  void send(const float* buf, size_t n, int peer, int tag) { isend(buf, n, peer, tag).wait(); }
+  void recv(float* buf, size_t n, int peer, int tag) { irecv(buf, n, peer, tag).wait(); }
+  void allreduce(float* buf, size_t n) { iallreduce(buf, n).wait(); }
+  void reduce_scatter(const float* in, float* out, size_t n_per_rank) {
+    ireduce_scatter(in, out, n_per_rank).wait();
+  }
+  void allgather(const float* in, float* out, size_t n_per_rank) { iallgather(in, out, n_per_rank).wait(); }
+  void alltoall(const float* in, float* out, size_t n_per_rank) { ialltoall(in, out, n_per_rank).wait(); }
+
+  // Blocking sum in double (norms, losses); honours the timeout.
+  virtual void allreduce_double(double* buf, size_t n) = 0;
+  // Blocking; honours the timeout.
+  virtual void barrier() = 0;
+
+  // Collective over this communicator: every member calls it with the world
+  // ranks of the group it belongs to (the same list on every member of that
+  // group; group rank = position in the list). Returns nullptr on a rank the
+  // list does not contain. Throws std::invalid_argument for a bad list and
+  // when members of a group disagree on it. The child inherits the options
+  // and is named "<label> [ranks]".
+  std::unique_ptr<Communicator> split(const std::vector<int>& world_ranks, const std::string& label = "group") {
+    return split_impl(world_ranks, label);
+  }
+
+ protected:
+  virtual std::unique_ptr<Communicator> split_impl(const std::vector<int>& world_ranks,
+                                                   const std::string& label) = 0;
+};
+
+// The group along `dim` of `grid` holding this rank, split from `parent`
+// (collective over parent; parent must span the grid's world).
+std::unique_ptr<Communicator> split_along(Communicator& parent, const RankGrid& grid, std::string_view dim);
+
+// "dp group [0,2]", "world [0..7]": how communicators name themselves.
+std::string group_name(std::string_view label, const std::vector<int>& world_ranks);
+
+}  // namespace piper::comm

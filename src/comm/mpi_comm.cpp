@@ -1,0 +1,632 @@
+// mpi_comm.cpp — the MPI communicator: operations as MPI requests, a progress thread that drives them, timeouts.
+#include "comm/mpi_comm.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+static_assert(MPI_SUCCESS == 0, "PIPER_MPI_CHECK assumes MPI_SUCCESS == 0");
+
+namespace piper::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string mpi_error_string(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) return "MPI error code " + std::to_string(rc);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+std::string where() {
+  return "world rank " + std::to_string(mpi_world_rank()) + " (host " + mpi_host_name() + ")";
+}
+
+// ---- one operation ----------------------------------------------------------------
+
+enum class OpKind { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLTOALL, OP_BARRIER };
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::OP_SEND: return "send";
+    case OpKind::OP_RECV: return "recv";
+    case OpKind::OP_ALLREDUCE: return "allreduce";
+    case OpKind::OP_REDUCE_SCATTER: return "reduce_scatter";
+    case OpKind::OP_ALLGATHER: return "allgather";
+    case OpKind::OP_ALLTOALL: return "alltoall";
+    case OpKind::OP_BARRIER: return "barrier";
+  }
+  return "?";
+}
+
+// What an error message says about an operation.
+struct OpInfo {
+  OpKind kind = OpKind::OP_SEND;
+  std::string group;    // the communicator's name
+  int group_rank = -1;  // this rank in it
+  int group_size = 0;
+  int peer = -1;        // p2p: group rank of the peer
+  int peer_world = -1;  // p2p: its world rank
+  int tag = -1;         // p2p only
+  size_t bytes = 0;     // this rank's payload (send or receive side)
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << op_name(kind);
+    if (kind == OpKind::OP_SEND || kind == OpKind::OP_RECV) {
+      s << (kind == OpKind::OP_SEND ? " to" : " from") << " peer " << peer << " (world rank " << peer_world
+        << ") of " << group << ", " << bytes << " bytes, tag " << tag;
+    } else {
+      s << " on " << group << " (rank " << group_rank << " of " << group_size << "), " << bytes << " bytes";
+    }
+    return s.str();
+  }
+};
+
+// Shared by the Request and (with a progress thread) the engine that polls it.
+struct OpState {
+  MPI_Request req = MPI_REQUEST_NULL;
+  OpInfo info;
+  Clock::time_point posted = Clock::now();
+  std::atomic<bool> done{false};
+  std::atomic<bool> cancel{false};  // asks the engine to MPI_Cancel it (an abandoned receive)
+  std::string failure;              // set before done when the operation failed
+};
+
+// ---- the progress engine ----------------------------------------------------------
+
+// Owns the pending MPI_Requests of one world (and its splits). Whoever holds
+// poll_mu_ may test them: a thread inside wait() or test() polls them itself
+// (no hand-off between threads, so a short message completes in the time MPI
+// takes), and the progress thread, when there is one, polls them while no
+// thread waits, sleeping sleep_us after a poll that completed nothing.
+class ProgressEngine {
+ public:
+  ProgressEngine(bool with_thread, int sleep_us) : sleep_us_(std::max(0, sleep_us)) {
+    if (with_thread) thread_ = std::thread([this] { run(); });
+  }
+  ~ProgressEngine() { stop(); }
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  bool has_thread() const { return thread_.joinable(); }
+
+  // Takes a posted, not yet complete request; from now on only a poll tests it.
+  void submit(const std::shared_ptr<OpState>& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) {
+        op->failure = "the progress engine was stopped (MPI finalised?)";
+        op->done.store(true, std::memory_order_release);
+        return;
+      }
+      incoming_.push_back(op);
+      ++pending_;
+    }
+    cv_work_.notify_one();
+  }
+
+  // One poll unless another thread is polling; true when op is done.
+  bool test(OpState& op) {
+    if (op.done.load(std::memory_order_acquire)) return true;
+    if (poll_mu_.try_lock()) {
+      poll_once();
+      poll_mu_.unlock();
+    }
+    return op.done.load(std::memory_order_acquire);
+  }
+
+  // Polls until op is done or the deadline passes; true when done. The
+  // progress thread stands aside meanwhile (it would only compete for the core).
+  bool wait(OpState& op, Clock::time_point deadline) {
+    if (op.done.load(std::memory_order_acquire)) return true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++waiters_;
+    }
+    for (unsigned n = 1; !op.done.load(std::memory_order_acquire); ++n) {
+      if (poll_mu_.try_lock()) {
+        poll_once();
+        poll_mu_.unlock();
+      }
+      if (n % 64 == 0 && Clock::now() >= deadline) break;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --waiters_;
+    }
+    cv_work_.notify_one();  // the thread resumes polling what is left
+    return op.done.load(std::memory_order_acquire);
+  }
+
+  // Cancels a pending receive at the next poll (only a poll may touch its request).
+  void cancel(OpState& op) {
+    op.cancel.store(true);
+    ++cancels_;
+    cv_work_.notify_one();
+  }
+
+  // Joins the thread; operations still pending fail with a message.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    cv_work_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard<std::mutex> poll_lock(poll_mu_);
+    take_incoming();
+    fail_active("the progress engine was stopped (MPI finalised?) before the operation completed");
+  }
+
+ private:
+  void run();
+  int poll_once();  // needs poll_mu_; returns how many operations completed
+  void take_incoming();
+  void fail_active(const std::string& why);
+  void mark_done(OpState& op, const std::string& failure) {
+    if (!failure.empty()) op.failure = failure;
+    op.done.store(true, std::memory_order_release);
+    --pending_;
+  }
+
+  const int sleep_us_;
+  std::mutex mu_;                    // incoming_, stopped_, waiters_ changes, the thread's sleep
+  std::condition_variable cv_work_;  // new work, a waiter left, a cancel, or stop
+  std::vector<std::shared_ptr<OpState>> incoming_;
+  bool stopped_ = false;
+  std::atomic<int> waiters_{0};  // threads polling in wait()
+  std::atomic<int> pending_{0};  // submitted and not done
+  std::atomic<int> cancels_{0};  // cancel() calls not yet served
+
+  std::mutex poll_mu_;  // the right to test the requests below
+  std::vector<std::shared_ptr<OpState>> active_;
+  std::vector<MPI_Request> reqs_;  // active_[i]->req, owned here
+  std::vector<int> indices_;
+  std::vector<MPI_Status> statuses_;
+
+  std::thread thread_;
+};
+
+void ProgressEngine::take_incoming() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& op : incoming_) {
+    active_.push_back(op);
+    reqs_.push_back(op->req);
+  }
+  incoming_.clear();
+}
+
+void ProgressEngine::fail_active(const std::string& why) {
+  for (auto& op : active_) mark_done(*op, why);
+  active_.clear();
+  reqs_.clear();
+}
+
+int ProgressEngine::poll_once() {
+  take_incoming();
+  const bool cancels = cancels_.exchange(0) > 0;
+  if (active_.empty()) return 0;
+  if (cancels)
+    for (size_t i = 0; i < reqs_.size(); ++i)
+      if (active_[i]->cancel.exchange(false)) MPI_Cancel(&reqs_[i]);
+  int count = 0;
+  indices_.resize(reqs_.size());
+  statuses_.resize(reqs_.size());
+  int rc = MPI_Testsome(static_cast<int>(reqs_.size()), reqs_.data(), &count, indices_.data(), statuses_.data());
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+    count = static_cast<int>(active_.size());
+    fail_active("MPI_Testsome failed: " + mpi_error_string(rc));
+    return count;
+  }
+  if (count <= 0) return 0;
+  for (int k = 0; k < count; ++k) {
+    const int err = rc == MPI_ERR_IN_STATUS ? statuses_[static_cast<size_t>(k)].MPI_ERROR : MPI_SUCCESS;
+    mark_done(*active_[static_cast<size_t>(indices_[static_cast<size_t>(k)])],
+              err == MPI_SUCCESS ? std::string() : mpi_error_string(err));
+  }
+  size_t keep = 0;  // drop completed requests (MPI_Testsome set them to MPI_REQUEST_NULL)
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    if (reqs_[i] == MPI_REQUEST_NULL) continue;
+    reqs_[keep] = reqs_[i];
+    active_[keep] = std::move(active_[i]);
+    ++keep;
+  }
+  reqs_.resize(keep);
+  active_.resize(keep);
+  return count;
+}
+
+void ProgressEngine::run() {
+#if defined(__linux__)
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // sleep ~sleep_us_, not sleep_us_ + 50 us of default slack
+#endif
+  bool idle = false;  // the last poll completed nothing
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (waiters_ > 0) {  // a waiting thread polls; stand aside
+        cv_work_.wait(lock, [&] { return stopped_ || waiters_ == 0; });
+        idle = false;
+      } else if (pending_ == 0) {
+        cv_work_.wait(lock, [&] { return stopped_ || pending_ > 0; });
+        idle = false;
+      } else if (idle && sleep_us_ > 0) {
+        cv_work_.wait_for(lock, std::chrono::microseconds(sleep_us_),
+                          [&] { return stopped_ || !incoming_.empty() || waiters_ > 0 || cancels_ > 0; });
+      }
+      if (stopped_) return;
+      if (waiters_ > 0) continue;
+    }
+    if (idle && sleep_us_ == 0) std::this_thread::yield();
+    std::unique_lock<std::mutex> poll_lock(poll_mu_, std::try_to_lock);
+    if (!poll_lock) continue;  // a test() is polling
+    idle = poll_once() == 0;
+  }
+}
+
+// Engines alive in this process, stopped by a hook MPI_Finalize runs.
+std::mutex g_engines_mu;
+std::vector<std::weak_ptr<ProgressEngine>> g_engines;
+
+int stop_engines_at_finalize(MPI_Comm, int, void*, void*) {
+  std::vector<std::shared_ptr<ProgressEngine>> alive;
+  {
+    std::lock_guard<std::mutex> lock(g_engines_mu);
+    for (auto& w : g_engines)
+      if (auto e = w.lock()) alive.push_back(e);
+    g_engines.clear();
+  }
+  for (auto& e : alive) e->stop();
+  return MPI_SUCCESS;
+}
+
+std::shared_ptr<ProgressEngine> start_engine(bool with_thread, int sleep_us) {
+  static std::once_flag hook_once;
+  std::call_once(hook_once, [] {
+    int keyval = MPI_KEYVAL_INVALID;
+    PIPER_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, stop_engines_at_finalize, &keyval, nullptr));
+    PIPER_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
+  });
+  auto engine = std::make_shared<ProgressEngine>(with_thread, sleep_us);
+  std::lock_guard<std::mutex> lock(g_engines_mu);
+  g_engines.push_back(engine);
+  return engine;
+}
+
+// ---- requests -------------------------------------------------------------------
+
+class MpiRequest final : public RequestImpl {
+ public:
+  MpiRequest(std::shared_ptr<OpState> op, std::shared_ptr<ProgressEngine> engine, double timeout_s)
+      : op_(std::move(op)), engine_(std::move(engine)), timeout_s_(timeout_s) {}
+
+  bool test() override {
+    if (!engine_->test(*op_)) return false;
+    throw_if_failed();
+    return true;
+  }
+
+  void wait() override {
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
+    if (!engine_->wait(*op_, deadline)) {
+      std::ostringstream msg;
+      msg.setf(std::ios::fixed);
+      msg.precision(2);
+      msg << "piper comm: timeout on " << where() << ": " << op_->info.describe() << "; waited "
+          << seconds_since(start) << " s (timeout " << timeout_s_ << " s), posted " << seconds_since(op_->posted)
+          << " s ago";
+      throw CommError(msg.str());
+    }
+    throw_if_failed();
+  }
+
+  // A receive into a buffer about to go away is cancelled. Sends and
+  // collectives cannot be cancelled; they stay with the engine.
+  void abandon() noexcept override {
+    if (!op_->done.load(std::memory_order_acquire) && op_->info.kind == OpKind::OP_RECV) engine_->cancel(*op_);
+  }
+
+ private:
+  void throw_if_failed() const {
+    if (op_->failure.empty()) return;
+    throw CommError("piper comm: MPI error on " + where() + ": " + op_->info.describe() + ": " + op_->failure);
+  }
+
+  std::shared_ptr<OpState> op_;
+  std::shared_ptr<ProgressEngine> engine_;
+  double timeout_s_;
+};
+
+// ---- the communicator -------------------------------------------------------------
+
+int checked_count(size_t n, const char* what) {
+  if (n > static_cast<size_t>(INT_MAX))
+    throw std::invalid_argument(std::string("piper comm: ") + what + " of " + std::to_string(n) +
+                                " elements exceeds INT_MAX (split the buffer)");
+  return static_cast<int>(n);
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::vector<int> world_ranks, std::string name, const CommOptions& options,
+                  std::shared_ptr<ProgressEngine> engine, int tag_ub)
+      : comm_(comm), world_ranks_(std::move(world_ranks)), name_(std::move(name)), options_(options),
+        engine_(std::move(engine)), tag_ub_(tag_ub) {
+    PIPER_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(world_ranks_.size()); }
+  int world_rank(int i) const override {
+    check_peer(i);
+    return world_ranks_[static_cast<size_t>(i)];
+  }
+  const std::string& name() const override { return name_; }
+  const CommOptions& options() const override { return options_; }
+
+  Request isend(const float* buf, size_t n, int peer, int tag) override {
+    int count = checked_count(n, "send");
+    return post(p2p_info(OpKind::OP_SEND, n, peer, tag), [&](MPI_Request* r) {
+      return MPI_Isend(buf, count, MPI_FLOAT, peer, tag, comm_, r);
+    });
+  }
+  Request irecv(float* buf, size_t n, int peer, int tag) override {
+    int count = checked_count(n, "recv");
+    return post(p2p_info(OpKind::OP_RECV, n, peer, tag), [&](MPI_Request* r) {
+      return MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, comm_, r);
+    });
+  }
+  Request iallreduce(float* buf, size_t n) override {
+    int count = checked_count(n, "allreduce");
+    return post(coll_info(OpKind::OP_ALLREDUCE, n * sizeof(float)), [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm_, r);
+    });
+  }
+  Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override {
+    int count = checked_count(n_per_rank, "reduce_scatter");
+    return post(coll_info(OpKind::OP_REDUCE_SCATTER, n_per_rank * static_cast<size_t>(size()) * sizeof(float)),
+                [&](MPI_Request* r) {
+                  return MPI_Ireduce_scatter_block(in, out, count, MPI_FLOAT, MPI_SUM, comm_, r);
+                });
+  }
+  Request iallgather(const float* in, float* out, size_t n_per_rank) override {
+    int count = checked_count(n_per_rank, "allgather");
+    return post(coll_info(OpKind::OP_ALLGATHER, n_per_rank * static_cast<size_t>(size()) * sizeof(float)),
+                [&](MPI_Request* r) {
+                  return MPI_Iallgather(in, count, MPI_FLOAT, out, count, MPI_FLOAT, comm_, r);
+                });
+  }
+  Request ialltoall(const float* in, float* out, size_t n_per_rank) override {
+    int count = checked_count(n_per_rank, "alltoall");
+    return post(coll_info(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()) * sizeof(float)),
+                [&](MPI_Request* r) {
+                  return MPI_Ialltoall(in, count, MPI_FLOAT, out, count, MPI_FLOAT, comm_, r);
+                });
+  }
+
+  void allreduce_double(double* buf, size_t n) override {
+    int count = checked_count(n, "allreduce_double");
+    post(coll_info(OpKind::OP_ALLREDUCE, n * sizeof(double)), [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_SUM, comm_, r);
+    }).wait();
+  }
+  void barrier() override {
+    post(coll_info(OpKind::OP_BARRIER, 0), [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }).wait();
+  }
+
+ protected:
+  std::unique_ptr<Communicator> split_impl(const std::vector<int>& world_ranks, const std::string& label) override;
+
+ private:
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size())
+      throw std::invalid_argument("piper comm: peer " + std::to_string(peer) + " outside " + name_);
+  }
+  OpInfo p2p_info(OpKind kind, size_t n, int peer, int tag) const {
+    check_peer(peer);
+    if (tag < 0 || tag > tag_ub_)
+      throw std::invalid_argument("piper comm: tag " + std::to_string(tag) + " outside [0, " +
+                                  std::to_string(tag_ub_) + "]");
+    OpInfo info = coll_info(kind, n * sizeof(float));
+    info.peer = peer;
+    info.peer_world = world_ranks_[static_cast<size_t>(peer)];
+    info.tag = tag;
+    return info;
+  }
+  OpInfo coll_info(OpKind kind, size_t bytes) const {
+    OpInfo info;
+    info.kind = kind;
+    info.group = name_;
+    info.group_rank = rank_;
+    info.group_size = size();
+    info.bytes = bytes;
+    return info;
+  }
+
+  // Starts an operation through `start`, then hands it to the engine (if any).
+  Request post(OpInfo info, const std::function<int(MPI_Request*)>& start) {
+    auto op = std::make_shared<OpState>();
+    op->info = std::move(info);
+    int rc = start(&op->req);
+    if (rc != MPI_SUCCESS)
+      throw CommError("piper comm: MPI error on " + where() + " starting " + op->info.describe() + ": " +
+                      mpi_error_string(rc));
+    int flag = 0;  // already complete (an eager send, a message that was waiting)? then no hand-off
+    MPI_Status status;
+    rc = MPI_Test(&op->req, &flag, &status);
+    if (rc != MPI_SUCCESS) op->failure = mpi_error_string(rc);
+    if (flag || rc != MPI_SUCCESS)
+      op->done.store(true, std::memory_order_release);
+    else
+      engine_->submit(op);
+    return Request(std::make_unique<MpiRequest>(std::move(op), engine_, options_.timeout_s));
+  }
+
+  MPI_Comm comm_;
+  std::vector<int> world_ranks_;  // group rank -> world rank
+  std::string name_;
+  CommOptions options_;
+  std::shared_ptr<ProgressEngine> engine_;  // never null
+  int tag_ub_;
+  int rank_ = 0;
+};
+
+std::string list_string(const std::vector<int>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split_impl(const std::vector<int>& ranks, const std::string& label) {
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (ranks.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw std::invalid_argument("piper comm: split of " + name_ + ": group " + list_string(ranks) +
+                                " is empty or repeats a rank");
+  int color_rank = -1;  // this communicator's rank of the group's lowest world rank
+  for (int w : sorted) {
+    auto it = std::find(world_ranks_.begin(), world_ranks_.end(), w);
+    if (it == world_ranks_.end())
+      throw std::invalid_argument("piper comm: split of " + name_ + ": world rank " + std::to_string(w) +
+                                  " is not a member");
+    if (color_rank < 0) color_rank = static_cast<int>(it - world_ranks_.begin());
+  }
+  const int me = world_ranks_[static_cast<size_t>(rank_)];
+  auto pos = std::find(ranks.begin(), ranks.end(), me);
+  const bool member = pos != ranks.end();
+  MPI_Comm child = MPI_COMM_NULL;
+  PIPER_MPI_CHECK(MPI_Comm_split(comm_, member ? color_rank : MPI_UNDEFINED,
+                                 member ? static_cast<int>(pos - ranks.begin()) : 0, &child));
+  if (child == MPI_COMM_NULL) return nullptr;
+  PIPER_MPI_CHECK(MPI_Comm_set_errhandler(child, MPI_ERRORS_RETURN));
+  int child_size = 0;
+  PIPER_MPI_CHECK(MPI_Comm_size(child, &child_size));
+  std::vector<int> formed(static_cast<size_t>(child_size));
+  PIPER_MPI_CHECK(MPI_Allgather(&me, 1, MPI_INT, formed.data(), 1, MPI_INT, child));
+  if (formed != ranks) {
+    MPI_Comm_free(&child);
+    throw std::invalid_argument("piper comm: split of " + name_ + ": " + where() + " passed group " +
+                                list_string(ranks) + " but the members that chose the same first rank formed " +
+                                list_string(formed) + " (every member must pass the same list)");
+  }
+  return std::make_unique<MpiCommunicator>(child, ranks, group_name(label, ranks), options_, engine_, tag_ub_);
+}
+
+}  // namespace
+
+// ---- public functions -------------------------------------------------------------
+
+namespace detail {
+void mpi_check_failed(int rc, const char* expr, const char* file, int line) {
+  throw CommError(std::string("piper comm: MPI error at ") + file + ":" + std::to_string(line) + " on " + where() +
+                  ": " + expr + ": " + mpi_error_string(rc));
+}
+}  // namespace detail
+
+int mpi_world_rank() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return -1;
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+const std::string& mpi_host_name() {
+  static const std::string host = [] {
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized || MPI_Get_processor_name(name, &len) != MPI_SUCCESS) return std::string("?");
+    return std::string(name, static_cast<size_t>(len));
+  }();
+  return host;
+}
+
+int init_mpi(int* argc, char*** argv) {
+  int initialized = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    PIPER_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  else
+    PIPER_MPI_CHECK(MPI_Query_thread(&provided));
+  return provided;
+}
+
+void finalize_mpi() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Finalize();
+}
+
+bool mpi_thread_multiple() {
+  int initialized = 0, provided = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Query_thread(&provided);
+  return provided == MPI_THREAD_MULTIPLE;
+}
+
+std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw CommError("piper comm: make_mpi_world before MPI is initialised (call init_mpi)");
+  bool with_thread = false;
+  if (options.progress_thread) {
+    if (mpi_thread_multiple()) {
+      with_thread = true;
+    } else {
+      static std::once_flag warn_once;
+      std::call_once(warn_once, [] {
+        if (mpi_world_rank() == 0)
+          std::fprintf(stderr,
+                       "piper comm: warning: MPI was not initialised with MPI_THREAD_MULTIPLE; no progress "
+                       "thread, so transfers advance only inside test()/wait() and overlap little with compute\n");
+      });
+    }
+  }
+  auto engine = start_engine(with_thread, options.progress_sleep_us);
+  MPI_Comm comm = MPI_COMM_NULL;
+  PIPER_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  PIPER_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  int size = 0, flag = 0;
+  int* tag_ub = nullptr;
+  PIPER_MPI_CHECK(MPI_Comm_size(comm, &size));
+  PIPER_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag));
+  std::vector<int> ranks(static_cast<size_t>(size));
+  for (int i = 0; i < size; ++i) ranks[static_cast<size_t>(i)] = i;
+  return std::make_unique<MpiCommunicator>(comm, ranks, group_name("world", ranks), options, std::move(engine),
+                                           flag && tag_ub ? *tag_ub : 32767);
+}
+
+}  // namespace piper::comm

@@ -1,0 +1,230 @@
+// pipeline_schedules.cpp — GPipe, 1F1B, interleaved 1F1B, ZB-H1 and DualPipeV, each a short function
+// that reads like its paper's figure: numbered phases with closed-form counts, for one rank.
+#include "ir/pipeline_schedules.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <stdexcept>
+#include <utility>
+
+namespace piper::ir {
+
+int PipeSchedule::stage_of(int rank, int chunk) const {
+  if (layout == StageLayout::STAGE_LAYOUT_V) return chunk == 0 ? rank : 2 * ranks - 1 - rank;
+  return chunk * ranks + rank;
+}
+
+int PipeSchedule::rank_of(int stage) const {
+  if (layout == StageLayout::STAGE_LAYOUT_V) return stage < ranks ? stage : 2 * ranks - 1 - stage;
+  return stage % ranks;
+}
+
+int PipeSchedule::chunk_of(int stage) const {
+  if (layout == StageLayout::STAGE_LAYOUT_V) return stage < ranks ? 0 : 1;
+  return stage / ranks;
+}
+
+std::string pipe_op_name(const PipeOp& op, int chunks) {
+  std::string s = pass_name(op.pass) + std::to_string(op.microbatch);
+  if (chunks > 1) s.append(".").append(std::to_string(op.chunk));
+  return s;
+}
+
+namespace {
+
+// One rank's order under construction. b() is a whole backward: fused B, or (split) BI at once
+// followed by its BW; bi()/bw() place the two halves separately, as the zero-bubble schedules do.
+struct RankOrder {
+  std::vector<PipeOp>& ops;
+  bool split;
+  void f(int mb, int chunk) { ops.push_back({Pass::PASS_F, mb, chunk}); }
+  void b(int mb, int chunk) {
+    if (!split) {
+      ops.push_back({Pass::PASS_B, mb, chunk});
+      return;
+    }
+    bi(mb, chunk);
+    bw(mb, chunk);
+  }
+  void bi(int mb, int chunk) { ops.push_back({Pass::PASS_BI, mb, chunk}); }
+  void bw(int mb, int chunk) { ops.push_back({Pass::PASS_BW, mb, chunk}); }
+};
+
+// GPipe (Huang et al. 2019, "GPipe: Efficient Training of Giant Neural Networks using Pipeline
+// Parallelism", Fig. 2c): every forward, then every backward. Holds all m microbatches.
+void gpipe(RankOrder& o, int /*r*/, int /*p*/, int m) {
+  for (int i = 0; i < m; ++i) o.f(i, 0);  // 1: mF
+  for (int i = 0; i < m; ++i) o.b(i, 0);  // 2: mB
+}
+
+// 1F1B (PipeDream-Flush: Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training";
+// Fig. 4 top of Narayanan et al. SC'21). Rank r holds at most min(p - r, m) microbatches. With one
+// rank this is plain gradient accumulation: F0 B0 F1 B1 ...
+void one_f_one_b(RankOrder& o, int r, int p, int m) {
+  const int warmup = std::min(p - r - 1, m);
+  for (int i = 0; i < warmup; ++i) o.f(i, 0);  // 1: warm-up, (p-r-1) F
+  for (int i = 0; i < m - warmup; ++i) {       // 2: steady, (m-p+r+1) x (F B)
+    o.f(warmup + i, 0);
+    o.b(i, 0);
+  }
+  for (int i = m - warmup; i < m; ++i) o.b(i, 0);  // 3: cool-down, (p-r-1) B
+}
+
+// Interleaved 1F1B (Narayanan et al. SC'21, "Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM", Sec. 2.2.2 and Fig. 4 bottom; counts as Megatron-LM's
+// forward_backward_pipelining_with_interleaving). Rank r holds v chunks, chunk c = stage c*p + r.
+// Microbatches pass the chunks in groups of p: the k-th forward (k < m*v) is microbatch
+// (k / pv)*p + k % p on chunk (k % pv) / p; the k-th backward the same microbatch on chunk
+// v-1-(k % pv)/p.
+void interleaved(RankOrder& o, int r, int p, int v, int m) {
+  const int pv = p * v, total = m * v;
+  auto mb = [&](int k) { return k / pv * p + k % p; };
+  auto fchunk = [&](int k) { return k % pv / p; };
+  auto bchunk = [&](int k) { return v - 1 - k % pv / p; };
+  const int warmup = std::min(2 * (p - r - 1) + (v - 1) * p, total);
+  for (int k = 0; k < warmup; ++k) o.f(mb(k), fchunk(k));  // 1: warm-up, 2(p-r-1) + (v-1)p F
+  for (int k = 0; k < total - warmup; ++k) {                // 2: steady, (mv - warm-up) x (F B)
+    o.f(mb(warmup + k), fchunk(warmup + k));
+    o.b(mb(k), bchunk(k));
+  }
+  for (int k = total - warmup; k < total; ++k) o.b(mb(k), bchunk(k));  // 3: cool-down, warm-up x B
+}
+
+// ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, Sec. 2.1 and Fig. 3 top): 1F1B
+// with each backward split into B (input grads: the critical path) and W (weight grads: off it).
+// Rank r keeps 1F1B's p-r-1 warm-up forwards but starts its W passes r steps late, so every rank
+// has min(p, m) microbatches in flight (1F1B's rank-0 count), B reaches rank 0 sooner, and the r
+// deferred W fill the cool-down. Bubble (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W).
+void zbh1(RankOrder& o, int r, int p, int m) {
+  const int warmup = std::min(p - r - 1, m);
+  int w = 0;                                   // the next W, oldest first
+  for (int i = 0; i < warmup; ++i) o.f(i, 0);  // 1: warm-up, (p-r-1) F
+  for (int i = 0; i < m - warmup; ++i) {       // 2: steady, (m-p+r+1) x (F B [W]), W from step r on
+    o.f(warmup + i, 0);
+    o.bi(i, 0);
+    if (i >= r) o.bw(w++, 0);
+  }
+  for (int i = m - warmup; i < m; ++i) {  // 3: cool-down, (p-r-1) x (B W)
+    o.bi(i, 0);
+    o.bw(w++, 0);
+  }
+  while (w < m) o.bw(w++, 0);  // 4: the r deferred W
+}
+
+// DualPipeV (DeepSeek-AI 2025, DualPipe repository: dualpipev.py `DualPipeV.step()`, the V-shaped
+// cut of DualPipe from the DeepSeek-V3 report; placed like Sea AI's ZB-V, Qi et al. 2024, "Zero
+// Bubble Pipeline Parallelism", and the V-shaped building blocks of "Pipeline Parallelism with
+// Controllable Memory"). Rank r holds stage r (chunk 0, going down) and stage 2p-1-r (chunk 1,
+// coming back up). The eight steps and their counts are DualPipeV's; F0 is a forward of chunk 0,
+// B1 a backward of chunk 1, W the oldest deferred weight half. A zero-bubble backward (zb) runs BI
+// now and queues its BW; every other backward is BI followed by BW. DualPipe overlaps the F&B
+// pairs of steps 4 and 5; here they are adjacent ops, run back to back.
+void dualpipev(RankOrder& o, int r, int p, int m) {
+  int nf[2] = {0, 0}, nb[2] = {0, 0};  // next microbatch per chunk: forwards, backwards
+  std::deque<std::pair<int, int>> wq;  // (microbatch, chunk) whose BW is deferred, FIFO
+  auto F = [&](int c) { o.f(nf[c]++, c); };
+  auto B = [&](int c, bool zb) {
+    const int mb = nb[c]++;
+    o.bi(mb, c);
+    if (zb) wq.emplace_back(mb, c);
+    else o.bw(mb, c);
+  };
+  auto W = [&] {
+    o.bw(wq.front().first, wq.front().second);
+    wq.pop_front();
+  };
+  for (int i = 0; i < 2 * (p - r - 1); ++i) F(0);  // 1: nF0
+  for (int i = 0; i < r + 1; ++i) F(0), F(1);      // 2: nF0F1
+  for (int i = 0; i < p - r - 1; ++i) {            // 3: nB1W1F1 (zero bubble)
+    B(1, true);
+    W();
+    F(1);
+  }
+  for (int i = 0; i < m - 2 * p + r + 1; ++i) {  // 4 (main): nF0B1F1B0, two F&B pairs
+    F(0), B(1, false);
+    F(1), B(0, false);
+  }
+  for (int i = 0; i < p - r - 1; ++i) {  // 5: nB1F1B0
+    B(1, false);
+    F(1), B(0, false);
+  }
+  const int n6 = r + 1;  // 6: nB1B0, the second half zero bubble
+  bool zb = false;
+  for (int i = 0; i < n6; ++i) {
+    if (i == n6 / 2 && r % 2 == 1) zb = true;
+    B(1, zb);
+    if (i == n6 / 2 && r % 2 == 0) zb = true;
+    B(0, zb);
+  }
+  for (int i = 0; i < p - r - 1; ++i) W(), B(0, true);  // 7: nWB0 (zero bubble)
+  for (int i = 0; i < r + 1; ++i) W();                  // 8: nW
+  if (!wq.empty()) throw std::logic_error("dualpipev: weight halves left over on rank " + std::to_string(r));
+}
+
+std::string counts(int m, int p) {
+  return "(got " + std::to_string(m) + " microbatches for " + std::to_string(p) + " ranks)";
+}
+
+// The constraints each schedule needs; throws std::invalid_argument naming the one violated.
+void check_arguments(ScheduleKind kind, int p, int v, int m, bool split) {
+  const std::string name = schedule_name(kind);
+  if (p < 1) throw std::invalid_argument(name + " needs at least 1 pipeline rank (got " + std::to_string(p) + ")");
+  if (m < 1) throw std::invalid_argument(name + " needs at least 1 microbatch (got " + std::to_string(m) + ")");
+  switch (kind) {
+    case ScheduleKind::SCHEDULE_INTERLEAVED:
+      if (v < 2)
+        throw std::invalid_argument("interleaved needs virtual_stages >= 2 model chunks per rank (got " +
+                                    std::to_string(v) + "); with one chunk use 1f1b");
+      if (m % p != 0)
+        throw std::invalid_argument("interleaved needs microbatches divisible by pipeline ranks " + counts(m, p));
+      return;
+    case ScheduleKind::SCHEDULE_DUALPIPEV:
+      if (v != 1 && v != 2)
+        throw std::invalid_argument(
+            "dualpipev holds exactly 2 model chunks per rank: virtual_stages must be 1 or 2 (got " +
+            std::to_string(v) + ")");
+      if (!split) throw std::invalid_argument("dualpipev needs split_backward (its W passes fill the bubbles)");
+      if (m < 2 * p)
+        throw std::invalid_argument("dualpipev needs microbatches >= 2 x pipeline ranks " + counts(m, p));
+      return;
+    case ScheduleKind::SCHEDULE_ZBH1:
+      if (!split) throw std::invalid_argument("zbh1 needs split_backward (its W passes fill the bubbles)");
+      [[fallthrough]];
+    case ScheduleKind::SCHEDULE_GPIPE:
+    case ScheduleKind::SCHEDULE_1F1B:
+      if (v != 1)
+        throw std::invalid_argument(name + " holds one model chunk per rank: virtual_stages must be 1 (got " +
+                                    std::to_string(v) + "); interleaved runs several");
+      return;
+  }
+}
+
+}  // namespace
+
+PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
+                           bool split_backward) {
+  check_arguments(kind, ranks, virtual_stages, microbatches, split_backward);
+  PipeSchedule s;
+  s.kind = kind;
+  s.ranks = ranks;
+  s.microbatches = microbatches;
+  s.chunks = kind == ScheduleKind::SCHEDULE_INTERLEAVED ? virtual_stages
+             : kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
+                                                         : 1;
+  s.layout = kind == ScheduleKind::SCHEDULE_DUALPIPEV ? StageLayout::STAGE_LAYOUT_V : StageLayout::STAGE_LAYOUT_LOOP;
+  s.ops.resize(static_cast<size_t>(ranks));
+  const int p = ranks, m = microbatches;
+  for (int r = 0; r < p; ++r) {
+    RankOrder o{s.ops[static_cast<size_t>(r)], split_backward};
+    switch (kind) {
+      case ScheduleKind::SCHEDULE_GPIPE: gpipe(o, r, p, m); break;
+      case ScheduleKind::SCHEDULE_1F1B: one_f_one_b(o, r, p, m); break;
+      case ScheduleKind::SCHEDULE_INTERLEAVED: interleaved(o, r, p, s.chunks, m); break;
+      case ScheduleKind::SCHEDULE_ZBH1: zbh1(o, r, p, m); break;
+      case ScheduleKind::SCHEDULE_DUALPIPEV: dualpipev(o, r, p, m); break;
+    }
+  }
+  return s;
+}
+
+}  // namespace piper::ir
