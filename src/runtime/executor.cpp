@@ -161,16 +161,30 @@ bool Executor::ready(const ir::Instr& c) const {
   return std::all_of(c.waits.begin(), c.waits.end(), [&](int w) { return done_.count(w) > 0; });
 }
 
-// Issues communication instructions in program order while their inputs are
-// ready; receives and ZeRO-3 gathers wait until their consumer is near.
+// Issues every communication instruction whose inputs are ready. Point-to-point
+// messages are matched by tag and may go out of program order; collectives go
+// in program order (every member of a group issues them alike). Receives and
+// ZeRO-3 gathers wait until their consumer is near.
 void Executor::pump(size_t compute_index) {
-  while (comm_next_ < program_.comm.size()) {
-    const ir::Instr& c = program_.comm[comm_next_];
-    if (!ready(c)) return;
-    if ((c.kind == NodeKind::RECV || zero3_gather(c)) && first_use_[comm_next_] > compute_index + kLookahead) return;
-    issue(c);
-    ++comm_next_;
+  bool collective_blocked = false;
+  for (size_t k = comm_next_; k < program_.comm.size(); ++k) {
+    if (issued_[k]) continue;
+    const ir::Instr& c = program_.comm[k];
+    const bool p2p = c.kind == NodeKind::SEND || c.kind == NodeKind::RECV;
+    if (!p2p && collective_blocked) continue;
+    const bool deferred = (c.kind == NodeKind::RECV || zero3_gather(c)) && first_use_[k] > compute_index + kLookahead;
+    if (!ready(c) || deferred) {
+      collective_blocked |= !p2p;
+      continue;
+    }
+    issue_at(k);
   }
+}
+
+void Executor::issue_at(size_t k) {
+  issue(program_.comm[k]);
+  issued_[k] = 1;
+  while (comm_next_ < issued_.size() && issued_[comm_next_]) ++comm_next_;
 }
 
 void Executor::issue(const ir::Instr& c) {
@@ -229,13 +243,15 @@ void Executor::issue(const ir::Instr& c) {
 void Executor::complete(int node, StepStats& st) {
   if (done_.count(node)) return;
   const size_t idx = comm_index_.at(node);
-  while (comm_next_ <= idx) {
-    const ir::Instr& c = program_.comm[comm_next_];
+  // Collectives before it go first, in order; a point-to-point message alone.
+  const bool p2p = program_.comm[idx].kind == NodeKind::SEND || program_.comm[idx].kind == NodeKind::RECV;
+  for (size_t k = p2p ? idx : comm_next_; k <= idx; ++k) {
+    const ir::Instr& c = program_.comm[k];
+    if (issued_[k] || (k != idx && (c.kind == NodeKind::SEND || c.kind == NodeKind::RECV))) continue;
     if (!ready(c))
       throw std::logic_error("rank " + std::to_string(program_.rank) + ": communication node " +
                              std::to_string(c.node) + " waits for compute that has not run");
-    issue(c);
-    ++comm_next_;
+    issue_at(k);
   }
   const ir::Instr& c = program_.comm[idx];
   const auto t0 = std::chrono::steady_clock::now();
@@ -257,6 +273,7 @@ StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>&
   norm_ready_ = false;
   done_.clear();
   comm_next_ = 0;
+  issued_.assign(program_.comm.size(), 0);
   uses_left_.clear();
   for (const ir::Instr& in : program_.compute)
     for (int w : in.waits)

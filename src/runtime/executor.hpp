@@ -55,6 +55,7 @@ class Executor {
   // Communication stream.
   void pump(size_t compute_index);
   void issue(const ir::Instr& c);
+  void issue_at(size_t k);
   void complete(int node, StepStats& st);
   void drain(StepStats& st);
   bool ready(const ir::Instr& c) const;
@@ -77,7 +78,8 @@ class Executor {
 
   // Per step: what ran, what is in flight.
   std::set<int> done_;                               // nodes completed on this rank
-  size_t comm_next_ = 0;                             // next communication instruction to issue
+  size_t comm_next_ = 0;                             // first communication instruction not issued
+  std::vector<char> issued_;                         // per communication instruction
   std::map<int, size_t> comm_index_;                 // node -> index in program_.comm
   std::vector<size_t> first_use_;                    // comm index -> first compute index waiting on it
   std::map<int, std::vector<comm::Request>> inflight_;
