@@ -128,8 +128,9 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
 
 // Per-rank figures of a step, gathered on rank 0 for the metrics.
 struct RankFigures {
-  static constexpr int kCount = 9;
-  double v[kCount] = {};  // compute, comm, idle ms; params, grads, optimizer, activations, buffers, total peak bytes
+  static constexpr int kCount = 12;
+  // compute, comm, idle ms; peak params, grads, optimizer, activations, buffers, total bytes;
+  // params, grads, optimizer bytes held after the step (the model state)
 };
 
 void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) {
@@ -209,6 +210,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     const auto mem = m.backend().memory();
     std::vector<double> ranks(static_cast<size_t>(env.world_size() * RankFigures::kCount), 0.0);
     double* mine = ranks.data() + env.rank() * RankFigures::kCount;
+    for (int c = 0; c < 3; ++c) mine[9 + c] = static_cast<double>(mem.current[static_cast<size_t>(c)]);
     mine[0] = st.compute_ms, mine[1] = st.comm_ms, mine[2] = st.idle_ms;
     for (int c = 0; c < backend::kMemCategoryCount; ++c) mine[3 + c] = static_cast<double>(mem.peak[static_cast<size_t>(c)]);
     mine[8] = static_cast<double>(mem.total_peak);
@@ -229,7 +231,8 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
                             {"idle_ms", f[2]},
                             {"peak_mem_bytes", f[8]},
                             {"mem_bytes", {{"params", f[3]}, {"grads", f[4]}, {"optimizer", f[5]},
-                                           {"activations", f[6]}, {"buffers", f[7]}}}});
+                                           {"activations", f[6]}, {"buffers", f[7]}}},
+                            {"state_bytes", {{"params", f[9]}, {"grads", f[10]}, {"optimizer", f[11]}}}});
       }
       nlohmann::json j = {{"step", step},       {"loss", loss},        {"grad_norm", st.grad_norm},
                           {"lr", st.lr},        {"tokens_per_s", tps}, {"step_ms", ms},
