@@ -12,6 +12,50 @@ int64_t ParamSpec::numel() const {
   return n;
 }
 
+namespace {
+
+std::vector<int64_t> parts_of(const ParamSpec& s) {
+  if (!s.tp_parts.empty()) return s.tp_parts;
+  return {s.shape.at(static_cast<size_t>(s.tp_dim))};
+}
+
+}  // namespace
+
+bool tp_divides(const ParamSpec& spec, int tp) {
+  if (spec.tp_dim < 0) return true;
+  for (int64_t p : parts_of(spec))
+    if (p % tp != 0) return false;
+  return true;
+}
+
+std::vector<int64_t> tp_local_shape(const ParamSpec& spec, int tp) {
+  std::vector<int64_t> shape = spec.shape;
+  if (spec.tp_dim >= 0) shape[static_cast<size_t>(spec.tp_dim)] /= tp;
+  return shape;
+}
+
+int64_t tp_global_index(const ParamSpec& spec, int tp_rank, int tp, int64_t i) {
+  if (spec.tp_dim < 0 || tp == 1) return i;
+  const auto local = tp_local_shape(spec, tp);
+  // Row-major coordinates of i in the local shape; only the split one moves.
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(spec.tp_dim) + 1; d < local.size(); ++d) inner *= local[d];
+  const int64_t n_local = local[static_cast<size_t>(spec.tp_dim)];
+  const int64_t outer = i / (inner * n_local), c = (i / inner) % n_local, rest = i % inner;
+  // Local coordinate c lies in part k at offset o; globally, piece tp_rank of part k.
+  int64_t part_start = 0, local_start = 0, g = 0;
+  for (int64_t p : parts_of(spec)) {
+    const int64_t piece = p / tp;
+    if (c < local_start + piece) {
+      g = part_start + tp_rank * piece + (c - local_start);
+      break;
+    }
+    part_start += p, local_start += piece;
+  }
+  const int64_t n_global = spec.shape[static_cast<size_t>(spec.tp_dim)];
+  return (outer * n_global + g) * inner + rest;
+}
+
 int64_t UnitSpec::param_count() const {
   int64_t n = 0;
   for (const auto& p : params) n += p.numel();
@@ -59,6 +103,13 @@ ParamSpec ones(std::string name, int64_t n) {
   return {std::move(name), {n}, false, InitKind::INIT_ONES, 0.0};
 }
 
+// Megatron's column-parallel (output rows split) and row-parallel (input columns split).
+ParamSpec split(ParamSpec p, int dim, std::vector<int64_t> parts = {}) {
+  p.tp_dim = dim;
+  p.tp_parts = std::move(parts);
+  return p;
+}
+
 }  // namespace
 
 ModelGraph make_model_graph(const config::ModelConfig& m) {
@@ -66,7 +117,7 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
   // Residual-output projections are scaled down by depth (GPT-2 / Megatron).
   const double out_std = kInitStd / std::sqrt(2.0 * static_cast<double>(m.n_blocks()));
   ModelGraph g;
-  g.units.push_back({0, UnitKind::UNIT_EMBED, -1, "embed", {matrix("embed.weight", V, D, kInitStd)}});
+  g.units.push_back({0, UnitKind::UNIT_EMBED, -1, "embed", {split(matrix("embed.weight", V, D, kInitStd), 0)}});
   for (int i = 0; i < m.n_blocks(); ++i) {
     const std::string pre = "layers." + std::to_string(i) + ".";
     const std::string mix = pre + "mixer.";
@@ -79,33 +130,35 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
       case 'M': {
         const int64_t di = m.d_inner(), hm = m.mamba_heads(), c = m.conv_channels();
         u.kind = UnitKind::UNIT_MAMBA;
-        u.params.push_back(matrix(mix + "in_proj.weight", m.in_proj_rows(), D, kInitStd));
+        const int64_t gn = m.n_groups * m.d_state;
+        // Heads and groups split over tp; in_proj packs z | x | B | C | dt, conv1d x | B | C.
+        u.params.push_back(split(matrix(mix + "in_proj.weight", m.in_proj_rows(), D, kInitStd), 0, {di, di, gn, gn, hm}));
         // conv1d: uniform(+-1/sqrt(K)), torch's default for a depthwise conv
-        u.params.push_back({mix + "conv1d.weight", {c, m.d_conv}, true, InitKind::INIT_UNIFORM,
-                            1.0 / std::sqrt(static_cast<double>(m.d_conv))});
-        u.params.push_back({mix + "conv1d.bias", {c}, false, InitKind::INIT_UNIFORM,
-                            1.0 / std::sqrt(static_cast<double>(m.d_conv))});
-        u.params.push_back({mix + "dt_bias", {hm}, false, InitKind::INIT_DT_BIAS, 0.0});
-        u.params.push_back({mix + "A_log", {hm}, false, InitKind::INIT_A_LOG, 0.0});
-        u.params.push_back(ones(mix + "D", hm));
-        u.params.push_back(ones(mix + "norm.weight", di));
-        u.params.push_back(matrix(mix + "out_proj.weight", D, di, out_std));
+        u.params.push_back(split({mix + "conv1d.weight", {c, m.d_conv}, true, InitKind::INIT_UNIFORM,
+                                  1.0 / std::sqrt(static_cast<double>(m.d_conv))}, 0, {di, gn, gn}));
+        u.params.push_back(split({mix + "conv1d.bias", {c}, false, InitKind::INIT_UNIFORM,
+                                  1.0 / std::sqrt(static_cast<double>(m.d_conv))}, 0, {di, gn, gn}));
+        u.params.push_back(split({mix + "dt_bias", {hm}, false, InitKind::INIT_DT_BIAS, 0.0}, 0));
+        u.params.push_back(split({mix + "A_log", {hm}, false, InitKind::INIT_A_LOG, 0.0}, 0));
+        u.params.push_back(split(ones(mix + "D", hm), 0));
+        u.params.push_back(split(ones(mix + "norm.weight", di), 0));
+        u.params.push_back(split(matrix(mix + "out_proj.weight", D, di, out_std), 1));
         break;
       }
       case '*': {
         const int64_t hd = m.attn_head_dim();
         u.kind = UnitKind::UNIT_ATTENTION;
-        u.params.push_back(matrix(mix + "q_proj.weight", m.n_heads * hd, D, kInitStd));
-        u.params.push_back(matrix(mix + "k_proj.weight", m.n_kv_heads * hd, D, kInitStd));
-        u.params.push_back(matrix(mix + "v_proj.weight", m.n_kv_heads * hd, D, kInitStd));
-        u.params.push_back(matrix(mix + "o_proj.weight", D, m.n_heads * hd, out_std));
+        u.params.push_back(split(matrix(mix + "q_proj.weight", m.n_heads * hd, D, kInitStd), 0));
+        u.params.push_back(split(matrix(mix + "k_proj.weight", m.n_kv_heads * hd, D, kInitStd), 0));
+        u.params.push_back(split(matrix(mix + "v_proj.weight", m.n_kv_heads * hd, D, kInitStd), 0));
+        u.params.push_back(split(matrix(mix + "o_proj.weight", D, m.n_heads * hd, out_std), 1));
         break;
       }
       case '-': {
         u.kind = UnitKind::UNIT_MLP;
-        u.params.push_back(matrix(mix + "gate_proj.weight", m.ffn_hidden, D, kInitStd));
-        u.params.push_back(matrix(mix + "up_proj.weight", m.ffn_hidden, D, kInitStd));
-        u.params.push_back(matrix(mix + "down_proj.weight", D, m.ffn_hidden, out_std));
+        u.params.push_back(split(matrix(mix + "gate_proj.weight", m.ffn_hidden, D, kInitStd), 0));
+        u.params.push_back(split(matrix(mix + "up_proj.weight", m.ffn_hidden, D, kInitStd), 0));
+        u.params.push_back(split(matrix(mix + "down_proj.weight", D, m.ffn_hidden, out_std), 1));
         break;
       }
       default:
@@ -117,7 +170,7 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
   }
   const int head = static_cast<int>(m.n_blocks()) + 1;
   g.units.push_back({head, UnitKind::UNIT_HEAD, -1, "head",
-                     {ones("final_norm.weight", D), matrix("lm_head.weight", V, D, kInitStd)}});
+                     {ones("final_norm.weight", D), split(matrix("lm_head.weight", V, D, kInitStd), 0)}});
   return g;
 }
 

@@ -27,8 +27,22 @@ struct ParamSpec {
   bool weight_decay = false;   // AdamW decay: 2-D and 3-D weights only
   InitKind init = InitKind::INIT_NORMAL;
   double init_scale = 0.0;     // std for INIT_NORMAL, bound for INIT_UNIFORM
+  // Tensor parallelism (Megatron style): the dimension split over the tp
+  // ranks (-1: replicated on every tp rank) and, for packed tensors such as
+  // Mamba's in_proj (z | x | B | C | dt), the sizes of the parts along it;
+  // each part is split into tp contiguous pieces and rank r holds piece r of
+  // every part, in order.
+  int tp_dim = -1;
+  std::vector<int64_t> tp_parts;  // empty: the whole dimension is one part
   int64_t numel() const;
 };
+
+// The shape of tensor-parallel rank `tp_rank`'s piece of `spec` (of `tp` ranks).
+std::vector<int64_t> tp_local_shape(const ParamSpec& spec, int tp);
+// The global flat (row-major) index of local flat element `i` on `tp_rank`.
+int64_t tp_global_index(const ParamSpec& spec, int tp_rank, int tp, int64_t i);
+// Whether every part along the split dimension divides by `tp`.
+bool tp_divides(const ParamSpec& spec, int tp);
 
 enum class UnitKind : uint8_t {
   UNIT_EMBED,      // token embedding

@@ -21,14 +21,21 @@ Program lower(const Graph& g, int rank) {
   std::vector<int> indeg(n, 0);
   for (const Edge& e : g.edges())
     if (mine(e.src) && mine(e.dst)) ++indeg[static_cast<size_t>(e.dst)];
-  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+  // Two ready queues, ties broken by node id: communication is placed as soon
+  // as its inputs are, so a message never waits behind one produced later.
+  using Queue = std::priority_queue<int, std::vector<int>, std::greater<int>>;
+  Queue ready_comm, ready_compute;
+  auto push = [&](int id) {
+    (g.node(id).stream == Stream::STREAM_COMM ? ready_comm : ready_compute).push(id);
+  };
   for (size_t i = 0; i < n; ++i)
-    if (mine(static_cast<int>(i)) && indeg[i] == 0) ready.push(static_cast<int>(i));
+    if (mine(static_cast<int>(i)) && indeg[i] == 0) push(static_cast<int>(i));
   Program p;
   p.rank = rank;
-  while (!ready.empty()) {
-    const int v = ready.top();
-    ready.pop();
+  while (!ready_comm.empty() || !ready_compute.empty()) {
+    Queue& q = ready_comm.empty() ? ready_compute : ready_comm;
+    const int v = q.top();
+    q.pop();
     const Node& nd = g.node(v);
     Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.tags.pass, -1, nd.tag, nd.group, nd.payload,
              nd.units, nd.bytes, {}};
@@ -41,7 +48,7 @@ Program lower(const Graph& g, int rank) {
     (nd.stream == Stream::STREAM_COMPUTE ? p.compute : p.comm).push_back(std::move(in));
     for (int e : g.out_edges()[static_cast<size_t>(v)]) {
       const int d = g.edges()[static_cast<size_t>(e)].dst;
-      if (mine(d) && --indeg[static_cast<size_t>(d)] == 0) ready.push(d);
+      if (mine(d) && --indeg[static_cast<size_t>(d)] == 0) push(d);
     }
   }
   return p;

@@ -1,4 +1,7 @@
-// test_ir.cpp — unit tests of the IR: model graph, DAG build, schedules, verifier, lowering, hashing, compile and printing.
+// test_ir.cpp — unit tests of the IR: model graph, single-rank and pipeline DAG builds, placement
+// errors, verifier, lowering, hashing, compile and printing. Multi-rank strategies (data parallel,
+// ZeRO, pipelines over a rank grid) are in test_build_parallel.cpp; the schedules themselves in
+// test_pipeline_schedules.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +19,6 @@
 #include "ir/graph.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/program.hpp"
-#include "ir/schedule.hpp"
 #include "ir/strategy.hpp"
 #include "ir/verify.hpp"
 
@@ -53,10 +55,13 @@ config::Config small_config(const std::string& pattern = "M*-M-", int64_t mb = 2
   return c;
 }
 
+// A pipeline-only strategy: `world` pipeline ranks (pp = world, dp = tp = 1), one
+// stage per rank for the one-chunk schedules.
 Strategy strategy(int mb, bool split_backward, ScheduleKind sched = ScheduleKind::SCHEDULE_1F1B,
                   std::vector<int> stage_of_unit = {}, int world = 1) {
   Strategy s;
   s.world_size = world;
+  s.place.pp = world;
   s.split.microbatches = mb;
   s.split_backward = split_backward;
   s.place.stage_of_unit = std::move(stage_of_unit);
@@ -314,7 +319,12 @@ TEST(Build, TwoStagesInsertSendRecvPairs) {
           EXPECT_EQ(n.tags.stage, n.tags.unit <= 2 ? 0 : 1);
         } else {
           EXPECT_EQ(n.stream, Stream::STREAM_COMM);
-          EXPECT_NE(n.peer, n.devices.front());
+          ASSERT_EQ(n.devices.size(), 1u);
+          // peers align with devices: the one rank on the other side of the cut
+          EXPECT_EQ(n.peers, std::vector<int>{1 - n.devices.front()});
+          // activations go down (SEND on rank 0), input gradients come back up (SEND on rank 1)
+          const bool down = (n.kind == NodeKind::SEND) == (n.devices.front() == 0);
+          EXPECT_EQ(n.payload, down ? Payload::PAYLOAD_ACTIVATION : Payload::PAYLOAD_GRADIENT);
         }
       }
       for (const Edge& e : g.edges())
@@ -331,7 +341,7 @@ TEST(Build, TwoStagesInsertSendRecvPairs) {
 }
 
 TEST(Build, BadDirectivesThrowBuildError) {
-  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));  // 7 units: embed, layers.0..4, head
   auto expect_error = [&](const Strategy& s, const std::vector<std::string>& words) {
     try {
       build(mg, s);
@@ -341,109 +351,90 @@ TEST(Build, BadDirectivesThrowBuildError) {
     }
   };
   expect_error(strategy(0, false), {"microbatches must be >= 1"});
-  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1}, 2), {"stage_of_unit lists 3"});
-  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1, 0, 1, 1, 1}, 2), {"layers.2", "non-decreasing"});
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1}, 2), {"stage_of_unit lists 3", "has 7"});
+  // not contiguous: layers.2 goes back to stage 0 after layers.1 on stage 1
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1, 0, 1, 1, 1}, 2),
+               {"place:", "unit layers.2 is on stage 0", "stages must run 0..1"});
+  // skips a stage: stage 1 of three holds nothing, layers.2 jumps from 0 to 2
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 2, 2, 2, 2}, 3),
+               {"unit layers.2 is on stage 2", "stages must run 0..2", "at least one unit"});
+  // leaves the last stage empty: the head must sit on the last stage
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 3),
+               {"unit head is on stage 1", "stages must run 0..2"});
+  // the first unit must sit on stage 0
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {1, 1, 1, 1, 1, 1, 1}, 2), {"unit embed is on stage 1"});
+  // a stage outside the pipeline
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 2}, 2), {"unit head is on stage 2"});
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {-1, 0, 0, 1, 1, 1, 1}, 2), {"unit embed is on stage -1"});
+  // one stage with one unit each is the limit: 8 stages for 7 units is too many
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {}, 8),
+               {"place:", "7 units", "too few for 8 pipeline stages", "pp 8 x 1 chunks"});
   {
-    Strategy s = strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2);
-    s.place.rank_of_stage = {0, 2};
-    expect_error(s, {"rank 2 outside world size 2"});
+    Strategy s = strategy(8, false, ScheduleKind::SCHEDULE_INTERLEAVED, {}, 4);
+    s.place.virtual_stages = 2;  // 4 ranks x 2 chunks = 8 stages
+    expect_error(s, {"too few for 8 pipeline stages", "pp 4 x 2 chunks"});
+    s.place.pp = 2;  // 4 stages on a 4-rank world with dp = tp = 1: the grid does not add up
+    expect_error(s, {"grid:", "world size 4", "pp(2)"});
+    s.world_size = 2;
+    EXPECT_NO_THROW(verify(build(mg, s), mg));
   }
+  {
+    // exactly as many stages as units is fine
+    const Graph g = build(mg, strategy(7, false, ScheduleKind::SCHEDULE_1F1B, {}, 7));
+    for (const Node& n : g.nodes())
+      if (is_compute(n.kind)) {
+        EXPECT_EQ(n.tags.stage, n.tags.unit);
+      }
+    EXPECT_NO_THROW(verify(g, mg));
+  }
+  // schedule constraints come back as order errors
   expect_error(strategy(2, false, ScheduleKind::SCHEDULE_INTERLEAVED, {0, 0, 0, 1, 1, 1, 1}, 2),
                {"order:", "interleaved"});
+  expect_error(strategy(3, true, ScheduleKind::SCHEDULE_DUALPIPEV, {}, 2), {"order:", "dualpipev", "microbatches"});
+  expect_error(strategy(2, false, ScheduleKind::SCHEDULE_ZBH1, {}, 2), {"order:", "zbh1", "split_backward"});
 }
 
-// ---- schedules -------------------------------------------------------------------------
-
-TEST(Schedule, EveryPassOfEveryMicrobatchOncePerStage) {
-  for (auto kind : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B}) {
-    for (int S : {1, 2, 3, 4, 6}) {
-      for (int m : {1, 2, 3, 4, 5, 8}) {
-        for (bool sb : {false, true}) {
-          SCOPED_TRACE(std::string(schedule_name(kind)) + " S" + std::to_string(S) + " m" + std::to_string(m) +
-                       (sb ? " split" : ""));
-          auto ops = schedule_ops(kind, S, m, sb);
-          ASSERT_EQ(ops.size(), static_cast<size_t>(S));
-          for (int s = 0; s < S; ++s) {
-            const auto& v = ops[static_cast<size_t>(s)];
-            std::map<std::pair<Pass, int>, int> count;
-            std::map<std::pair<Pass, int>, size_t> pos;
-            for (size_t i = 0; i < v.size(); ++i) {
-              ++count[{v[i].pass, v[i].microbatch}];
-              pos[{v[i].pass, v[i].microbatch}] = i;
-              EXPECT_GE(v[i].microbatch, 0);
-              EXPECT_LT(v[i].microbatch, m);
-            }
-            EXPECT_EQ(v.size(), static_cast<size_t>(m * (sb ? 3 : 2)));
-            for (int i = 0; i < m; ++i) {
-              EXPECT_EQ((count[{Pass::PASS_F, i}]), 1);
-              if (sb) {
-                EXPECT_EQ((count[{Pass::PASS_BI, i}]), 1);
-                EXPECT_EQ((count[{Pass::PASS_BW, i}]), 1);
-                EXPECT_EQ((count[{Pass::PASS_B, i}]), 0);
-                EXPECT_LT((pos[{Pass::PASS_F, i}]), (pos[{Pass::PASS_BI, i}]));
-                EXPECT_LT((pos[{Pass::PASS_BI, i}]), (pos[{Pass::PASS_BW, i}]));
-              } else {
-                EXPECT_EQ((count[{Pass::PASS_B, i}]), 1);
-                EXPECT_LT((pos[{Pass::PASS_F, i}]), (pos[{Pass::PASS_B, i}]));
-              }
-              // microbatches enter and leave in order
-              if (i > 0) {
-                EXPECT_LT((pos[{Pass::PASS_F, i - 1}]), (pos[{Pass::PASS_F, i}]));
-              }
-            }
-            // forwards in flight: F done minus backwards (B or BI) done
-            int in_flight = 0, peak = 0;
-            size_t leading_f = 0;
-            bool seen_b = false;
-            for (const auto& op : v) {
-              if (op.pass == Pass::PASS_F) ++in_flight;
-              if (op.pass == Pass::PASS_B || op.pass == Pass::PASS_BI) --in_flight, seen_b = true;
-              if (!seen_b && op.pass == Pass::PASS_F) ++leading_f;
-              peak = std::max(peak, in_flight);
-            }
-            if (kind == ScheduleKind::SCHEDULE_GPIPE) {
-              EXPECT_EQ(peak, m);
-              EXPECT_EQ(leading_f, static_cast<size_t>(m));
-            } else {
-              // 1F1B: warm-up min(S-s-1, m) forwards, then the first steady-state
-              // forward when one is left; never more than S-s in flight.
-              const int warmup = std::min(S - s - 1, m);
-              EXPECT_EQ(leading_f, static_cast<size_t>(std::min(warmup + 1, m)));
-              EXPECT_LE(peak, S - s);
-              EXPECT_EQ(peak, std::min(S - s, m));
-            }
-          }
-        }
-      }
+// The grid's sizes must multiply to the world size; the message starts "grid:" and prints every factor.
+TEST(Build, GridThatDoesNotMatchTheWorldIsABuildError) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  auto message = [&](const Strategy& s) -> std::string {
+    try {
+      build(mg, s);
+    } catch (const BuildError& e) {
+      return e.what();
     }
-  }
+    return "(no BuildError)";
+  };
+  Strategy s = strategy(2, false);
+  s.world_size = 3;
+  s.replicate.dp = 2;
+  std::string m = message(s);
+  EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
+  EXPECT_NE(m.find("world size 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("dp(2)"), std::string::npos) << m;
+  s.world_size = 0;
+  s.replicate.dp = 1;
+  m = message(s);
+  EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
+  EXPECT_NE(m.find("world size 0"), std::string::npos) << m;
+  // an order that lacks a dimension in use, or names an unknown one
+  s = strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {}, 2);
+  s.grid_order = "tp-dp";
+  m = message(s);
+  EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
+  EXPECT_NE(m.find("lacks 'pp'"), std::string::npos) << m;
+  s.grid_order = "tp-xx-pp";
+  m = message(s);
+  EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
+  EXPECT_NE(m.find("unknown dimension 'xx'"), std::string::npos) << m;
+  s.grid_order = "pp-dp-tp";  // another order is fine
+  EXPECT_NO_THROW(verify(build(mg, s), mg));
 }
 
-TEST(Schedule, ExactListsWrittenByHand) {
-  const Pass F = Pass::PASS_F, B = Pass::PASS_B, BI = Pass::PASS_BI, BW = Pass::PASS_BW;
-  using V = std::vector<StageOp>;
-  auto ops = schedule_ops(ScheduleKind::SCHEDULE_1F1B, 4, 8, false);
-  EXPECT_EQ(ops[0], (V{{F, 0}, {F, 1}, {F, 2}, {F, 3}, {B, 0}, {F, 4}, {B, 1}, {F, 5}, {B, 2}, {F, 6}, {B, 3},
-                       {F, 7}, {B, 4}, {B, 5}, {B, 6}, {B, 7}}));
-  EXPECT_EQ(ops[2], (V{{F, 0}, {F, 1}, {B, 0}, {F, 2}, {B, 1}, {F, 3}, {B, 2}, {F, 4}, {B, 3}, {F, 5}, {B, 4},
-                       {F, 6}, {B, 5}, {F, 7}, {B, 6}, {B, 7}}));
-  EXPECT_EQ(ops[3], (V{{F, 0}, {B, 0}, {F, 1}, {B, 1}, {F, 2}, {B, 2}, {F, 3}, {B, 3}, {F, 4}, {B, 4}, {F, 5},
-                       {B, 5}, {F, 6}, {B, 6}, {F, 7}, {B, 7}}));
-  // fewer microbatches than stages: all forwards, then all backwards
-  ops = schedule_ops(ScheduleKind::SCHEDULE_1F1B, 4, 2, true);
-  EXPECT_EQ(ops[0], (V{{F, 0}, {F, 1}, {BI, 0}, {BW, 0}, {BI, 1}, {BW, 1}}));
-  ops = schedule_ops(ScheduleKind::SCHEDULE_GPIPE, 3, 3, false);
-  for (const auto& v : ops) EXPECT_EQ(v, (V{{F, 0}, {F, 1}, {F, 2}, {B, 0}, {B, 1}, {B, 2}}));
-  // one stage: every schedule is gradient accumulation
-  for (auto k : {ScheduleKind::SCHEDULE_1F1B, ScheduleKind::SCHEDULE_INTERLEAVED, ScheduleKind::SCHEDULE_ZBH1,
-                 ScheduleKind::SCHEDULE_DUALPIPEV})
-    EXPECT_EQ(schedule_ops(k, 1, 2, false)[0], (V{{F, 0}, {B, 0}, {F, 1}, {B, 1}})) << schedule_name(k);
-}
+// ---- schedule names -------------------------------------------------------------------
+// (the schedules themselves: test_pipeline_schedules.cpp)
 
-TEST(Schedule, BadArgumentsThrow) {
-  EXPECT_THROW(schedule_ops(ScheduleKind::SCHEDULE_1F1B, 0, 2, false), std::invalid_argument);
-  EXPECT_THROW(schedule_ops(ScheduleKind::SCHEDULE_GPIPE, 2, 0, false), std::invalid_argument);
-  EXPECT_THROW(schedule_ops(ScheduleKind::SCHEDULE_ZBH1, 2, 4, true), std::invalid_argument);
+TEST(Schedule, NamesParseAndPrint) {
   EXPECT_EQ(parse_schedule("gpipe"), ScheduleKind::SCHEDULE_GPIPE);
   EXPECT_EQ(parse_schedule("dualpipev"), ScheduleKind::SCHEDULE_DUALPIPEV);
   EXPECT_THROW(parse_schedule("2f2b"), std::invalid_argument);
@@ -453,20 +444,36 @@ TEST(Schedule, BadArgumentsThrow) {
 }
 
 // Multi-stage pipelines built from every schedule are acyclic and complete.
-TEST(Schedule, PipelinesBuildAndVerify) {
+TEST(Build, PipelinesBuildAndVerify) {
   const ModelGraph mg = make_model_graph(small_model("M*-M-"));
+  // given placements, and the balanced one (empty) for 1..4 stages
   const std::vector<std::vector<int>> placements = {
       {0, 0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1, 1}, {0, 0, 1, 1, 2, 2, 2}, {0, 1, 1, 2, 2, 3, 3}};
-  for (auto kind : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B})
+  for (auto kind : {ScheduleKind::SCHEDULE_GPIPE, ScheduleKind::SCHEDULE_1F1B, ScheduleKind::SCHEDULE_ZBH1})
     for (size_t p = 0; p < placements.size(); ++p)
-      for (int mb : {1, 2, 3, 5})
-        for (bool sb : {false, true}) {
-          SCOPED_TRACE(std::string(schedule_name(kind)) + " stages " + std::to_string(p + 1) + " mb " +
-                       std::to_string(mb) + (sb ? " split" : ""));
-          const Graph g = build(mg, strategy(mb, sb, kind, placements[p], static_cast<int>(p) + 1));
-          EXPECT_NO_THROW(verify(g, mg));
-          for (int r = 0; r <= static_cast<int>(p); ++r) order_chain(g, r);
-        }
+      for (bool balanced : {false, true})
+        for (int mb : {1, 2, 3, 5})
+          for (bool sb : {false, true}) {
+            if (kind == ScheduleKind::SCHEDULE_ZBH1 && !sb) continue;  // zbh1 needs the split
+            SCOPED_TRACE(std::string(schedule_name(kind)) + " stages " + std::to_string(p + 1) + " mb " +
+                         std::to_string(mb) + (sb ? " split" : "") + (balanced ? " balanced" : ""));
+            const Graph g = build(mg, strategy(mb, sb, kind, balanced ? std::vector<int>{} : placements[p],
+                                               static_cast<int>(p) + 1));
+            EXPECT_NO_THROW(verify(g, mg));
+            for (int r = 0; r <= static_cast<int>(p); ++r) order_chain(g, r);
+            std::set<int> stages;
+            for (const Node& n : g.nodes()) {
+              stages.insert(n.tags.stage);
+              if (is_compute(n.kind)) {
+                // one stage per rank for these schedules: stage = rank
+                EXPECT_EQ(n.devices, std::vector<int>{n.tags.stage});
+                if (!balanced) {
+                  EXPECT_EQ(n.tags.stage, placements[p][static_cast<size_t>(n.tags.unit)]);
+                }
+              }
+            }
+            EXPECT_EQ(stages.size(), p + 1);
+          }
 }
 
 // ---- verify -----------------------------------------------------------------------------
@@ -556,10 +563,13 @@ TEST(Verify, BrokenGraphsAreRejected) {
                              EdgeKind::EDGE_ORDER),
                    {"ordering edge", "FWD embed mb0 on rank 0", "FWD layers.4 mb1 on rank 1", "different ranks"}});
   {
-    // the forward RECV of microbatch 0 (a copy of its destination, layers.3)
+    // the forward RECV of microbatch 0 (tagged like the SEND, with its producer: layers.1)
     int recv = -1;
     for (const Node& n : two.nodes())
-      if (n.kind == NodeKind::RECV && n.tags.unit == 3 && n.tags.microbatch == 0) recv = n.id;
+      if (n.kind == NodeKind::RECV && n.tags.unit == 2 && n.tags.microbatch == 0) {
+        EXPECT_EQ(recv, -1);
+        recv = n.id;
+      }
     ASSERT_GE(recv, 0);
     cases.push_back({"SEND without RECV", drop_node(two, [&](const Node& n) { return n.id == recv; }),
                      {"SEND layers.1 mb0 to rank 1 on rank 0", "0 matching RECV"}});
@@ -576,11 +586,46 @@ TEST(Verify, BrokenGraphsAreRejected) {
     Graph g = rebuild(two, [](const Node&) { return true; });
     Graph h;
     for (Node n : g.nodes()) {
-      if (n.kind == NodeKind::SEND && n.tags.unit == 2 && n.tags.microbatch == 1) n.peer = 0;
+      if (n.kind == NodeKind::SEND && n.tags.unit == 2 && n.tags.microbatch == 1) n.peers = {0};
       h.add_node(n);
     }
     for (const Edge& e : g.edges()) h.add_edge(e.src, e.dst, e.kind);
-    cases.push_back({"SEND to the wrong peer", h, {"disagree about their peers", "SEND layers.1 mb1 to rank 0", "RECV layers.2 mb1"}});
+    cases.push_back({"SEND to the wrong peer", h, {"disagree about their peers", "SEND layers.1 mb1 to rank 0", "RECV layers.1 mb1 from rank 0"}});
+  }
+  {
+    // a RECV whose peers list is shorter than its device set
+    Graph h;
+    for (Node n : two.nodes()) {
+      if (n.kind == NodeKind::RECV && n.tags.unit == 2 && n.tags.microbatch == 0) n.peers.clear();
+      h.add_node(n);
+    }
+    for (const Edge& e : two.edges()) h.add_edge(e.src, e.dst, e.kind);
+    cases.push_back({"RECV without peers", h, {"disagree about their peers", "SEND layers.1 mb0 to rank 1 on rank 0"}});
+  }
+  {
+    // dp 2 x pp 2 (grid tp-dp-pp: stage 0 on ranks 0,1, stage 1 on ranks 2,3): rank 0 must pair
+    // with rank 2 and rank 1 with rank 3; a SEND whose peers are crossed disagrees with its RECV.
+    Strategy s = strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 4);
+    s.place.pp = 2;
+    s.replicate.dp = 2;
+    const Graph dp2 = build(mg, s);
+    ASSERT_NO_THROW(verify(dp2, mg));
+    Graph h;
+    int crossed = 0;
+    for (Node n : dp2.nodes()) {
+      if (n.kind == NodeKind::SEND && n.tags.unit == 2 && n.tags.microbatch == 1) {
+        EXPECT_EQ(n.devices, (std::vector<int>{0, 1}));
+        EXPECT_EQ(n.peers, (std::vector<int>{2, 3}));
+        n.peers = {3, 2};
+        ++crossed;
+      }
+      h.add_node(n);
+    }
+    EXPECT_EQ(crossed, 1);
+    for (const Edge& e : dp2.edges()) h.add_edge(e.src, e.dst, e.kind);
+    cases.push_back({"replicated SEND with crossed peers", h,
+                     {"disagree about their peers", "SEND layers.1 mb1 to rank 3 on rank 0,1", "RECV layers.1 mb1 from rank 0",
+                      "on rank 2,3"}});
   }
   {
     // a compute node left out of the rank's order
@@ -780,23 +825,28 @@ TEST(Compile, ProducesAVerifiedPlan) {
   EXPECT_TRUE(compile(cfg, 1).strategy.split_backward);
 }
 
-TEST(Compile, PlaceOutsideTheWorldIsABuildError) {
-  // compile() places stage 0 on rank 0: a world of 0 ranks has no rank 0.
-  try {
-    compile(small_config(), 0);
-    ADD_FAILURE() << "no BuildError";
-  } catch (const BuildError& e) {
-    EXPECT_NE(std::string(e.what()).find("outside world size 0"), std::string::npos) << e.what();
-  }
-  // The same directive, spelled out: stage 1 on rank 5 of a 2-rank world.
-  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
-  Strategy s = strategy(2, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2);
-  s.place.rank_of_stage = {0, 5};
-  EXPECT_THROW(build(mg, s), BuildError);
-  s.place.rank_of_stage = {-1, 1};
-  EXPECT_THROW(build(mg, s), BuildError);
-  s.place.rank_of_stage = {1, 0};  // a permutation inside the world is fine
-  EXPECT_NO_THROW(verify(build(mg, s), mg));
+TEST(Compile, GridThatDoesNotMatchTheWorldIsABuildError) {
+  // tp x dp x pp must be the world size: a world of 0 ranks, or 3 ranks for dp 2.
+  auto message = [](const config::Config& cfg, int world) -> std::string {
+    try {
+      compile(cfg, world);
+    } catch (const BuildError& e) {
+      return e.what();
+    }
+    return "(no BuildError)";
+  };
+  std::string m = message(small_config(), 0);
+  EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
+  EXPECT_NE(m.find("world size 0"), std::string::npos) << m;
+  config::Config cfg = small_config("M*-M-", 2);
+  cfg.parallel.dp = 2;
+  m = message(cfg, 3);
+  EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
+  EXPECT_NE(m.find("world size 3 != tp(1) x dp(2) x pp(1) = 2"), std::string::npos) << m;
+  cfg.parallel.pp = 2;
+  m = message(cfg, 2);
+  EXPECT_NE(m.find("dp(2) x pp(2) = 4"), std::string::npos) << m;
+  EXPECT_NO_THROW(compile(cfg, 4));
 }
 
 TEST(Printing, DirectivesYaml) {
@@ -807,13 +857,21 @@ TEST(Printing, DirectivesYaml) {
   EXPECT_NE(y.find("split: {microbatches: 4}"), std::string::npos) << y;
   EXPECT_NE(y.find("split_backward: true"), std::string::npos) << y;
   EXPECT_NE(y.find("schedule: gpipe"), std::string::npos) << y;
-  Strategy t = strategy(3, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 2);
-  t.place.rank_of_stage = {1, 0};
+  EXPECT_NE(y.find("place: {pp: 1, virtual_stages: 1}"), std::string::npos) << y;  // no stage_of_unit: balanced
+  EXPECT_NE(y.find("grid: {order: tp-dp-pp}"), std::string::npos) << y;
+  Strategy t = strategy(3, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 4);
+  t.replicate.dp = 2;
+  t.replicate.zero = 2;
   y = directives_yaml(t);
+  std::printf("%s", y.c_str());
   EXPECT_NE(y.find("microbatches: 3"), std::string::npos) << y;
   EXPECT_EQ(y.find("split_backward"), std::string::npos) << y;
   EXPECT_NE(y.find("schedule: 1f1b"), std::string::npos) << y;
-  EXPECT_NE(y.find("stages: 2, ranks: [1, 0]"), std::string::npos) << y;
+  EXPECT_NE(y.find("place: {pp: 4, virtual_stages: 1, stage_of_unit: [0, 0, 0, 1, 1, 1, 1]}"), std::string::npos) << y;
+  EXPECT_NE(y.find("replicate: {dp: 2, shard_grads: true, shard_params: false, shard_optimizer: true, bucket_mb: 25}"),
+            std::string::npos)
+      << y;
+  EXPECT_NE(y.find("shard: {tp: 1}"), std::string::npos) << y;
 }
 
 TEST(Printing, SummaryAndProgram) {
