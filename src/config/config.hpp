@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace piper::config {
@@ -84,22 +86,80 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+// ---- directives (docs/directives.md) -------------------------------------------
+// The optional `directives:` section: the parallel strategy written as the
+// rewrites the IR applies (split, place, replicate, shard, order, grid), in the
+// order written. Each directive overrides the `parallel:` shorthand values it
+// sets; fields no directive sets keep the shorthand's values. Parsed here into
+// plain values (the IR does not see YAML); ir::expand applies them.
+
+// One stage of `place: {stages: [...]}`: the units a filter over node tags
+// selects. A unit matches when it passes every filter given.
+struct StageFilter {
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // block index ranges, inclusive; empty: any block
+  std::vector<std::string> kinds;                   // "M", "*", "-", "E", "embed", "head"; empty: any kind
+  bool operator==(const StageFilter&) const = default;
+};
+
+// One op of a hand-written schedule, as ir::pipe_op_name prints it: "F3",
+// "B3", "BI3", "BW3", "F3.1" (chunk 1 of the rank).
+struct OrderOp {
+  std::string pass = "F";  // F, B (fused backward), BI (input gradients), BW (weight gradients)
+  int64_t microbatch = 0;
+  int64_t chunk = 0;       // model chunk of the rank, 0 when not written
+  std::string name(bool with_chunk) const;
+  bool operator==(const OrderOp&) const = default;
+};
+
+enum class DirectiveKind : uint8_t { SPLIT, SPLIT_BACKWARD, PLACE, REPLICATE, SHARD, ORDER, GRID };
+const char* directive_name(DirectiveKind k);  // "split", "split_backward", "place", ...
+
+// One list item of `directives:`; only the fields of its kind can be set, and
+// only the keys written are (std::nullopt: keep the value so far).
+struct Directive {
+  DirectiveKind kind = DirectiveKind::SPLIT;
+  std::optional<int64_t> microbatches;                     // split
+  std::optional<bool> split_backward;                       // split_backward: BOOL
+  std::optional<int64_t> pp, virtual_stages;                // place
+  std::optional<std::vector<int64_t>> stage_of_unit;        // place, by unit (embed, blocks, head)
+  std::optional<std::vector<StageFilter>> stages;           // place, stage i = the units stages[i] selects
+  std::optional<int64_t> dp;                                // replicate
+  std::optional<bool> shard_optimizer, shard_grads, shard_params;  // replicate: ZeRO 1, 2, 3
+  std::optional<double> bucket_mb;                          // replicate
+  std::optional<int64_t> tp;                                // shard
+  std::optional<std::string> schedule;                      // order: a named schedule
+  std::optional<std::vector<std::vector<OrderOp>>> ranks;   // order: ops of pipeline rank 0, 1, ...
+  std::optional<std::string> grid_order;                    // grid: {order: "tp-dp-pp"}
+  bool operator==(const Directive&) const = default;
+};
+
+struct DirectivesConfig {
+  bool present = false;         // the config has a `directives:` section (possibly empty)
+  std::vector<Directive> list;  // in the order written
+  bool operator==(const DirectivesConfig&) const = default;
+};
+
 struct Config {
   ModelConfig model;
   TrainConfig train;
   DataConfig data;
   ParallelConfig parallel;
+  DirectivesConfig directives;
   std::string source = "<defaults>";  // file the config came from ("<defaults>" if none)
   std::string yaml_text;   // the resolved config, re-emitted as YAML
   // Where each "section.key" that was set came from: "file:line:col" (1-based)
   // for a key of the file, "--set" for an override. Keys left at their
   // default have no entry. validate() quotes these in its messages.
+  // Directives are keyed by path: "directives[2]" (the item),
+  // "directives[2].replicate.dp", "directives[1].place.stages[0]",
+  // "directives[3].order.ranks[1]" and "directives[3].order.ranks[1][4]".
   std::map<std::string, std::string> locations;
 
-  // Same settings (model, train, data, parallel); source, yaml_text and
-  // locations are not compared.
+  // Same settings (model, train, data, parallel, directives); source,
+  // yaml_text and locations are not compared.
   bool same_settings(const Config& o) const {
-    return model == o.model && train == o.train && data == o.data && parallel == o.parallel;
+    return model == o.model && train == o.train && data == o.data && parallel == o.parallel &&
+           directives == o.directives;
   }
 };
 
@@ -126,5 +186,20 @@ void validate(const Config& cfg, int world_size);
 // The resolved config as YAML text (every key, defaults included); parse()
 // reads it back to the same settings.
 std::string to_yaml(const Config& cfg);
+
+// The strategy the shorthand and the directives give together: the
+// `parallel:` values with every directive applied in order (zero from the
+// shard_* flags), the stage of each unit a place directive gave (its
+// stage_of_unit list, or its stages filters resolved over model.pattern), and
+// the per-rank ops of a hand-written order.
+struct EffectiveStrategy {
+  ParallelConfig parallel;
+  std::vector<int64_t> stage_of_unit;            // empty: the builder balances the units
+  std::vector<std::vector<OrderOp>> order_ranks;  // empty: parallel.schedule orders the ops
+};
+// Throws ConfigError (file:line:col and the unit) when stage filters leave a
+// unit on no stage or on two, or stages are not contiguous. Call after
+// validate(); ir::expand uses it.
+EffectiveStrategy effective_strategy(const Config& cfg);
 
 }  // namespace piper::config

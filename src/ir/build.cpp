@@ -71,8 +71,11 @@ struct Builder {
     n_mb = strategy.split.microbatches;
     if (n_mb < 1) throw BuildError("split: microbatches must be >= 1, got " + std::to_string(n_mb));
     try {
-      sched = make_schedule(strategy.order.schedule, strategy.place.pp, strategy.place.virtual_stages, n_mb,
-                            strategy.split_backward);
+      // A hand-written order (order: {ranks: ...}) replaces the schedule function.
+      sched = strategy.order.custom.empty()
+                  ? make_schedule(strategy.order.schedule, strategy.place.pp, strategy.place.virtual_stages, n_mb,
+                                  strategy.split_backward)
+                  : custom_schedule(strategy);
     } catch (const std::invalid_argument& e) {
       throw BuildError(std::string("order: ") + e.what());
     }

@@ -2,6 +2,10 @@
 #include "ir/strategy.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 
@@ -29,30 +33,136 @@ const char* schedule_name(ScheduleKind k) {
 }
 
 Strategy expand(const config::Config& cfg, int world_size) {
-  const auto& p = cfg.parallel;
+  // The shorthand with the directives applied in order (config does the YAML side: names, filters).
+  const config::EffectiveStrategy e = config::effective_strategy(cfg);
+  const config::ParallelConfig& p = e.parallel;
+  const bool custom = !e.order_ranks.empty();
   Strategy s;
   s.world_size = world_size;
+  s.grid_order = p.order;
   s.split.microbatches = static_cast<int>(p.microbatches);
-  s.order.schedule = parse_schedule(p.schedule);
+  // A custom order replaces the named schedule, which stays at its default.
+  s.order.schedule = custom ? ScheduleKind::SCHEDULE_1F1B : parse_schedule(p.schedule);
   // Zero-bubble schedules need the backward split into its two halves.
   s.split_backward = p.split_backward || s.order.schedule == ScheduleKind::SCHEDULE_ZBH1 ||
                      s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV;
   s.place.pp = static_cast<int>(p.pp);
   s.place.virtual_stages = s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
                                                                                : static_cast<int>(p.virtual_stages);
+  for (int64_t st : e.stage_of_unit) s.place.stage_of_unit.push_back(static_cast<int>(st));
   s.replicate.dp = static_cast<int>(p.dp);
   s.replicate.zero = static_cast<int>(p.zero);
+  s.replicate.bucket_bytes = std::llround(p.bucket_mb * (1 << 20));
   s.shard.tp = static_cast<int>(p.tp);
+  if (custom) {
+    for (const auto& rank : e.order_ranks) {
+      std::vector<PipeOp>& ops = s.order.custom.emplace_back();
+      for (const config::OrderOp& op : rank) {
+        const Pass pass = op.pass == "F"    ? Pass::PASS_F
+                          : op.pass == "B"  ? Pass::PASS_B
+                          : op.pass == "BI" ? Pass::PASS_BI
+                                            : Pass::PASS_BW;
+        // An order written with BI/BW splits the backward.
+        s.split_backward |= pass == Pass::PASS_BI || pass == Pass::PASS_BW;
+        ops.push_back({pass, static_cast<int>(op.microbatch), static_cast<int>(op.chunk)});
+      }
+    }
+    s.order.chunks = s.place.virtual_stages;
+  }
   s.activation_bytes = cfg.train.global_batch / std::max<int64_t>(1, p.dp * p.microbatches) *
                        cfg.train.seq_len * cfg.model.d_model * static_cast<int64_t>(sizeof(float));
   return s;
 }
 
+PipeSchedule custom_schedule(const Strategy& s) {
+  const auto& custom = s.order.custom;
+  PipeSchedule sched;
+  sched.kind = s.order.schedule;
+  sched.layout = StageLayout::STAGE_LAYOUT_LOOP;
+  sched.ranks = s.place.pp;
+  sched.chunks = s.order.chunks;
+  sched.microbatches = s.split.microbatches;
+  if (static_cast<int>(custom.size()) != s.place.pp)
+    throw std::invalid_argument("the hand-written order lists the ops of " + std::to_string(custom.size()) +
+                                " rank(s), but place has pp " + std::to_string(s.place.pp) +
+                                "; give one list per pipeline rank");
+  if (s.order.chunks < 1 || s.order.chunks != s.place.virtual_stages)
+    throw std::invalid_argument("the hand-written order has " + std::to_string(s.order.chunks) +
+                                " chunk(s) per rank, but place has virtual_stages " +
+                                std::to_string(s.place.virtual_stages));
+  const int chunks = s.order.chunks, n_mb = s.split.microbatches;
+  for (int r = 0; r < sched.ranks; ++r) {
+    const auto& ops = custom[static_cast<size_t>(r)];
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const PipeOp& op = ops[i];
+      const std::string head = "rank " + std::to_string(r) + " runs " + pipe_op_name(op, chunks) + " (op " +
+                               std::to_string(i) + " of its order)";
+      if (op.microbatch < 0 || op.microbatch >= n_mb)
+        throw std::invalid_argument(head + ", but split has " + std::to_string(n_mb) + " microbatches (0.." +
+                                    std::to_string(n_mb - 1) + ")");
+      if (op.chunk < 0 || op.chunk >= chunks)
+        throw std::invalid_argument(head + ", but each rank holds " + std::to_string(chunks) +
+                                    " model chunk(s) (0.." + std::to_string(chunks - 1) + ")");
+      const bool fused = op.pass == Pass::PASS_B;
+      const bool half = op.pass == Pass::PASS_BI || op.pass == Pass::PASS_BW;
+      if (!fused && !half && op.pass != Pass::PASS_F)
+        throw std::invalid_argument(head + ": an op is a pass F, B, BI or BW");
+      if (fused && s.split_backward)
+        throw std::invalid_argument(head + ", a fused backward, but the backward is split (split_backward); write BI" +
+                                    std::to_string(op.microbatch) + " and BW" + std::to_string(op.microbatch));
+      if (half && !s.split_backward)
+        throw std::invalid_argument(head + ", a backward half, but the backward is fused (no split_backward); write B" +
+                                    std::to_string(op.microbatch));
+      for (size_t j = 0; j < i; ++j)
+        if (ops[j] == op)
+          throw std::invalid_argument(head + " twice (also op " + std::to_string(j) +
+                                      "); each op runs once per step");
+    }
+  }
+  sched.ops = custom;
+  return sched;
+}
+
+namespace {
+
+// A scalar YAML reads back as the same string: plain when safe, else double-quoted.
+std::string scalar(const std::string& v) {
+  bool plain = !v.empty() && std::isalpha(static_cast<unsigned char>(v[0]));
+  for (char ch : v) plain &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+  for (const char* word : {"true", "false", "yes", "no", "on", "off", "null", "y", "n"}) {
+    std::string lower;
+    for (char ch : v) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    plain &= lower != word;
+  }
+  if (plain) return v;
+  std::string out = "\"";
+  for (unsigned char ch : v) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", ch);
+      out += buf;
+      continue;
+    }
+    out += static_cast<char>(ch);
+  }
+  return out + "\"";
+}
+
+// The shortest text that reads back as the same double.
+std::string shortest(double v) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, ec == std::errc() ? end : buf);
+}
+
+}  // namespace
+
 std::string directives_yaml(const Strategy& s) {
   std::ostringstream o;
   o << "directives:\n";
   o << "  - split: {microbatches: " << s.split.microbatches << "}\n";
-  if (s.split_backward) o << "  - split_backward: true\n";
+  o << "  - split_backward: " << (s.split_backward ? "true" : "false") << "\n";
   o << "  - place: {pp: " << s.place.pp << ", virtual_stages: " << s.place.virtual_stages;
   if (!s.place.stage_of_unit.empty()) {
     o << ", stage_of_unit: [";
@@ -63,10 +173,20 @@ std::string directives_yaml(const Strategy& s) {
   o << "  - replicate: {dp: " << s.replicate.dp << ", shard_grads: " << (s.replicate.zero >= 2 ? "true" : "false")
     << ", shard_params: " << (s.replicate.zero >= 3 ? "true" : "false")
     << ", shard_optimizer: " << (s.replicate.zero >= 1 ? "true" : "false")
-    << ", bucket_mb: " << static_cast<double>(s.replicate.bucket_bytes) / (1 << 20) << "}\n";
+    << ", bucket_mb: " << shortest(static_cast<double>(s.replicate.bucket_bytes) / (1 << 20)) << "}\n";
   o << "  - shard: {tp: " << s.shard.tp << "}\n";
-  o << "  - order: {schedule: " << schedule_name(s.order.schedule) << "}\n";
-  o << "  - grid: {order: " << s.grid_order << "}\n";
+  if (s.order.custom.empty()) {
+    o << "  - order: {schedule: " << schedule_name(s.order.schedule) << "}\n";
+  } else {
+    // One rank per line: a hand-written order reads like the schedule tables of docs/schedules.md.
+    o << "  - order:\n      ranks:\n";
+    for (const auto& ops : s.order.custom) {
+      o << "        - [";
+      for (size_t i = 0; i < ops.size(); ++i) o << (i ? ", " : "") << pipe_op_name(ops[i], s.order.chunks);
+      o << "]\n";
+    }
+  }
+  o << "  - grid: {order: " << scalar(s.grid_order) << "}\n";
   return o.str();
 }
 

@@ -1,6 +1,7 @@
 // strategy.hpp — directives: the rewrites that turn the model graph into the
-// global training DAG. The YAML `parallel:` shorthand expands into these;
-// `piper plan --directives` prints them.
+// global training DAG. The YAML `parallel:` shorthand and the `directives:`
+// section (docs/directives.md) expand into these; `piper plan --directives`
+// prints them.
 #pragma once
 
 #include <cstdint>
@@ -8,12 +9,19 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "ir/graph.hpp"
 
 namespace piper::ir {
+
+// ir/pipeline_schedules.hpp, included at the end of this header (it needs
+// ScheduleKind from here; OrderDirective holds PipeOps).
+struct PipeOp;
+struct PipeSchedule;
 
 // split: clone the per-sample sub-DAG once per microbatch (gradient accumulation).
 struct SplitDirective {
   int microbatches = 1;
+  bool operator==(const SplitDirective&) const = default;
 };
 
 // place: which stage holds each unit; the schedule's layout puts stages on
@@ -22,6 +30,7 @@ struct PlaceDirective {
   int pp = 1;                      // pipeline ranks
   int virtual_stages = 1;          // model chunks per pipeline rank
   std::vector<int> stage_of_unit;  // indexed by unit
+  bool operator==(const PlaceDirective&) const = default;
 };
 
 // replicate: data parallelism over `dp` replicas, with ZeRO sharding.
@@ -29,19 +38,28 @@ struct ReplicateDirective {
   int dp = 1;
   int zero = 0;                  // 0 none, 1 optimiser state, 2 + gradients, 3 + parameters
   int64_t bucket_bytes = 25 << 20;  // gradient all-reduce bucket size
+  bool operator==(const ReplicateDirective&) const = default;
 };
 
 // shard: tensor parallelism over `tp` ranks (Megatron style).
 struct ShardDirective {
   int tp = 1;
+  bool operator==(const ShardDirective&) const = default;
 };
 
 enum class ScheduleKind : uint8_t { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED,
                                     SCHEDULE_ZBH1, SCHEDULE_DUALPIPEV };
 
-// order: the schedule, emitted as ordering edges per rank.
+// order: the schedule, emitted as ordering edges per rank. Either a named
+// schedule function, or a hand-written order: custom[r] lists pipeline rank
+// r's ops, each rank holding `chunks` model chunks in the loop layout (chunk c
+// of rank r is stage c * pp + r). A custom order replaces the schedule, and
+// `schedule` is then left at its default.
 struct OrderDirective {
   ScheduleKind schedule = ScheduleKind::SCHEDULE_1F1B;
+  std::vector<std::vector<PipeOp>> custom;  // empty: `schedule` orders the ops
+  int chunks = 1;                           // of a custom order; equals place.virtual_stages
+  bool operator==(const OrderDirective&) const = default;
 };
 
 struct Strategy {
@@ -54,16 +72,31 @@ struct Strategy {
   ShardDirective shard;
   OrderDirective order;
   int64_t activation_bytes = 0;  // one microbatch's activation between units, per rank
+  bool operator==(const Strategy&) const = default;
 };
 
 // Parses a schedule name ("gpipe", "1f1b", ...); throws std::invalid_argument.
 ScheduleKind parse_schedule(const std::string& name);
 const char* schedule_name(ScheduleKind k);
 
-// Expands the `parallel:` shorthand of a validated config into directives.
+// Expands the `parallel:` shorthand of a validated config into directives,
+// then applies its `directives:` section in order (config::effective_strategy).
+// Throws config::ConfigError when stage filters do not resolve.
 Strategy expand(const config::Config& cfg, int world_size);
 
-// The directives as YAML text a user can copy into a config and edit.
+// The directives as YAML text a user can copy into a config and edit: a
+// `directives:` list giving every field, so that it reads back (whatever the
+// config's `parallel:` section says) to the same Strategy; a custom order is
+// printed as `order: {ranks: [[...], ...]}`.
 std::string directives_yaml(const Strategy& s);
 
+// The PipeSchedule of a custom order (s.order.custom): loop layout, s.place.pp
+// ranks, s.order.chunks chunks per rank, s.split.microbatches microbatches.
+// Throws std::invalid_argument naming the op and the rank when an op names a
+// microbatch or chunk that does not exist, an op repeats, or a backward is of
+// the wrong kind (B with split_backward, BI/BW without).
+PipeSchedule custom_schedule(const Strategy& s);
+
 }  // namespace piper::ir
+
+#include "ir/pipeline_schedules.hpp"  // PipeOp, PipeSchedule: complete wherever a Strategy is used

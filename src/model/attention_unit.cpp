@@ -8,7 +8,7 @@ namespace k = piper::kernels;
 
 // Params: 0 norm, 1 q_proj [H*hd,D], 2 k_proj [KV*hd,D], 3 v_proj [KV*hd,D], 4 o_proj [D,H*hd].
 void AttentionBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
-  const int64_t M = mb.rows(), D = cfg_.d_model, H = cfg_.n_heads, KV = cfg_.n_kv_heads;
+  const int64_t M = mb.rows(), D = cfg_.d_model, H = dims_.heads, KV = dims_.kv_heads;
   const int64_t hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
   Saved s;
   s.batch = mb.batch;
@@ -29,7 +29,7 @@ void AttentionBlock::mixer_forward(int slot, const MicroBatch& mb, const float* 
 void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout,
                                           float* dxn) {
   Saved& s = saved_.at(slot);
-  const int64_t M = s.batch * s.seq, D = cfg_.d_model, H = cfg_.n_heads, KV = cfg_.n_kv_heads;
+  const int64_t M = s.batch * s.seq, D = cfg_.d_model, H = dims_.heads, KV = dims_.kv_heads;
   const int64_t hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
   s.dout = scratch(M * D);
   be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
@@ -48,7 +48,7 @@ void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const f
 void AttentionBlock::mixer_backward_weight(int slot, const float* xn) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.batch * s.seq, D = cfg_.d_model;
-  const int64_t hd = cfg_.attn_head_dim(), Q = cfg_.n_heads * hd, KVD = cfg_.n_kv_heads * hd;
+  const int64_t hd = cfg_.attn_head_dim(), Q = dims_.heads * hd, KVD = dims_.kv_heads * hd;
   k::linear_bwd_weight(s.dout.data(), s.att.data(), g(4), M, Q, D);
   k::linear_bwd_weight(s.dq.data(), xn, g(1), M, D, Q);
   k::linear_bwd_weight(s.dk.data(), xn, g(2), M, D, KVD);

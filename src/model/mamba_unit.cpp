@@ -34,8 +34,8 @@ void scatter_cols(const float* src, int64_t n, float* dst, int64_t ld, int64_t c
 //         5 A_log [Hm], 6 D [Hm], 7 norm.weight [d_inner], 8 out_proj [D,d_inner].
 // in_proj rows R = d_inner (z) + C (xBC) + Hm (dt); xBC = x [d_inner], B [G*N], C [G*N].
 void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
-  const int64_t M = mb.rows(), D = cfg_.d_model, di = cfg_.d_inner(), Hm = cfg_.mamba_heads();
-  const int64_t GN = cfg_.n_groups * cfg_.d_state, C = cfg_.conv_channels(), R = cfg_.in_proj_rows();
+  const int64_t M = mb.rows(), D = cfg_.d_model, di = dims_.d_inner, Hm = dims_.mamba_heads;
+  const int64_t GN = dims_.groups * cfg_.d_state, C = dims_.conv_channels, R = dims_.in_proj_rows;
   Saved s;
   s.batch = mb.batch, s.seq = mb.seq;
   {
@@ -64,17 +64,17 @@ void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, 
   k::ssd_fwd(shape, s.x.data(), s.dt.data(), w(5), s.B.data(), s.C.data(), w(6), s.y.data(),
              s.states.data());
   s.normed = act(M * di);
-  s.rstd = act(M * cfg_.n_groups);
+  s.rstd = act(M * dims_.groups);
   k::gated_rmsnorm_fwd(s.y.data(), s.z.data(), w(7), s.normed.data(), s.rstd.data(), M, di,
-                       cfg_.n_groups, kNormEps);
+                       dims_.groups, kNormEps);
   k::linear_fwd(s.normed.data(), w(8), out, M, di, D);
   saved_[slot] = std::move(s);
 }
 
 void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout, float* dxn) {
   Saved& s = saved_.at(slot);
-  const int64_t M = s.batch * s.seq, D = cfg_.d_model, di = cfg_.d_inner(), Hm = cfg_.mamba_heads();
-  const int64_t GN = cfg_.n_groups * cfg_.d_state, C = cfg_.conv_channels(), R = cfg_.in_proj_rows();
+  const int64_t M = s.batch * s.seq, D = cfg_.d_model, di = dims_.d_inner, Hm = dims_.mamba_heads;
+  const int64_t GN = dims_.groups * cfg_.d_state, C = dims_.conv_channels, R = dims_.in_proj_rows;
   s.dout = scratch(M * D);
   be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
   s.dzxbcdt = scratch(M * R);
@@ -82,7 +82,7 @@ void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float
     Tensor dnormed = scratch(M * di), dy = scratch(M * di), dz = scratch(M * di);
     k::linear_bwd_input(dout, w(8), dnormed.data(), M, di, D, false);
     k::gated_rmsnorm_bwd(dnormed.data(), s.y.data(), s.z.data(), w(7), s.rstd.data(), dy.data(),
-                         dz.data(), g(7), M, di, cfg_.n_groups);
+                         dz.data(), g(7), M, di, dims_.groups);
     scatter_cols(dz.data(), di, s.dzxbcdt.data(), R, 0, M);
     Tensor dx = scratch(M * di), ddt = scratch(M * Hm), dB = scratch(M * GN), dC = scratch(M * GN);
     k::ssd_bwd(ssd_shape(s.batch, s.seq), dy.data(), s.x.data(), s.dt.data(), w(5), s.B.data(),
@@ -106,7 +106,7 @@ void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float
 
 void MambaBlock::mixer_backward_weight(int slot, const float* xn) {
   Saved& s = saved_.at(slot);
-  const int64_t M = s.batch * s.seq, D = cfg_.d_model, di = cfg_.d_inner(), R = cfg_.in_proj_rows();
+  const int64_t M = s.batch * s.seq, D = cfg_.d_model, di = dims_.d_inner, R = dims_.in_proj_rows;
   k::linear_bwd_weight(s.dout.data(), s.normed.data(), g(8), M, di, D);
   k::linear_bwd_weight(s.dzxbcdt.data(), xn, g(1), M, D, R);
 }
@@ -114,7 +114,7 @@ void MambaBlock::mixer_backward_weight(int slot, const float* xn) {
 void MambaBlock::mixer_release(int slot) { saved_.erase(slot); }
 
 kernels::SsdShape MambaBlock::ssd_shape(int64_t batch, int64_t seq) const {
-  return {batch, seq, cfg_.mamba_heads(), cfg_.head_dim, cfg_.n_groups, cfg_.d_state, cfg_.ssd_chunk};
+  return {batch, seq, dims_.mamba_heads, cfg_.head_dim, dims_.groups, cfg_.d_state, cfg_.ssd_chunk};
 }
 
 }  // namespace piper::model

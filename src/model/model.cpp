@@ -15,11 +15,12 @@ std::vector<int> Model::all_units(const ir::ModelGraph& g, std::vector<int> unit
 }
 
 Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
-             backend::Backend& be, Sharding sharding)
+             backend::Backend& be, Sharding sharding, comm::Communicator* tp)
     : cfg_(cfg), graph_(graph), be_(be), params_(graph, all_units(graph, units), be, sharding) {
   units_.resize(graph.units.size());
   for (int u : all_units(graph, std::move(units)))
-    units_[static_cast<size_t>(u)] = make_unit(graph.units[static_cast<size_t>(u)], cfg_, params_, be);
+    units_[static_cast<size_t>(u)] = make_unit(graph.units[static_cast<size_t>(u)], cfg_, params_, be,
+                                               {sharding.tp_rank, sharding.tp_size, sharding.tp_size > 1 ? tp : nullptr});
 }
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,

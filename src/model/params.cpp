@@ -19,10 +19,16 @@ ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& unit
     const ir::UnitSpec& spec = graph.units.at(static_cast<size_t>(u));
     Slot& s = slots_[u];
     for (const auto& p : spec.params) {
+      if (!ir::tp_divides(p, sharding_.tp_size))
+        throw std::invalid_argument(p.name + ": its split dimension does not divide by tp " +
+                                    std::to_string(sharding_.tp_size));
+      int64_t n = 1;
+      for (int64_t d : ir::tp_local_shape(p, sharding_.tp_size)) n *= d;
       s.offsets.push_back(s.numel);
+      s.numels.push_back(n);
       by_name_[p.name] = refs_.size();
-      refs_.push_back({&p, u, s.numel});
-      s.numel += p.numel();
+      refs_.push_back({&p, u, s.numel, n});
+      s.numel += n;
     }
     s.shard_len = (s.numel + dp - 1) / dp;
     const int64_t padded = s.shard_len * dp;
@@ -51,16 +57,26 @@ ParamStore::Slot& ParamStore::slot(int unit) {
 const ParamStore::Slot& ParamStore::slot(int unit) const { return const_cast<ParamStore*>(this)->slot(unit); }
 
 void ParamStore::init(uint64_t seed) {
+  const int tp = sharding_.tp_size, tr = sharding_.tp_rank;
   for (const ParamRef& r : refs_) {
     Slot& s = slot(r.unit);
+    // The elements [lo, hi) of this parameter's local piece that this rank stores.
+    int64_t lo = 0, hi = r.numel;
+    float* dst = nullptr;
     if (sharding_.zero < 3) {
-      init_range(seed, *r.spec, 0, r.spec->numel(), s.values.data() + r.offset);
+      dst = s.values.data() + r.offset;
+    } else {
+      lo = std::max<int64_t>(0, shard_offset(r.unit) - r.offset);
+      hi = std::min(r.numel, shard_offset(r.unit) + s.shard_len - r.offset);
+      dst = s.shard_values_t.data() + (r.offset + lo - shard_offset(r.unit));
+    }
+    if (lo >= hi) continue;
+    if (tp == 1 || r.spec->tp_dim < 0) {
+      init_range(seed, *r.spec, lo, hi - lo, dst);
       continue;
     }
-    // Only the part of this parameter inside the shard.
-    const int64_t lo = std::max(r.offset, shard_offset(r.unit));
-    const int64_t hi = std::min(r.offset + r.spec->numel(), shard_offset(r.unit) + s.shard_len);
-    if (lo < hi) init_range(seed, *r.spec, lo - r.offset, hi - lo, s.shard_values_t.data() + (lo - shard_offset(r.unit)));
+#pragma omp parallel for schedule(static) if (hi - lo > 65536)
+    for (int64_t i = lo; i < hi; ++i) dst[i - lo] = init_value(seed, *r.spec, ir::tp_global_index(*r.spec, tr, tp, i));
   }
 }
 

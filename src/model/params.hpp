@@ -18,6 +18,7 @@ struct ParamRef {
   const ir::ParamSpec* spec = nullptr;
   int unit = -1;
   int64_t offset = 0;  // into the unit's (full) buffer
+  int64_t numel = 0;   // this rank's tp piece
 };
 
 // How the store is sharded over the data-parallel group.
@@ -25,6 +26,8 @@ struct Sharding {
   int dp_rank = 0;
   int dp_size = 1;
   int zero = 0;  // 0 replicated, 1 optimiser state, 2 + gradients, 3 + parameters
+  int tp_rank = 0;  // tensor parallelism: each parameter is this rank's piece (ir::tp_local_shape)
+  int tp_size = 1;
 };
 
 class ParamStore {
@@ -42,6 +45,8 @@ class ParamStore {
   const ParamRef& find(const std::string& name) const;  // throws std::out_of_range
 
   int64_t unit_numel(int unit) const { return slot(unit).numel; }
+  // Elements of parameter i (spec order) of a unit held here (its tp piece).
+  int64_t param_numel(int unit, size_t i) const { return slot(unit).numels.at(i); }
   int64_t padded_numel(int unit) const { return slot(unit).shard_len * sharding_.dp_size; }
   int64_t shard_len(int unit) const { return slot(unit).shard_len; }
   int64_t shard_offset(int unit) const { return slot(unit).shard_len * sharding_.dp_rank; }
@@ -71,6 +76,7 @@ class ParamStore {
   struct Slot {
     int64_t numel = 0, shard_len = 0;
     std::vector<int64_t> offsets;  // per param
+    std::vector<int64_t> numels;   // per param, this rank's tp piece
     backend::Tensor values, grads;   // full (padded), when this rank keeps them
     backend::Tensor shard_values_t;  // ZeRO-3: the persistent shard
     backend::Tensor shard_grads_t;   // ZeRO >= 2: the persistent shard

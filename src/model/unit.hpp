@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "ir/model_graph.hpp"
 #include "model/params.hpp"
@@ -27,11 +28,25 @@ struct MicroBatch {
 
 using backend::Tensor;
 
+// Tensor parallelism: this rank's place in its tp group (Megatron style).
+struct TpInfo {
+  int rank = 0;
+  int size = 1;
+  comm::Communicator* comm = nullptr;  // null when size is 1
+};
+
+// The sizes a tp rank computes with: heads, groups, hidden and vocabulary split.
+struct LocalDims {
+  int64_t heads, kv_heads, ffn, d_inner, mamba_heads, groups, conv_channels, in_proj_rows;
+  int64_t vocab, vocab_offset;
+  LocalDims(const config::ModelConfig& c, const TpInfo& tp);
+};
+
 class Unit {
  public:
   Unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params,
-       backend::Backend& be)
-      : spec_(spec), cfg_(cfg), params_(params), be_(be) {}
+       backend::Backend& be, TpInfo tp = {})
+      : spec_(spec), cfg_(cfg), params_(params), be_(be), tp_(tp), dims_(cfg, tp) {}
   virtual ~Unit() = default;
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
@@ -64,10 +79,17 @@ class Unit {
   Tensor act(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_ACTIVATIONS); }
   Tensor scratch(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_BUFFERS); }
 
+  // Sums a tp-partial buffer over the tp group (a no-op without tensor parallelism).
+  void tp_allreduce(float* buf, int64_t n) {
+    if (tp_.comm) tp_.comm->allreduce(buf, static_cast<size_t>(n));
+  }
+
   const ir::UnitSpec& spec_;
   const config::ModelConfig& cfg_;
   ParamStore& params_;
   backend::Backend& be_;
+  TpInfo tp_;
+  LocalDims dims_;
 };
 
 // A residual pre-norm block: y = x + mixer(rmsnorm(x, norm.weight)).
@@ -98,6 +120,6 @@ class Block : public Unit {
 
 // Builds the unit for `spec` (its parameters must be in `params`).
 std::unique_ptr<Unit> make_unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg,
-                                ParamStore& params, backend::Backend& be);
+                                ParamStore& params, backend::Backend& be, TpInfo tp = {});
 
 }  // namespace piper::model

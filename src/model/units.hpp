@@ -32,6 +32,8 @@ class HeadUnit final : public Unit {
   const float* logits(int slot) const override;
 
  private:
+  double vocab_parallel_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t M,
+                                      float scale);
   struct Saved {
     int64_t rows = 0;
     Tensor xn, rstd;

@@ -119,7 +119,13 @@ void Executor::prepare_norm(int64_t step, StepStats& st) {
     if (c.payload == Payload::PAYLOAD_WGRAD) complete(c.node, st);
   model::ParamStore& ps = model_.params();
   double sq = 0.0;
-  for (int u : ps.units()) sq += optim::sum_squares(ps.shard_grads(u), ps.shard_len(u));
+  const bool tp_lead = ps.sharding().tp_rank == 0;
+  for (int u : ps.units())
+    for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
+      // Each data-parallel rank adds its shard; a parameter replicated over the tp group counts once.
+      if (model_.graph().units[static_cast<size_t>(u)].params[p].tp_dim < 0 && !tp_lead) return;
+      sq += optim::sum_squares(ps.shard_grads(u) + (lo - base), hi - lo);
+    });
   if (groups_.world && groups_.world->size() > 1) {
     const auto t0 = std::chrono::steady_clock::now();
     groups_.world->allreduce_double(&sq, 1);
@@ -132,26 +138,36 @@ void Executor::prepare_norm(int64_t step, StepStats& st) {
   ++adam_steps_;
 }
 
+// Calls fn(param index, lo, hi, base) for each parameter's part [lo, hi) of the
+// unit's buffer in this rank's data-parallel shard (or in all of it), where
+// base is the buffer offset of the range's first element.
+template <class Fn>
+void Executor::for_each_owned_range(int unit, bool shard, Fn&& fn) {
+  model::ParamStore& ps = model_.params();
+  const int64_t base = shard ? ps.shard_offset(unit) : 0;
+  const int64_t end = shard ? std::min(base + ps.shard_len(unit), ps.unit_numel(unit)) : ps.unit_numel(unit);
+  const size_t n_params = model_.graph().units[static_cast<size_t>(unit)].params.size();
+  int64_t off = 0;
+  for (size_t p = 0; p < n_params; ++p) {
+    const int64_t lo = std::max(off, base), hi = std::min(off + ps.param_numel(unit, p), end);
+    if (lo < hi) fn(p, lo, hi, base);
+    off += ps.param_numel(unit, p);
+  }
+}
+
 void Executor::update(int unit, int64_t step, StepStats& st) {
   if (!norm_ready_) prepare_norm(step, st);
   model::ParamStore& ps = model_.params();
   const optim::AdamWHyper h{st.lr, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
   auto& [m, v] = moments_.at(unit);
   const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
-  // The range of the unit's buffer this rank updates: all of it, or its shard.
-  const bool sharded = ps.sharding().zero >= 1;
-  const int64_t lo_all = sharded ? ps.shard_offset(unit) : 0;
-  const int64_t hi_all = sharded ? lo_all + ps.shard_len(unit) : ps.unit_numel(unit);
+  const bool sharded = ps.sharding().zero >= 1;  // each rank updates its shard, else everything
   float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
   float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
-  int64_t off = 0;
-  for (const auto& p : spec.params) {
-    const int64_t lo = std::max(off, lo_all), hi = std::min(off + p.numel(), hi_all);
-    if (lo < hi)
-      optim::adamw_update(values + (lo - lo_all), grads + (lo - lo_all), m.data() + (lo - lo_all),
-                          v.data() + (lo - lo_all), hi - lo, adam_steps_, h, p.weight_decay, clip_scale_);
-    off += p.numel();
-  }
+  for_each_owned_range(unit, sharded, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
+    optim::adamw_update(values + (lo - base), grads + (lo - base), m.data() + (lo - base), v.data() + (lo - base),
+                        hi - lo, adam_steps_, h, spec.params[p].weight_decay, clip_scale_);
+  });
   ps.zero_grads(unit);
 }
 

@@ -51,6 +51,8 @@ class Executor {
   void backward(const ir::Instr& in);
   void update(int unit, int64_t step, StepStats& st);
   void prepare_norm(int64_t step, StepStats& st);
+  template <class Fn>
+  void for_each_owned_range(int unit, bool shard, Fn&& fn);
 
   // Communication stream.
   void pump(size_t compute_index);

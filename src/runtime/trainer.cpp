@@ -52,34 +52,57 @@ void write_params(const std::string& path, const ir::ModelGraph& g,
   }
 }
 
-// Collects every unit's full values on rank 0 (gathering ZeRO-3 shards
-// first) and writes them. Collective: every rank calls it.
-void dump_params(const std::string& path, model::Model& m, const ir::Plan& plan, const Groups& groups,
-                 const MpiEnv& env) {
+// Collects every unit's full values on rank 0 — gathering ZeRO-3 shards over
+// the data-parallel group and tensor-parallel pieces into their global
+// places — and writes them. Collective: every rank calls it.
+void dump_params(const std::string& path, model::Model& m, const ir::Plan& plan, const ir::RankGrid& grid,
+                 const Groups& groups, const MpiEnv& env) {
   model::ParamStore& ps = m.params();
+  const int tp = ps.sharding().tp_size;
   std::map<int, std::vector<float>> values;
   for (const auto& unit : plan.model.units) {
     const int u = unit.index;
-    const std::vector<int>& devices = plan.devices_of_unit[static_cast<size_t>(u)];
-    const int owner = devices.front();
-    std::vector<float> full;
+    std::vector<float> local;  // this rank's tp piece of the unit, all dp shards together
     if (ps.holds(u)) {
-      full.resize(static_cast<size_t>(ps.padded_numel(u)));
+      local.resize(static_cast<size_t>(ps.padded_numel(u)));
       if (ps.sharding().zero >= 3)
-        groups.dp->allgather(ps.shard_values(u), full.data(), static_cast<size_t>(ps.shard_len(u)));
+        groups.dp->allgather(ps.shard_values(u), local.data(), static_cast<size_t>(ps.shard_len(u)));
       else
-        std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), full.begin());
-      full.resize(static_cast<size_t>(ps.unit_numel(u)));
+        std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), local.begin());
     }
-    const size_t n = static_cast<size_t>(unit.param_count());
-    if (owner != 0) {
-      if (env.rank() == owner) groups.world->send(full.data(), n, 0, u);
-      if (env.rank() == 0) {
-        full.resize(n);
-        groups.world->recv(full.data(), n, owner, u);
+    std::vector<float> global(env.rank() == 0 ? static_cast<size_t>(unit.param_count()) : 0);
+    auto coords = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
+    for (int t = 0; t < tp; ++t) {
+      coords["tp"] = t;
+      const int src = grid.rank_of(coords);
+      // Local sizes of tp rank t are those of every tp rank.
+      int64_t n_local = 0;
+      for (const auto& p : unit.params) {
+        int64_t n = 1;
+        for (int64_t d : ir::tp_local_shape(p, tp)) n *= d;
+        n_local += n;
+      }
+      std::vector<float> piece;
+      if (env.rank() == src) piece.assign(local.begin(), local.begin() + n_local);
+      if (src != 0) {
+        if (env.rank() == src) groups.world->send(piece.data(), static_cast<size_t>(n_local), 0, u * tp + t);
+        if (env.rank() == 0) {
+          piece.resize(static_cast<size_t>(n_local));
+          groups.world->recv(piece.data(), static_cast<size_t>(n_local), src, u * tp + t);
+        }
+      }
+      if (env.rank() != 0) continue;
+      int64_t local_off = 0, global_off = 0;
+      for (const auto& p : unit.params) {
+        int64_t n = 1;
+        for (int64_t d : ir::tp_local_shape(p, tp)) n *= d;
+        for (int64_t j = 0; j < n; ++j)
+          global[static_cast<size_t>(global_off + ir::tp_global_index(p, t, tp, j))] = piece[static_cast<size_t>(local_off + j)];
+        local_off += n;
+        global_off += p.numel();
       }
     }
-    if (env.rank() == 0) values[u] = std::move(full);
+    if (env.rank() == 0) values[u] = std::move(global);
   }
   if (env.rank() == 0) write_params(path, plan.model, values);
 }
@@ -169,9 +192,10 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     if (std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
   std::sort(held.begin(), held.end());
   model::Model m(cfg.model, plan.model, held, backend::cpu(),
-                 {replica, replicas, static_cast<int>(cfg.parallel.zero)});
+                 {replica, replicas, static_cast<int>(cfg.parallel.zero), grid.coord(env.rank(), "tp"), grid.size("tp")},
+                 tp.get());
   m.params().init(cfg.train.seed);
-  if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, groups, env);
+  if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, grid, groups, env);
   Executor exec(m, std::move(program), cfg.train, groups);
 
   std::unique_ptr<std::ofstream> metrics;
@@ -245,7 +269,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
       print_sample(m, cfg, step);
     std::fflush(stdout);
   }
-  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, groups, env);
+  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, grid, groups, env);
   if (!lead) return;
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::vector<double> sorted = step_ms;

@@ -1,5 +1,5 @@
 // test_parallel.cpp — the parity matrix: every parallel strategy (data,
-// pipeline, ZeRO, every schedule, combined) trains the tiny model to the
+// tensor, pipeline, ZeRO, every schedule, combined) trains the tiny model to the
 // single-rank run's losses and final parameters; a strategy run twice is
 // bit-identical; ZeRO shrinks model-state memory by the expected fractions.
 #include <gtest/gtest.h>
@@ -128,6 +128,13 @@ INSTANTIATE_TEST_SUITE_P(
         ParStrategy{"dp2_pp2_zero3_dualpipev", 4,
                  "--set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=3 --set parallel.schedule=dualpipev "
                  "--set parallel.microbatches=4"},
+        ParStrategy{"tp2", 2, "--set parallel.tp=2"},
+        ParStrategy{"tp2_dp2_zero3", 4, "--set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=3"},
+        ParStrategy{"tp2_pp2_zbh1", 4,
+                    "--set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.microbatches=4"},
+        ParStrategy{"tp2_dp2_pp2_zero2", 8,
+                    "--set parallel.tp=2 --set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=2 "
+                    "--set parallel.microbatches=2"},
         ParStrategy{"pp2_dp2_grid_pp_first", 4,
                  "--set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=2 --set parallel.order=pp-dp-tp"}),
     [](const ::testing::TestParamInfo<ParStrategy>& p) { return std::string(p.param.name); });
