@@ -602,7 +602,7 @@ class Reader {
       const std::string& name = kk.Scalar();
       if (std::find(spec->keys.begin(), spec->keys.end(), name) == spec->keys.end()) {
         std::string near = closest(name, spec->keys);
-        fail(kat + ": unknown key '" + name + "' in directive " + spec->name +
+        fail(kat + ": " + base + ": unknown key '" + name + "' in directive " + spec->name +
              (near.empty() ? "" : "; did you mean '" + near + "'?") + " (its keys are " + join(spec->keys, ", ") + ")");
         ok = false;
         continue;
@@ -1324,7 +1324,7 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
     if (mamba) need("the Mamba-2 groups", m.n_groups, "model.n_groups");
   }
   if (zero_ok && p.zero > 0 && dims_ok && p.dp == 1)
-    ck.fail(ck.head("parallel.zero") + "=" + std::to_string(p.zero) +
+    ck.fail(ck.head("parallel.zero") +
             ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") + "; use dp >= 2 or zero 0");
   // A hand-written order holds virtual_stages chunks per rank (stage = chunk x pp + rank); a named
   // schedule has its own rule.

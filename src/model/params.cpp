@@ -142,3 +142,11 @@ void ParamStore::zero_grads(int unit) {
 }
 
 }  // namespace piper::model
+
+namespace piper::model {
+
+void ParamStore::zero_grads() {
+  for (auto& [u, s] : slots_) zero_grads(u);
+}
+
+}  // namespace piper::model

@@ -69,8 +69,9 @@ class ParamStore {
   // This rank's shard of the gradients [shard_len] (after the reduction).
   float* shard_grads(int unit);
   void release_full_grads(int unit);
-  // Zeroes the gradients this rank keeps between steps.
+  // Zeroes the gradients this rank keeps between steps (of one unit, or all).
   void zero_grads(int unit);
+  void zero_grads();
 
  private:
   struct Slot {

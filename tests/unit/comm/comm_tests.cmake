@@ -1,0 +1,15 @@
+# comm_tests.cmake — the MPI tests of src/comm: test_comm_mpi under mpirun on 2, 3 and 4 ranks.
+# Included from the top-level CMakeLists.txt after piper_comm is defined:
+#   include(tests/unit/comm/comm_tests.cmake)
+add_executable(test_comm_mpi ${CMAKE_CURRENT_LIST_DIR}/mpi/test_comm_mpi.cpp)
+target_include_directories(test_comm_mpi PRIVATE ${CMAKE_SOURCE_DIR}/tests)
+target_link_libraries(test_comm_mpi PRIVATE piper_comm GTest::gtest)
+if(TARGET unit_comm)
+  add_dependencies(unit_comm test_comm_mpi)  # building unit_comm builds the MPI tests too
+endif()
+foreach(np 2 3 4)
+  add_test(NAME comm_mpi_np${np}
+           COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root ${MPIEXEC_NUMPROC_FLAG} ${np}
+                   ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_comm_mpi> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(comm_mpi_np${np} PROPERTIES LABELS "comm_mpi" TIMEOUT 120 PROCESSORS ${np})
+endforeach()

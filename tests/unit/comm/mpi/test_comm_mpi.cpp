@@ -1,0 +1,487 @@
+// test_comm_mpi.cpp — MPI tests of comm::Communicator (run under mpirun -np 2, 3, 4): exact results of every
+// operation, groups from a RankGrid, timeouts, and overlap of a 64 MB transfer with computation.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "comm/mpi_comm.hpp"
+#include "comm/rank_grid.hpp"
+
+namespace piper::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The world every test shares (made in main, freed before MPI_Finalize).
+std::unique_ptr<Communicator> g_world;
+int g_thread_level = 0;
+
+Communicator& world() { return *g_world; }
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// True on every rank when `ok` is true on every rank: a test that failed on one
+// rank fails on all, so no rank walks on into a collective the others skip.
+bool all_ok(bool ok) {
+  double bad = ok ? 0 : 1;
+  world().allreduce_double(&bad, 1);
+  return bad == 0;
+}
+
+// ---- point to point -----------------------------------------------------------------
+
+TEST(CommMpi, RingExchangeSmallAndLarge) {
+  const int r = world().rank(), p = world().size();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {  // eager and rendezvous sizes
+    std::vector<float> out(n), in(n, -1.f);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 1000));
+    Request rr = world().irecv(in.data(), n, prev, 7);
+    Request rs = world().isend(out.data(), n, next, 7);
+    rs.wait();
+    rr.wait();
+    EXPECT_FALSE(rr.pending());
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += in[i] != static_cast<float>(prev * 1000 + static_cast<int>(i % 1000));
+    EXPECT_EQ(bad, 0u) << "n " << n;
+  }
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, TagsMatchOutOfOrder) {
+  const int r = world().rank(), p = world().size();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  float a = static_cast<float>(r), b = static_cast<float>(100 + r), got_a = -1, got_b = -1;
+  Request rb = world().irecv(&got_b, 1, prev, 2);  // posted before the tag-1 receive
+  Request ra = world().irecv(&got_a, 1, prev, 1);
+  world().send(&a, 1, next, 1);
+  world().send(&b, 1, next, 2);
+  ra.wait();
+  rb.wait();
+  EXPECT_EQ(got_a, static_cast<float>(prev));
+  EXPECT_EQ(got_b, static_cast<float>(100 + prev));
+  EXPECT_THROW(world().isend(&a, 1, p, 0), std::invalid_argument);   // peer outside the group
+  EXPECT_THROW(world().isend(&a, 1, next, -1), std::invalid_argument);  // negative tag
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// ---- collectives --------------------------------------------------------------------
+
+TEST(CommMpi, AllreduceSumsExactly) {
+  const int r = world().rank(), p = world().size();
+  for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(r + 1) * static_cast<float>(i % 97);
+    world().iallreduce(buf.data(), n).wait();
+    const float ranks = static_cast<float>(p * (p + 1) / 2);  // sum of r + 1
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += buf[i] != ranks * static_cast<float>(i % 97);
+    EXPECT_EQ(bad, 0u) << "n " << n;
+  }
+  std::vector<float> blocking = {static_cast<float>(r), 1.f};
+  world().allreduce(blocking.data(), 2);
+  EXPECT_EQ(blocking[0], static_cast<float>(p * (p - 1) / 2));
+  EXPECT_EQ(blocking[1], static_cast<float>(p));
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, ReduceScatterSumsEachBlock) {
+  const int r = world().rank(), p = world().size();
+  const size_t n = 1000;  // per rank
+  std::vector<float> in(n * static_cast<size_t>(p)), out(n, -1.f);
+  for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>((r + 1) * static_cast<int>(j % 500 + 1));
+  world().ireduce_scatter(in.data(), out.data(), n).wait();
+  size_t bad = 0;
+  for (size_t k = 0; k < n; ++k) {
+    size_t j = static_cast<size_t>(r) * n + k;  // this rank's block of the sum
+    bad += out[k] != static_cast<float>(p * (p + 1) / 2 * static_cast<int>(j % 500 + 1));
+  }
+  EXPECT_EQ(bad, 0u);
+  std::fill(out.begin(), out.end(), -1.f);
+  world().reduce_scatter(in.data(), out.data(), n);
+  EXPECT_EQ(out[0], static_cast<float>(p * (p + 1) / 2 * static_cast<int>((static_cast<size_t>(r) * n) % 500 + 1)));
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, AllgatherPlacesBlocksByRank) {
+  const int r = world().rank(), p = world().size();
+  const size_t n = 777;
+  std::vector<float> in(n), out(n * static_cast<size_t>(p), -1.f);
+  for (size_t k = 0; k < n; ++k) in[k] = static_cast<float>(r * 10000 + static_cast<int>(k));
+  world().iallgather(in.data(), out.data(), n).wait();
+  size_t bad = 0;
+  for (int src = 0; src < p; ++src)
+    for (size_t k = 0; k < n; ++k)
+      bad += out[static_cast<size_t>(src) * n + k] != static_cast<float>(src * 10000 + static_cast<int>(k));
+  EXPECT_EQ(bad, 0u);
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, AlltoallTransposesBlocks) {
+  const int r = world().rank(), p = world().size();
+  const size_t n = 5;
+  std::vector<float> in(n * static_cast<size_t>(p)), out(n * static_cast<size_t>(p), -1.f);
+  for (int dst = 0; dst < p; ++dst)  // block dst of rank r: r*1000 + dst*10 + k
+    for (size_t k = 0; k < n; ++k)
+      in[static_cast<size_t>(dst) * n + k] = static_cast<float>(r * 1000 + dst * 10 + static_cast<int>(k));
+  world().ialltoall(in.data(), out.data(), n).wait();
+  for (int src = 0; src < p; ++src)
+    for (size_t k = 0; k < n; ++k)
+      EXPECT_EQ(out[static_cast<size_t>(src) * n + k], static_cast<float>(src * 1000 + r * 10 + static_cast<int>(k)));
+  std::vector<float> again(out.size());
+  world().alltoall(in.data(), again.data(), n);
+  EXPECT_EQ(again, out);
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, AllreduceDoubleAndBarrier) {
+  const int r = world().rank(), p = world().size();
+  double v[2] = {r + 0.25, 1e-300};
+  world().allreduce_double(v, 2);
+  EXPECT_EQ(v[0], p * (p - 1) / 2.0 + 0.25 * p);
+  EXPECT_EQ(v[1], p * 1e-300);
+  world().barrier();
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, NamesAndWorldRanks) {
+  const int p = world().size();
+  EXPECT_EQ(world().name(), group_name("world", [&] {
+              std::vector<int> all(static_cast<size_t>(p));
+              std::iota(all.begin(), all.end(), 0);
+              return all;
+            }()));
+  for (int i = 0; i < p; ++i) EXPECT_EQ(world().world_rank(i), i);
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, FallbackWithoutProgressThread) {
+  CommOptions opt;
+  opt.progress_thread = false;
+  opt.timeout_s = 30;
+  auto w = make_mpi_world(opt);
+  const int r = w->rank(), p = w->size();
+  std::vector<float> buf(1 << 18, static_cast<float>(r));
+  Request req = w->iallreduce(buf.data(), buf.size());
+  while (!req.test()) {
+  }
+  EXPECT_EQ(buf.back(), static_cast<float>(p * (p - 1) / 2));
+  float x = static_cast<float>(r), y = -1;
+  Request rr = w->irecv(&y, 1, (r + p - 1) % p, 3);
+  w->send(&x, 1, (r + 1) % p, 3);
+  rr.wait();
+  EXPECT_EQ(y, static_cast<float>((r + p - 1) % p));
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, CheckMacroNamesFileLineAndRank) {
+  MPI_Comm c = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_SELF, &c);
+  MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  try {
+    PIPER_MPI_CHECK(MPI_Send(nullptr, -1, MPI_FLOAT, 0, 0, c));
+    ADD_FAILURE() << "no CommError";
+  } catch (const CommError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("test_comm_mpi.cpp:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("world rank " + std::to_string(world().rank())), std::string::npos) << msg;
+    EXPECT_NE(msg.find("MPI_Send"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("MPI_ERR_COUNT"), std::string::npos) << msg;
+  }
+  MPI_Comm_free(&c);
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, ManyOutstandingOperationsCompleteInAnyWaitOrder) {
+  const int r = world().rank(), p = world().size();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  const size_t big = size_t{1} << 18;
+  std::vector<float> send_a(big, static_cast<float>(r)), recv_a(big, -1.f), sum(big, 1.f), gathered(static_cast<size_t>(p));
+  float one = static_cast<float>(r), zero_in = 0, zero_out = 0;
+  std::vector<Request> reqs;
+  reqs.push_back(world().irecv(recv_a.data(), big, prev, 11));
+  reqs.push_back(world().iallreduce(sum.data(), big));
+  reqs.push_back(world().isend(send_a.data(), big, next, 11));
+  reqs.push_back(world().iallgather(&one, gathered.data(), 1));
+  reqs.push_back(world().iallreduce(&zero_in, 0));  // empty operations are fine
+  reqs.push_back(world().ialltoall(&zero_in, &zero_out, 0));
+  for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) it->wait();  // reverse order of posting
+  EXPECT_EQ(recv_a[big - 1], static_cast<float>(prev));
+  EXPECT_EQ(sum[0], static_cast<float>(p));
+  for (int i = 0; i < p; ++i) EXPECT_EQ(gathered[static_cast<size_t>(i)], static_cast<float>(i));
+  Request empty;
+  EXPECT_TRUE(empty.test());
+  EXPECT_FALSE(empty.pending());
+  Request moved = world().iallreduce(sum.data(), 1);
+  Request target = std::move(moved);
+  EXPECT_FALSE(moved.pending());  // NOLINT(bugprone-use-after-move): a moved-from Request is empty
+  target.wait();
+  EXPECT_EQ(sum[0], static_cast<float>(p * p));
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, DestroyedRequestWaitsButAnAbandonedReceiveIsCancelled) {
+  const int r = world().rank(), p = world().size();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  float got = -1, mine = static_cast<float>(r);
+  {
+    Request rr = world().irecv(&got, 1, prev, 21);
+    world().send(&mine, 1, next, 21);
+  }  // the destructor waits
+  EXPECT_EQ(got, static_cast<float>(prev));
+  // a receive dropped while an exception unwinds is cancelled: the message goes to the next receive
+  float lost = -1, found = -1;
+  try {
+    Request rr = world().irecv(&lost, 1, prev, 22);
+    throw std::runtime_error("unwind");
+  } catch (const std::runtime_error&) {
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the cancel happens at the next poll
+  world().barrier();
+  world().send(&mine, 1, next, 22);
+  world().recv(&found, 1, prev, 22);
+  EXPECT_EQ(lost, -1.f);
+  EXPECT_EQ(found, static_cast<float>(prev));
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// ---- groups -----------------------------------------------------------------------
+
+TEST(CommMpi, GroupsFromRankGridReduceWithinTheGroup) {
+  const int p = world().size(), me = world().rank();
+  if (p != 4) GTEST_SKIP() << "needs 4 ranks";
+  RankGrid grid(4, {{"tp", 2}, {"dp", 2}});  // tp groups {0,1},{2,3}; dp groups {0,2},{1,3}
+  auto dp = split_along(world(), grid, "dp");
+  auto tp = split_along(world(), grid, "tp");
+  ASSERT_TRUE(dp && tp);
+  EXPECT_EQ(dp->name(), me % 2 == 0 ? "dp group [0,2]" : "dp group [1,3]");
+  EXPECT_EQ(dp->size(), 2);
+  EXPECT_EQ(dp->rank(), grid.coord(me, "dp"));
+  EXPECT_EQ(dp->world_rank(1), grid.group(me, "dp")[1]);
+  float v = static_cast<float>(me);
+  dp->allreduce(&v, 1);
+  EXPECT_EQ(v, static_cast<float>(me % 2 == 0 ? 0 + 2 : 1 + 3));  // the group's sum, not the world's 6
+  v = static_cast<float>(me);
+  tp->allreduce(&v, 1);
+  EXPECT_EQ(v, static_cast<float>(me < 2 ? 0 + 1 : 2 + 3));
+  // p2p inside the group: peers are group ranks
+  float got = -1, mine = static_cast<float>(100 + me);
+  Request rr = dp->irecv(&got, 1, 1 - dp->rank(), 5);
+  dp->send(&mine, 1, 1 - dp->rank(), 5);
+  rr.wait();
+  EXPECT_EQ(got, static_cast<float>(100 + dp->world_rank(1 - dp->rank())));
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+TEST(CommMpi, SplitLeavesOutRanksAndRejectsDisagreement) {
+  const int p = world().size(), me = world().rank();
+  std::vector<int> first(static_cast<size_t>(p - 1));  // every rank but the last
+  std::iota(first.begin(), first.end(), 0);
+  auto g = world().split(first, "head");
+  if (me == p - 1) {
+    EXPECT_EQ(g, nullptr);
+  } else {
+    ASSERT_NE(g, nullptr);
+    float v = 1;
+    g->allreduce(&v, 1);
+    EXPECT_EQ(v, static_cast<float>(p - 1));
+  }
+  // ranks 0 and 1 list their group in different orders: rank 1 sees the mismatch
+  std::vector<int> pair = me == 0 ? std::vector<int>{0, 1} : me == 1 ? std::vector<int>{1, 0} : std::vector<int>{me};
+  if (me == 1) {
+    try {
+      world().split(pair);
+      ADD_FAILURE() << "no std::invalid_argument";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("every member must pass the same list"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_NE(world().split(pair), nullptr);
+  }
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// ---- timeouts ---------------------------------------------------------------------
+
+TEST(CommMpi, TimeoutNamesRankHostOpAndPeer) {
+  const int me = world().rank();
+  CommOptions opt;
+  opt.timeout_s = 1;
+  auto quick = make_mpi_world(opt);
+  float got = -1, sent = 42;
+  if (me == 0) {
+    Request r = quick->irecv(&got, 1, 1, 99);  // rank 1 sends only after the barrier below
+    const auto t0 = Clock::now();
+    try {
+      r.wait();
+      ADD_FAILURE() << "no CommError";
+    } catch (const CommError& e) {
+      const std::string msg = e.what();
+      const double waited = ms_since(t0);
+      EXPECT_GE(waited, 990);
+      EXPECT_LT(waited, 3000);
+      for (const std::string& part : {std::string("timeout on world rank 0"), "(host " + mpi_host_name() + ")",
+                                      std::string("recv from peer 1 (world rank 1)"), std::string("4 bytes"),
+                                      std::string("tag 99"), std::string("waited 1.0")})
+        EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
+      std::printf("[ timeout  ] %s\n", msg.c_str());
+    }
+    EXPECT_TRUE(r.pending());  // still posted: the late send below completes it
+    world().barrier();
+    r.wait();
+    EXPECT_EQ(got, 42.f);
+  } else {
+    world().barrier();
+    if (me == 1) quick->send(&sent, 1, 0, 99);
+  }
+  // a collective names its group instead of a peer; the others join it after the barrier
+  if (me == 0) {
+    try {
+      quick->barrier();
+      ADD_FAILURE() << "no CommError";
+    } catch (const CommError& e) {
+      const std::string msg = e.what();
+      const std::string part = "barrier on " + quick->name() + " (rank 0 of " + std::to_string(quick->size()) + ")";
+      EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
+    }
+  }
+  world().barrier();
+  if (me != 0) quick->barrier();  // completes rank 0's abandoned barrier
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// ---- overlap ----------------------------------------------------------------------
+
+// Pure arithmetic, no memory traffic: `iters` rounds of 8 independent multiply-adds.
+double compute(long iters) {
+  double a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (long i = 0; i < iters; ++i)
+    for (double& x : a) x = x * 0.9999999 + 1e-7;
+  return std::accumulate(a, a + 8, 0.0);
+}
+
+struct OverlapTimes {
+  double transfer_ms = 0, compute_ms = 0, together_ms = 0;
+};
+
+// Median of `reps` runs of each: transfer alone, compute alone, both at once.
+OverlapTimes measure_overlap(Communicator& c, std::vector<float>& buf, long iters, int reps) {
+  std::vector<double> tr, co, both;
+  volatile double sink = 0;
+  for (int k = 0; k < reps; ++k) {
+    c.barrier();
+    auto t = Clock::now();
+    c.allreduce(buf.data(), buf.size());
+    tr.push_back(ms_since(t));
+    c.barrier();
+    t = Clock::now();
+    sink = sink + compute(iters);
+    co.push_back(ms_since(t));
+    c.barrier();
+    t = Clock::now();
+    Request r = c.iallreduce(buf.data(), buf.size());
+    sink = sink + compute(iters);
+    r.wait();
+    both.push_back(ms_since(t));
+    if (std::getenv("PIPER_OVERLAP_VERBOSE"))
+      std::printf("rank %d rep %d: transfer %.1f compute %.1f together %.1f\n", c.rank(), k, tr.back(), co.back(),
+                  both.back());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(tr), median(co), median(both)};
+}
+
+TEST(CommMpi, OverlapOfTransferAndCompute) {
+  if (world().size() != 2) GTEST_SKIP() << "measured on 2 ranks";
+  const size_t n = size_t{16} << 20;  // 64 MB of floats
+  std::vector<float> buf(n, 1.f);
+  // calibrate compute to about the transfer time (same on both ranks)
+  world().allreduce(buf.data(), n);  // warm up: pages, shared-memory segments
+  auto t = Clock::now();
+  world().allreduce(buf.data(), n);
+  double transfer_ms = ms_since(t);
+  t = Clock::now();
+  volatile double sink = compute(1 << 20);
+  double per_iter_ms = ms_since(t) / (1 << 20);
+  double it = transfer_ms / per_iter_ms;
+  world().allreduce_double(&it, 1);
+  const long iters = static_cast<long>(it / 2);
+  (void)sink;
+
+  CommOptions opt;
+  opt.progress_thread = false;
+  auto no_thread = make_mpi_world(opt);
+  const OverlapTimes off = measure_overlap(*no_thread, buf, iters, 3);
+  const OverlapTimes on = measure_overlap(world(), buf, iters, 3);
+  if (world().rank() == 0) {
+    for (auto [label, o] : {std::pair{"progress on test/wait", off}, std::pair{"progress thread", on}})
+      std::printf("[ overlap  ] 64 MB allreduce, 2 ranks, %-22s: transfer %6.1f ms, compute %6.1f ms, together %6.1f ms"
+                  " (%.2f of the sum)\n",
+                  label, o.transfer_ms, o.compute_ms, o.together_ms, o.together_ms / (o.transfer_ms + o.compute_ms));
+  }
+  // every allreduce of equal values doubles them: powers of two, exact
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [&](float v) { return v == buf[0]; }));
+  if (std::getenv("PIPER_ASSERT_OVERLAP")) {
+    EXPECT_LT(on.together_ms, 0.9 * (on.transfer_ms + on.compute_ms));
+  }
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// Prints failures of ranks other than 0 (whose output GoogleTest's printer shows).
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
+                   r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace piper::comm
+
+int main(int argc, char** argv) {
+  using namespace piper::comm;
+  g_thread_level = init_mpi(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
+  }
+  CommOptions opt;
+  opt.timeout_s = 30;  // a test that hangs fails with a CommError instead
+  g_world = make_mpi_world(opt);
+  int failed = 0;
+  try {
+    failed = RUN_ALL_TESTS();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  g_world.reset();
+  finalize_mpi();
+  return any_failed;
+}
