@@ -418,7 +418,8 @@ std::string emit_directive(const Directive& d) {
       std::vector<std::string> keys;
       if (!f.blocks.empty()) {
         std::vector<std::string> r;
-        for (auto [a, z] : f.blocks) r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
+        for (auto [a, z] : f.blocks)
+          r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
         keys.push_back("blocks: " + (r.size() == 1 ? r[0] : "[" + join(r, ", ") + "]"));
       }
       if (!f.kinds.empty()) {
@@ -1135,7 +1136,7 @@ void check_custom_order(const Config& c, const Applied& a, bool dims_ok, Checker
     for (size_t q = 0; q < ranks[r].size(); ++q) {
       const OrderOp& op = ranks[r][q];
       const std::string path = base + "[" + std::to_string(r) + "][" + std::to_string(q) + "]";
-      const std::string head = ck.at(path) + ": " + rank + " runs " + op.name(with_chunk);
+      const std::string head = ck.at(path) + ": " + rank + " runs " + op.name(with_chunk || op.chunk != 0);
       if (p.microbatches >= 1 && op.microbatch >= p.microbatches)
         return ck.fail(head + ", but there are " + std::to_string(p.microbatches) + " microbatches (0.." +
                        std::to_string(p.microbatches - 1) + "; " + ck.ref("parallel.microbatches") + ")");
@@ -1167,11 +1168,10 @@ void check_placement(const Config& c, const Applied& a, int64_t n_stages, Checke
   const std::string base = dpath(di) + ".place";
   const std::string& pattern = c.model.pattern;
   const size_t n_units = pattern.size() + 2;
-  const std::string stages_text = n_stages > 0 ? "pp x chunks per rank = " + std::to_string(a.cfg.parallel.pp) + " x " +
-                                                     std::to_string(n_stages / std::max<int64_t>(1, a.cfg.parallel.pp)) +
-                                                     " = " + std::to_string(n_stages) + " stages (" +
-                                                     ck.ref("parallel.pp") + ")"
-                                               : "";
+  const int64_t pp = std::max<int64_t>(1, a.cfg.parallel.pp);
+  const std::string stages_text = "pp x chunks per rank = " + std::to_string(pp) + " x " +
+                                  std::to_string(n_stages / pp) + " = " + std::to_string(n_stages) + " stages (" +
+                                  ck.ref("parallel.pp") + ")";
   if (d.stages) {
     if (n_stages > 0 && static_cast<int64_t>(d.stages->size()) != n_stages)
       ck.fail(ck.at(base + ".stages") + ": lists " + std::to_string(d.stages->size()) + " stages, but " + stages_text);

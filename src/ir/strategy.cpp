@@ -93,10 +93,13 @@ PipeSchedule custom_schedule(const Strategy& s) {
   const int chunks = s.order.chunks, n_mb = s.split.microbatches;
   for (int r = 0; r < sched.ranks; ++r) {
     const auto& ops = custom[static_cast<size_t>(r)];
+    if (ops.empty())
+      throw std::invalid_argument("rank " + std::to_string(r) +
+                                  " has no ops in the hand-written order; list its forwards and backwards");
     for (size_t i = 0; i < ops.size(); ++i) {
       const PipeOp& op = ops[i];
-      const std::string head = "rank " + std::to_string(r) + " runs " + pipe_op_name(op, chunks) + " (op " +
-                               std::to_string(i) + " of its order)";
+      const std::string head = "rank " + std::to_string(r) + " runs " + pipe_op_name(op, op.chunk != 0 ? 2 : chunks) +
+                               " (op " + std::to_string(i) + " of its order)";
       if (op.microbatch < 0 || op.microbatch >= n_mb)
         throw std::invalid_argument(head + ", but split has " + std::to_string(n_mb) + " microbatches (0.." +
                                     std::to_string(n_mb - 1) + ")");

@@ -192,7 +192,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     if (std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
   std::sort(held.begin(), held.end());
   model::Model m(cfg.model, plan.model, held, backend::cpu(),
-                 {replica, replicas, static_cast<int>(cfg.parallel.zero), grid.coord(env.rank(), "tp"), grid.size("tp")},
+                 {replica, replicas, plan.strategy.replicate.zero, grid.coord(env.rank(), "tp"), grid.size("tp")},
                  tp.get());
   m.params().init(cfg.train.seed);
   if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, grid, groups, env);
@@ -210,7 +210,8 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
                 "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
                 plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), replicas,
                 plan.strategy.shard.tp, plan.strategy.place.pp, plan.strategy.replicate.zero,
-                ir::schedule_name(plan.strategy.order.schedule), omp_get_max_threads(), kernels::blas_name(),
+                plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order",
+                omp_get_max_threads(), kernels::blas_name(),
                 plan.hash);
     if (cfg.train.sample_every > 0 && !can_sample)
       std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");

@@ -1,0 +1,422 @@
+// test_directives.cpp — the `directives:` section: parsing of each directive, stage filters, hand-written
+// orders, how directives override the `parallel:` shorthand, YAML round trips, and errors with file:line:col.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace piper::config {
+namespace {
+
+// A small hybrid model (blocks 0..4: M * - M -; units embed, layers.0..4, head) before the directives.
+const std::string kModel =
+    "model:\n"
+    "  pattern: \"M*-M-\"\n"
+    "  d_model: 64\n"
+    "  n_heads: 4\n"
+    "  n_kv_heads: 2\n"
+    "  head_dim: 16\n"
+    "train:\n"
+    "  global_batch: 8\n";  // lines 1..8; a directives section starts on line 9
+
+std::string message_of(const std::string& yaml, int world, const std::vector<std::string>& sets = {}) {
+  try {
+    Config c = parse(yaml, "d.yaml", sets);
+    validate(c, world);
+    (void)effective_strategy(c);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- parsing -------------------------------------------------------------------
+
+TEST(Directives, ParseEachDirective) {
+  const std::string text = kModel +
+                           "directives:\n"                                                          // 9
+                           "  - split: {microbatches: 4}\n"                                         // 10
+                           "  - split_backward: true\n"                                             // 11
+                           "  - place: {pp: 2, virtual_stages: 1, stage_of_unit: [0, 0, 0, 1, 1, 1, 1]}\n"  // 12
+                           "  - replicate: {dp: 2, shard_optimizer: true, shard_grads: true, bucket_mb: 12.5}\n"  // 13
+                           "  - shard: {tp: 1}\n"                                                   // 14
+                           "  - order: {schedule: zbh1}\n"                                          // 15
+                           "  - grid:\n"                                                            // 16
+                           "      order: pp-dp-tp\n";                                               // 17
+  Config c = parse(text, "d.yaml");
+  ASSERT_TRUE(c.directives.present);
+  ASSERT_EQ(c.directives.list.size(), 7u);
+  const auto& d = c.directives.list;
+  EXPECT_EQ(d[0].kind, DirectiveKind::SPLIT);
+  EXPECT_EQ(d[0].microbatches, 4);
+  EXPECT_EQ(d[1].kind, DirectiveKind::SPLIT_BACKWARD);
+  EXPECT_EQ(d[1].split_backward, true);
+  EXPECT_EQ(d[2].kind, DirectiveKind::PLACE);
+  EXPECT_EQ(d[2].pp, 2);
+  EXPECT_EQ(d[2].virtual_stages, 1);
+  EXPECT_EQ(*d[2].stage_of_unit, (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_FALSE(d[2].stages.has_value());
+  EXPECT_EQ(d[3].dp, 2);
+  EXPECT_EQ(d[3].shard_optimizer, true);
+  EXPECT_EQ(d[3].shard_grads, true);
+  EXPECT_FALSE(d[3].shard_params.has_value());
+  EXPECT_EQ(d[3].bucket_mb, 12.5);
+  EXPECT_EQ(d[4].tp, 1);
+  EXPECT_EQ(d[5].schedule, "zbh1");
+  EXPECT_FALSE(d[5].ranks.has_value());
+  EXPECT_EQ(d[6].grid_order, "pp-dp-tp");
+  EXPECT_STREQ(directive_name(d[6].kind), "grid");
+  // Locations: the item, and each key.
+  EXPECT_EQ(c.locations.at("directives"), "d.yaml:9:1");
+  EXPECT_EQ(c.locations.at("directives[0]"), "d.yaml:10:5");
+  EXPECT_EQ(c.locations.at("directives[0].split.microbatches"), "d.yaml:10:13");
+  EXPECT_EQ(c.locations.at("directives[3].replicate.bucket_mb"), "d.yaml:13:66");
+  EXPECT_EQ(c.locations.at("directives[6].grid.order"), "d.yaml:17:7");
+  EXPECT_NO_THROW(validate(c, 4));
+
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_EQ(e.parallel.microbatches, 4);
+  EXPECT_TRUE(e.parallel.split_backward);
+  EXPECT_EQ(e.parallel.pp, 2);
+  EXPECT_EQ(e.parallel.dp, 2);
+  EXPECT_EQ(e.parallel.zero, 2);
+  EXPECT_EQ(e.parallel.bucket_mb, 12.5);
+  EXPECT_EQ(e.parallel.schedule, "zbh1");
+  EXPECT_EQ(e.parallel.order, "pp-dp-tp");
+  EXPECT_EQ(e.stage_of_unit, (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_TRUE(e.order_ranks.empty());
+}
+
+TEST(Directives, NoSectionMeansShorthandOnly) {
+  Config c = parse(kModel + "parallel:\n  microbatches: 2\n", "d.yaml");
+  EXPECT_FALSE(c.directives.present);
+  EXPECT_TRUE(c.directives.list.empty());
+  EXPECT_EQ(c.yaml_text.find("directives"), std::string::npos);
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_EQ(e.parallel, c.parallel);
+  EXPECT_TRUE(e.stage_of_unit.empty());
+  EXPECT_TRUE(e.order_ranks.empty());
+  // An empty section is present, changes nothing, and round-trips.
+  Config empty = parse(kModel + "directives:\n", "d.yaml");
+  EXPECT_TRUE(empty.directives.present);
+  EXPECT_NE(empty.yaml_text.find("directives: []"), std::string::npos) << empty.yaml_text;
+  EXPECT_TRUE(parse(empty.yaml_text, "again").same_settings(empty));
+  EXPECT_FALSE(parse(empty.yaml_text, "again").same_settings(c));
+}
+
+TEST(Directives, OverrideTheShorthandInOrder) {
+  const std::string text = kModel +
+                           "parallel:\n"
+                           "  dp: 4\n"
+                           "  pp: 3\n"
+                           "  microbatches: 2\n"
+                           "  zero: 1\n"
+                           "  bucket_mb: 5\n"
+                           "directives:\n"
+                           "  - split: {microbatches: 4}\n"
+                           "  - place: {pp: 2}\n"
+                           "  - split: {microbatches: 1}\n"    // later wins
+                           "  - replicate: {dp: 2}\n";         // no shard_* key: zero stays 1
+  Config c = parse(text, "d.yaml", {"parallel.dp=8"});        // an override of the shorthand: still overridden
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_EQ(e.parallel.microbatches, 1);
+  EXPECT_EQ(e.parallel.pp, 2);
+  EXPECT_EQ(e.parallel.dp, 2);
+  EXPECT_EQ(e.parallel.zero, 1);
+  EXPECT_EQ(e.parallel.bucket_mb, 5.0);
+  EXPECT_EQ(e.parallel.schedule, "1f1b");
+  EXPECT_EQ(c.parallel.dp, 8);  // the shorthand itself is untouched
+  EXPECT_NO_THROW(validate(c, 4));
+}
+
+TEST(Directives, ReplicateFlagsGiveTheZeroStage) {
+  struct Row {
+    std::string keys;
+    int64_t zero;
+  };
+  for (const Row& r : std::vector<Row>{{"shard_optimizer: false", 0},
+                                       {"shard_optimizer: true", 1},
+                                       {"shard_grads: true", 2},
+                                       {"shard_optimizer: true, shard_grads: true", 2},
+                                       {"shard_grads: true, shard_params: true", 3},
+                                       {"shard_optimizer: true, shard_grads: true, shard_params: true", 3}}) {
+    SCOPED_TRACE(r.keys);
+    Config c = parse(kModel + "parallel:\n  zero: 3\ndirectives:\n  - replicate: {dp: 2, " + r.keys + "}\n", "d.yaml");
+    EXPECT_EQ(effective_strategy(c).parallel.zero, r.zero);
+  }
+}
+
+TEST(Directives, StageFiltersSelectUnitsByTags) {
+  auto stages = [&](const std::string& place, const std::string& pattern = "M*-M-") {
+    std::string model = kModel;
+    model.replace(model.find("M*-M-"), 5, pattern);
+    Config c = parse(model + "directives:\n  - place: " + place + "\n", "d.yaml");
+    return effective_strategy(c).stage_of_unit;
+  };
+  // embed goes with the first stage, head with the last.
+  EXPECT_EQ(stages("{pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-4\"}]}"),
+            (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1}));
+  // A single index, a list, and a list of ranges.
+  EXPECT_EQ(stages("{pp: 3, stages: [{blocks: 0}, {blocks: [1, 2]}, {blocks: [\"3-3\", 4]}]}"),
+            (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 2}));
+  // embed and head named on stages of their own.
+  EXPECT_EQ(stages("{pp: 3, stages: [{kind: embed}, {blocks: \"0-4\"}, {kind: head}]}"),
+            (std::vector<int64_t>{0, 1, 1, 1, 1, 1, 2}));
+  // kind with blocks: both filters must match; kind lists.
+  EXPECT_EQ(stages("{pp: 2, stages: [{blocks: \"0-2\", kind: [M, \"*\", \"-\"]}, "
+                   "{blocks: \"3-4\", kind: [M, \"-\", head]}]}"),
+            (std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1}));
+  // Block filters never select embed or head: "MM**" with the head named.
+  EXPECT_EQ(stages("{pp: 2, stages: [{kind: M}, {kind: [\"*\", head]}]}", "MM**"),
+            (std::vector<int64_t>{0, 0, 0, 1, 1, 1}));
+  // Block-style YAML, with the stages one per line.
+  Config c = parse(kModel +
+                       "directives:\n"
+                       "  - place:\n"
+                       "      pp: 2\n"
+                       "      stages:\n"
+                       "        - blocks: \"0-2\"\n"
+                       "        - blocks: [3, 4]\n",
+                   "d.yaml");
+  const auto& f = *c.directives.list[0].stages;
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].blocks, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}}));
+  EXPECT_EQ(f[1].blocks, (std::vector<std::pair<int64_t, int64_t>>{{3, 3}, {4, 4}}));
+  EXPECT_TRUE(f[1].kinds.empty());
+  EXPECT_EQ(c.locations.at("directives[0].place.stages[1]"), "d.yaml:14:11");
+  EXPECT_NO_THROW(validate(c, 2));
+}
+
+TEST(Directives, HandWrittenOrders) {
+  Config c = parse(kModel +
+                       "directives:\n"
+                       "  - split: {microbatches: 2}\n"
+                       "  - place: {pp: 2, virtual_stages: 2}\n"
+                       "  - order:\n"
+                       "      ranks:\n"
+                       "        - [F0.0, F1.0, F0.1, F1.1, BI0.1, BW0.1, BI1.1, BW1.1, BI0, BW0, BI1, BW1]\n"
+                       "        - \"F0 F1 F0.1 F1.1 BI0.1 BW0.1 BI1.1 BW1.1 BI0.0 BW0.0 BI1.0 BW1.0\"\n",
+                   "d.yaml");
+  const auto& ranks = *c.directives.list[2].ranks;
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(ranks[0].size(), 12u);
+  EXPECT_EQ(ranks[0], ranks[1]);  // the list and the string read the same
+  EXPECT_EQ(ranks[0][0], (OrderOp{"F", 0, 0}));
+  EXPECT_EQ(ranks[0][3], (OrderOp{"F", 1, 1}));
+  EXPECT_EQ(ranks[0][4], (OrderOp{"BI", 0, 1}));
+  EXPECT_EQ(ranks[0][5], (OrderOp{"BW", 0, 1}));
+  EXPECT_EQ(ranks[0][4].name(true), "BI0.1");
+  EXPECT_EQ(ranks[0][0].name(false), "F0");
+  EXPECT_EQ(c.locations.at("directives[2].order.ranks[0][2]"), "d.yaml:14:24");
+  EXPECT_NO_THROW(validate(c, 2));
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_EQ(e.order_ranks, ranks);
+  EXPECT_EQ(e.parallel.virtual_stages, 2);  // any count with a hand-written order
+  // A later named schedule replaces the hand-written order.
+  Config d = parse(c.yaml_text + "  - order: {schedule: gpipe}\n", "d.yaml");
+  EXPECT_TRUE(effective_strategy(d).order_ranks.empty());
+}
+
+TEST(Directives, RoundTripThroughToYaml) {
+  const std::string text = kModel +
+                           "directives:\n"
+                           "  - split: {microbatches: 4}\n"
+                           "  - split_backward: false\n"
+                           "  - place: {pp: 2, stages: [{blocks: \"0-1\", kind: [M, \"*\"]}, {blocks: [2, \"3-4\"]}]}\n"
+                           "  - replicate: {dp: 1, shard_optimizer: false, bucket_mb: 0.1}\n"
+                           "  - shard: {tp: 1}\n"
+                           "  - order: {ranks: [[F0, F1, B0, F2, B1, F3, B2, B3], [F0, B0, F1, B1, F2, B2, F3, B3]]}\n"
+                           "  - grid: {order: \"tp-dp-pp\"}\n"
+                           "  - place: {}\n";
+  Config c = parse(text, "d.yaml");
+  EXPECT_NE(c.yaml_text.find("directives:\n  - split: {microbatches: 4}\n"), std::string::npos) << c.yaml_text;
+  EXPECT_NE(c.yaml_text.find("stages: [{blocks: \"0-1\", kind: [\"M\", \"*\"]}, {blocks: [2, \"3-4\"]}]"),
+            std::string::npos)
+      << c.yaml_text;
+  EXPECT_NE(c.yaml_text.find("ranks: [[F0, F1, B0, F2, B1, F3, B2, B3], [F0, B0, F1"), std::string::npos)
+      << c.yaml_text;
+  Config back = parse(c.yaml_text, "resolved.yaml");
+  EXPECT_TRUE(back.same_settings(c));
+  EXPECT_EQ(back.yaml_text, c.yaml_text);
+  EXPECT_EQ(effective_strategy(back).stage_of_unit, effective_strategy(c).stage_of_unit);
+  EXPECT_NO_THROW(validate(back, 2));
+  // Changing one directive changes the settings.
+  Config other = parse(text + "  - split: {microbatches: 2}\n", "d.yaml");
+  EXPECT_FALSE(other.same_settings(c));
+}
+
+// ---- errors: each row throws a ConfigError naming the pieces --------------------
+
+struct BadCase {
+  const char* name;
+  std::string directives;  // appended to kModel (its first line is line 9)
+  int world;
+  std::vector<std::string> needs;
+  std::vector<std::string> sets = {};
+};
+
+std::ostream& operator<<(std::ostream& os, const BadCase& b) { return os << b.name; }
+
+const std::vector<BadCase> kBad = {
+    // structure
+    {"NotAList", "directives: {split: 2}\n", 1, {"d.yaml:9:13", "expected a list of directives", "found a map"}},
+    {"UnknownDirective", "directives:\n  - spilt: {microbatches: 2}\n", 1,
+     {"d.yaml:10:5", "directives[0]", "unknown directive 'spilt'", "did you mean 'split'?", "directives are split"}},
+    {"TwoKeysInOneItem", "directives:\n  - place:\n    pp: 2\n", 1,
+     {"d.yaml:10:5", "directives[0]", "one-key map", "a map with 2 keys (place, pp)"}},
+    {"ItemNotAMap", "directives:\n  - split\n", 1, {"d.yaml:10:5", "expected one directive", "found 'split'"}},
+    {"DirectiveNotAMap", "directives:\n  - shard: 2\n", 1,
+     {"d.yaml:10:12", "directives[0].shard", "expected a map of keys (tp)", "found '2'"}},
+    {"UnknownKey", "directives:\n  - place: {pp: 1, virtual_stage: 1}\n", 1,
+     {"d.yaml:10:20", "directives[0].place", "unknown key 'virtual_stage'", "did you mean 'virtual_stages'?"}},
+    {"KeyOfAnotherDirective", "directives:\n  - split: {dp: 2}\n", 1,
+     {"d.yaml:10:13", "unknown key 'dp' in directive split", "its keys are microbatches"}},
+    {"DuplicateKey", "directives:\n  - split: {microbatches: 2, microbatches: 4}\n", 1,
+     {"d.yaml:10:30", "duplicate key 'directives[0].split.microbatches'", "first at d.yaml:10:13"}},
+    {"DuplicateSection", "directives:\n  - split: {microbatches: 2}\ndirectives: []\n", 1,
+     {"d.yaml:11:1", "duplicate section 'directives'"}},
+    {"SetDirectives", "", 1, {"--set directives.split=2", "write it in the config file"}, {"directives.split=2"}},
+    // types
+    {"NotAnInteger", "directives:\n  - split: {microbatches: four}\n", 1,
+     {"d.yaml:10:27", "directives[0].split.microbatches", "expected an integer, found 'four'"}},
+    {"NotABool", "directives:\n  - replicate: {shard_grads: maybe}\n", 1,
+     {"d.yaml:10:30", "directives[0].replicate.shard_grads", "expected true or false, found 'maybe'"}},
+    {"SplitBackwardNotABool", "directives:\n  - split_backward: {on: 1}\n", 1,
+     {"d.yaml:10:21", "directives[0].split_backward", "expected true or false, found a map"}},
+    {"NotANumber", "directives:\n  - replicate: {bucket_mb: lots}\n", 1,
+     {"d.yaml:10:28", "directives[0].replicate.bucket_mb", "expected a number, found 'lots'"}},
+    {"StageOfUnitNotAList", "directives:\n  - place: {stage_of_unit: 0}\n", 1,
+     {"d.yaml:10:28", "directives[0].place.stage_of_unit", "expected a list of stage numbers", "found '0'"}},
+    {"StageOfUnitItem", "directives:\n  - place: {stage_of_unit: [0, x]}\n", 1,
+     {"d.yaml:10:32", "directives[0].place.stage_of_unit[1]", "expected an integer, found 'x'"}},
+    {"RanksNotAList", "directives:\n  - order: {ranks: 3}\n", 1,
+     {"d.yaml:10:20", "directives[0].order.ranks", "ops of each pipeline rank", "found '3'"}},
+    {"RankIsAMap", "directives:\n  - order: {ranks: [{a: 1}]}\n", 1,
+     {"d.yaml:10:21", "directives[0].order.ranks[0]", "ops of pipeline rank 0", "found a map"}},
+    // the op grammar
+    {"BadPass", "directives:\n  - order: {ranks: [[F0, X3]]}\n", 1,
+     {"d.yaml:10:26", "directives[0].order.ranks[0][1] (rank 0)", "expected an op: F, B, BI or BW", "found 'X3'"}},
+    {"NoMicrobatch", "directives:\n  - order: {ranks: [[F0], [B0, F]]}\n", 1,
+     {"d.yaml:10:32", "ranks[1][1] (rank 1)", "'F' names no microbatch", "F3, B3, BI3, BW3, F3.1"}},
+    {"NoChunk", "directives:\n  - order: {ranks: [[F0.]]}\n", 1, {"d.yaml:10:22", "'F0.' names no chunk"}},
+    {"TrailingText", "directives:\n  - order: {ranks: [[F0x]]}\n", 1, {"d.yaml:10:22", "found 'F0x'"}},
+    {"OpInAString", "directives:\n  - order: {ranks: [\"F0 B0 W0\"]}\n", 1,
+     {"d.yaml:10:21", "directives[0].order.ranks[0][2] (rank 0)", "found 'W0'"}},
+    // keys that exclude each other
+    {"ScheduleAndRanks", "directives:\n  - order: {schedule: 1f1b, ranks: [[F0, B0]]}\n", 1,
+     {"d.yaml:10:29", "directives[0].order: give schedule or ranks, not both"}},
+    {"StageOfUnitAndStages", "directives:\n  - place: {stage_of_unit: [0], stages: [{blocks: 0}]}\n", 1,
+     {"give stage_of_unit or stages, not both"}},
+    {"ShardParamsWithoutGrads", "directives:\n  - replicate: {dp: 2, shard_params: true}\n", 2,
+     {"d.yaml:10:24", "directives[0].replicate", "shard_params (ZeRO-3) also shards the gradients",
+      "shard_grads: true"}},
+    {"ShardGradsWithoutOptimizer", "directives:\n  - replicate: {shard_grads: true, shard_optimizer: false}\n", 2,
+     {"d.yaml:10:36", "also shard the optimiser state"}},
+    // stage filters
+    {"FilterUnknown", "directives:\n  - place: {pp: 2, stages: [{block: 0}, {blocks: \"1-4\"}]}\n", 2,
+     {"d.yaml:10:30", "directives[0].place.stages[0]", "unknown filter 'block'", "did you mean 'blocks'?"}},
+    {"FilterEmpty", "directives:\n  - place: {pp: 2, stages: [{}, {blocks: \"1-4\"}]}\n", 2,
+     {"d.yaml:10:29", "directives[0].place.stages[0]", "expected a filter over node tags"}},
+    {"FilterBadRange", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-a\"}, {blocks: \"1-4\"}]}\n", 2,
+     {"d.yaml:10:38", "directives[0].place.stages[0].blocks", "expected a block index (3), a range (\"3-7\")",
+      "found '0-a'"}},
+    {"FilterBackwardRange", "directives:\n  - place: {pp: 2, stages: [{blocks: \"2-0\"}, {blocks: \"3-4\"}]}\n", 2,
+     {"d.yaml:10:38", "runs backwards; write 0-2"}},
+    {"FilterBadKind", "directives:\n  - place: {pp: 2, stages: [{kind: X}, {blocks: \"1-4\"}]}\n", 2,
+     {"d.yaml:10:36", "directives[0].place.stages[0].kind", "expected a block kind", "found 'X'"}},
+    {"UnitOnNoStage", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"3-4\", kind: \"*\"}]}\n",
+     2,
+     {"d.yaml:10:46: directives[0].place.stages[1]: stage 1 selects no unit of the pattern \"M*-M-\"",
+      "d.yaml:10:20: directives[0].place.stages: unit layers.3 (block 3, 'M') is on no stage",
+      "unit layers.4 (block 4, '-') is on no stage", "every unit must be on exactly one"}},
+    {"UnitOnTwoStages", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"2-4\"}]}\n", 2,
+     {"d.yaml:10:46", "directives[0].place.stages[1]", "unit layers.2 (block 2, '-') is already on stage 0",
+      "(d.yaml:10:29: directives[0].place.stages[0])", "a unit belongs to one stage"}},
+    {"StagesNotContiguous", "directives:\n  - place: {pp: 2, stages: [{blocks: [0, 1, 4]}, {blocks: \"2-3\"}]}\n", 2,
+     {"d.yaml:10:29", "directives[0].place.stages[0]", "unit layers.4 (block 4, '-') is on stage 0 but comes after "
+                                                        "layers.3 on stage 1", "contiguous"}},
+    {"HeadBeforeLastStage", "directives:\n  - place: {pp: 2, stages: [{kind: head}, {blocks: \"0-4\"}]}\n", 2,
+     {"d.yaml:10:29: directives[0].place.stages[0]: unit head is on stage 0 but comes after layers.4 on stage 1"}},
+    {"NonexistentBlock", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-9\"}]}\n", 2,
+     {"d.yaml:10:46", "directives[0].place.stages[1]", "block 9 does not exist", "blocks 0..4"}},
+    {"StageCount", "directives:\n  - place: {pp: 2, stages: [{blocks: 0}, {blocks: 1}, {blocks: \"2-4\"}]}\n", 2,
+     {"d.yaml:10:20", "directives[0].place.stages: lists 3 stages, but pp x chunks per rank = 2 x 1 = 2 stages",
+      "directives[0].place.pp=2 (at d.yaml:10:13)"}},
+    {"StageOfUnitLength", "directives:\n  - place: {pp: 2, stage_of_unit: [0, 0, 1, 1]}\n", 2,
+     {"d.yaml:10:20", "directives[0].place.stage_of_unit", "lists 4 stages, one per unit", "the model has 7 units"}},
+    {"StageOfUnitGap", "directives:\n  - place: {pp: 3, stage_of_unit: [0, 0, 0, 2, 2, 2, 2]}\n", 3,
+     {"d.yaml:10:20", "unit layers.2 (block 2, '-') is on stage 2 right after layers.1 on stage 0",
+      "stage 1 holds no unit"}},
+    // values checked against each other, named by the directive that set them
+    {"WorldSize", "directives:\n  - replicate: {dp: 2}\n  - place: {pp: 2}\n", 2,
+     {"world size 2 != dp(2) x tp(1) x pp(2) = 4", "directives[0].replicate.dp=2 (at d.yaml:10:17)",
+      "directives[1].place.pp=2 (at d.yaml:11:13)", "parallel.tp=1 (default)"}},
+    {"BatchSplit", "directives:\n  - split: {microbatches: 3}\n", 1,
+     {"d.yaml:8:3: train.global_batch=8", "not divisible by dp x microbatches = 1 x 3 = 3",
+      "directives[0].split.microbatches=3 (at d.yaml:10:13)"}},
+    {"MicrobatchesAtLeastOne", "directives:\n  - split: {microbatches: 0}\n", 1,
+     {"d.yaml:10:13: directives[0].split.microbatches=0: must be at least 1"}},
+    {"UnknownSchedule", "directives:\n  - order: {schedule: 1f1d}\n", 1,
+     {"d.yaml:10:13: directives[0].order.schedule=\"1f1d\": unknown schedule", "did you mean '1f1b'?"}},
+    {"ZeroWithoutDp", "directives:\n  - replicate: {shard_optimizer: true}\n", 1,
+     {"d.yaml:10:17: directives[0].replicate.zero=1: ZeRO shards over data-parallel ranks"}},
+    {"VirtualStagesNeedInterleaved", "directives:\n  - place: {virtual_stages: 2}\n", 1,
+     {"d.yaml:10:13: directives[0].place.virtual_stages=2: only the interleaved schedule uses virtual stages",
+      "a hand-written order, any number"}},
+    // hand-written orders against the strategy
+    {"OrderRankCount", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0]]}\n", 2,
+     {"d.yaml:11:13", "directives[1].order.ranks: lists the ops of 1 rank(s), but there are 2 pipeline ranks",
+      "directives[0].place.pp=2"}},
+    {"OrderNoSuchMicrobatch",
+     "directives:\n  - split: {microbatches: 4}\n  - place: {pp: 2}\n"
+     "  - order: {ranks: [[F0, F1, B0, F2, B1, F9, B2, B3], [F0, B0, F1, B1, F2, B2, F3, B3]]}\n",
+     2,
+     {"d.yaml:12:42", "directives[2].order.ranks[0][5]: rank 0 runs F9, but there are 4 microbatches (0..3",
+      "directives[0].split.microbatches=4 (at d.yaml:10:13)"}},
+    {"OrderNoSuchChunk", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], [F0, F0.1, B0]]}\n", 2,
+     {"d.yaml:11:36", "directives[1].order.ranks[1][1]: rank 1 runs F0.1, but each rank holds 1 model chunk(s)"}},
+    {"OrderDuplicate",
+     "directives:\n  - split: {microbatches: 2}\n  - place: {pp: 2}\n"
+     "  - order: {ranks: [[F0, F1, B0, B1], [F0, B0, F1, B1, B0]]}\n",
+     2,
+     {"d.yaml:12:56", "directives[2].order.ranks[1][4]: rank 1 runs B0 twice",
+      "first as d.yaml:12:44: directives[2].order.ranks[1][1]", "each op runs once per step"}},
+    {"OrderMixedBackwards", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], [F0, BI0, BW0]]}\n", 2,
+     {"d.yaml:11:36", "rank 1 runs BI0", "d.yaml:11:26: directives[1].order.ranks[0][1] is a fused backward"}},
+    {"OrderFusedButSplit",
+     "directives:\n  - split_backward: true\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], [F0, B0]]}\n", 2,
+     {"d.yaml:12:26", "rank 0 runs B0, a fused backward", "directives[0].split_backward=true", "write BI0 and BW0"}},
+    {"OrderEmptyRank", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], []]}\n", 2,
+     {"d.yaml:11:31", "directives[1].order.ranks[1]: rank 1 has no ops"}},
+};
+
+class BadDirectives : public testing::TestWithParam<BadCase> {};
+
+TEST_P(BadDirectives, ThrowsANamedMessage) {
+  const BadCase& b = GetParam();
+  const std::string message = message_of(kModel + b.directives, b.world, b.sets);
+  std::printf("[ directives ] %s:\n%s\n", b.name, message.c_str());
+  ASSERT_FALSE(message.empty()) << "no ConfigError";
+  for (const std::string& s : b.needs)
+    EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadDirectives, testing::ValuesIn(kBad),
+                         [](const testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+
+TEST(Directives, EveryProblemIsReported) {
+  const std::string m = message_of(kModel +
+                                       "directives:\n"
+                                       "  - split: {microbatches: x}\n"
+                                       "  - shard: {tp: y}\n"
+                                       "  - grid: {order: [a]}\n",
+                                   1);
+  EXPECT_NE(m.find("d.yaml:10:27: directives[0].split.microbatches: expected an integer"), std::string::npos) << m;
+  EXPECT_NE(m.find("d.yaml:11:17: directives[1].shard.tp: expected an integer"), std::string::npos) << m;
+  EXPECT_NE(m.find("d.yaml:12:19: directives[2].grid.order: expected a string, found a list"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace piper::config
