@@ -25,14 +25,9 @@ struct Shape {
 // (~1e-16 |L| / h) against truncation (~h^2), both well under 1e-8.
 constexpr double kH = 1e-5;
 
-// Float results are compared normwise: error relative to the largest reference magnitude.
-// Elementwise relative error is dominated by entries near zero (dS = P * (dP - D) cancels),
-// which are float rounding noise; normwise 1e-5 is still ~100x float epsilon.
-double normwise_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double mx = 1e-3;
-  for (double x : b) mx = std::max(mx, std::fabs(x));
-  return max_rel_err(a, b, mx);
-}
+// Float results are compared normwise (normwise_err): error relative to the largest reference
+// magnitude. Elementwise relative error is dominated by entries near zero (dS = P * (dP - D)
+// cancels), which are float rounding noise; normwise 1e-5 is still ~100x float epsilon.
 
 void print_shape(const Shape& s) {
   std::printf("shape B=%ld Tn=%ld H=%ld KV=%ld hd=%ld\n", long(s.B), long(s.Tn), long(s.H),
@@ -130,9 +125,7 @@ TEST(Attention, GradcheckDouble) {
                             s.KV, s.hd);
       return weighted_sum(out, wt);
     };
-    auto fdq = finite_diff(q, loss, kH);
-    auto fdk = finite_diff(k, loss, kH);
-    auto fdv = finite_diff(v, loss, kH);
+    const auto [fdq, fdk, fdv] = finite_diffs(loss, kH, q, k, v);
     loss();
     const double nan = std::numeric_limits<double>::quiet_NaN();
     std::vector<double> dq(nq, nan), dk(nk, nan), dv(nk, nan);
@@ -154,9 +147,7 @@ TEST(Attention, NaiveReferenceMatchesFiniteDiff) {
   auto v = random_vec<double>(nk, 82);
   auto wt = random_vec<double>(nq, 83);
   auto L = [&] { return weighted_sum(reference(q, k, v, {}, s).out, wt); };
-  auto fdq = finite_diff(q, L, kH);
-  auto fdk = finite_diff(k, L, kH);
-  auto fdv = finite_diff(v, L, kH);
+  const auto [fdq, fdk, fdv] = finite_diffs(L, kH, q, k, v);
   Ref r = reference(q, k, v, wt, s);
   EXPECT_LT(report("attention reference dq vs finite diff", max_rel_err(r.dq, fdq), 1e-6), 1e-6);
   EXPECT_LT(report("attention reference dk vs finite diff", max_rel_err(r.dk, fdk), 1e-6), 1e-6);
@@ -168,16 +159,15 @@ TEST(Attention, FloatMatchesNaiveReference) {
   shapes.insert(shapes.end(), std::begin(kLong), std::end(kLong));
   for (const Shape& s : shapes) {
     const size_t nq = s.B * s.Tn * s.H * s.hd, nk = s.B * s.Tn * s.KV * s.hd;
-    auto q = random_vec<double>(nq, 90, -2, 2);
-    auto k = random_vec<double>(nk, 91, -2, 2);
-    auto v = random_vec<double>(nk, 92);
-    auto dout = random_vec<double>(nq, 93);
-    // Round the inputs to float first so that the reference sees the same numbers.
-    for (auto* vec : {&q, &k, &v, &dout})
-      for (auto& x : *vec) x = double(float(x));
+    // Float-representable inputs, so that the reference sees the same numbers.
+    const auto q = random_f(nq, 90, -2, 2);
+    const auto k = random_f(nk, 91, -2, 2);
+    const auto v = random_f(nk, 92);
+    const auto dout = random_f(nq, 93);
     Ref r = reference(q, k, v, dout, s);
-    std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end()),
-        df(dout.begin(), dout.end()), of(nq), lf(s.B * s.H * s.Tn), dqf(nq), dkf(nk), dvf(nk);
+    const auto qf = cast<float>(q), kf = cast<float>(k), vf = cast<float>(v),
+               df = cast<float>(dout);
+    std::vector<float> of(nq), lf(s.B * s.H * s.Tn), dqf(nq), dkf(nk), dvf(nk);
     attention_fwd<float>(qf.data(), kf.data(), vf.data(), of.data(), lf.data(), s.B, s.Tn, s.H,
                          s.KV, s.hd);
     attention_bwd<float>(df.data(), qf.data(), kf.data(), vf.data(), of.data(), lf.data(),

@@ -21,14 +21,9 @@ struct Shape {
   int64_t B, Tn, C, K;
 };
 
-// Float results are compared normwise: error relative to the largest reference magnitude.
-// Elementwise relative error (floor 1e-3) on thousands of O(1) outputs is dominated by the
-// few entries that happen to lie near zero, where float rounding alone gives ~1e-5.
-double normwise_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double mx = 1e-3;
-  for (double x : b) mx = std::max(mx, std::fabs(x));
-  return max_rel_err(a, b, mx);
-}
+// Float results are compared normwise (normwise_err): error relative to the largest reference
+// magnitude. Elementwise relative error (floor 1e-3) on thousands of O(1) outputs is dominated by
+// the few entries that happen to lie near zero, where float rounding alone gives ~1e-5.
 
 // y[b,t,c] = bias[c] + sum_{k<K} w[c,k] * x[b, t-(K-1)+k, c], x[b,<0,c] = 0
 std::vector<double> ref_fwd(const std::vector<double>& x, const std::vector<double>& w,
@@ -87,9 +82,7 @@ TEST(Conv1d, GradcheckDouble) {
       conv1d_fwd<double>(x.data(), w.data(), bias.data(), y.data(), s.B, s.Tn, s.C, s.K);
       return weighted_sum(y, wt);
     };
-    auto fdx = finite_diff(x, loss, 1e-5);
-    auto fdw = finite_diff(w, loss, 1e-5);
-    auto fdb = finite_diff(bias, loss, 1e-5);
+    const auto [fdx, fdw, fdb] = finite_diffs(loss, 1e-5, x, w, bias);
     std::vector<double> dx(nx, std::numeric_limits<double>::quiet_NaN());
     std::vector<double> dw(s.C * s.K, 0.0), db(s.C, 0.0);
     conv1d_bwd<double>(wt.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), s.B, s.Tn,
@@ -106,14 +99,14 @@ TEST(Conv1d, FloatMatchesNaiveReference) {
   shapes.push_back(kLarge);
   for (const Shape& s : shapes) {
     const size_t nx = s.B * s.Tn * s.C;
-    auto x = random_vec<double>(nx, 20);
-    auto w = random_vec<double>(s.C * s.K, 21);
-    auto bias = random_vec<double>(s.C, 22);
-    auto dy = random_vec<double>(nx, 23);
-    for (auto* vec : {&x, &w, &bias, &dy})  // the reference sees the float-rounded inputs
-      for (auto& v : *vec) v = double(float(v));
-    std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), bf(bias.begin(), bias.end()),
-        dyf(dy.begin(), dy.end()), yf(nx), dxf(nx), dwf(s.C * s.K, 0.0f), dbf(s.C, 0.0f);
+    // float-representable inputs: the reference sees the float kernel's inputs
+    const auto x = random_f(nx, 20);
+    const auto w = random_f(s.C * s.K, 21);
+    const auto bias = random_f(s.C, 22);
+    const auto dy = random_f(nx, 23);
+    const auto xf = cast<float>(x), wf = cast<float>(w), bf = cast<float>(bias),
+               dyf = cast<float>(dy);
+    std::vector<float> yf(nx), dxf(nx), dwf(s.C * s.K, 0.0f), dbf(s.C, 0.0f);
     conv1d_fwd<float>(xf.data(), wf.data(), bf.data(), yf.data(), s.B, s.Tn, s.C, s.K);
     conv1d_bwd<float>(dyf.data(), xf.data(), wf.data(), dxf.data(), dwf.data(), dbf.data(), s.B,
                       s.Tn, s.C, s.K);

@@ -14,36 +14,9 @@ namespace {
 using namespace piper::testing;
 namespace k = piper::kernels;
 
-constexpr double kFdStep = 1e-5;  // central differences: ~cbrt(eps) balances the two errors
-
-// max_rel_err, but a size mismatch or any non-finite value counts as infinitely wrong.
-template <class A, class B>
-double rel_err(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-3) {
-  if (a.size() != b.size()) return INFINITY;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!std::isfinite(double(a[i])) || !std::isfinite(double(b[i]))) return INFINITY;
-  return max_rel_err(a, b, floor);
-}
+// max_rel_err of two scalars (the loss sums).
 double rel_err1(double a, double b, double floor = 1e-3) {
-  return rel_err(std::vector<double>{a}, std::vector<double>{b}, floor);
-}
-#define EXPECT_ERR(what, err, tol) EXPECT_LE(report(what, err, tol), tol)
-
-template <class T>
-std::vector<T> cast(const std::vector<double>& v) {
-  return std::vector<T>(v.begin(), v.end());
-}
-// float-representable random values, so the double reference sees the float kernel's inputs
-std::vector<double> random_f(size_t n, uint64_t seed, double lo, double hi) {
-  auto v = random_vec<float>(n, seed, lo, hi);
-  return std::vector<double>(v.begin(), v.end());
-}
-std::vector<int32_t> random_targets(int64_t M, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
-  std::vector<int32_t> t(M);
-  for (auto& x : t) x = dist(rng);
-  return t;
+  return max_rel_err(std::vector<double>{a}, std::vector<double>{b}, floor);
 }
 
 // Naive reference in double: per-row log-sum-exp (max-shifted), loss sum, and
@@ -70,7 +43,7 @@ double reference(const std::vector<double>& logits, const std::vector<int32_t>& 
 TEST(CrossEntropy, GradcheckDouble) {
   const int64_t M = 6, V = 11;
   auto logits = random_vec<double>(M * V, 1, -3, 3);
-  const auto tgt = random_targets(M, V, 2);
+  const auto tgt = random_ids(M, V, 2);
   const double scale = 0.37;  // L = scale * sum of losses, so dL/dlogits = dlogits
   auto loss = [&] {
     return scale * k::cross_entropy<double>(logits.data(), tgt.data(), nullptr, M, V, scale);
@@ -78,13 +51,13 @@ TEST(CrossEntropy, GradcheckDouble) {
   std::vector<double> d(M * V, NAN);
   k::cross_entropy<double>(logits.data(), tgt.data(), d.data(), M, V, scale);
   EXPECT_ERR("cross_entropy dlogits vs finite diff (double)",
-             rel_err(d, finite_diff(logits, loss, kFdStep)), 1e-6);
+             max_rel_err(d, finite_diff(logits, loss, kFdStep)), 1e-6);
 }
 
 TEST(CrossEntropy, FloatMatchesNaiveReference) {
   const int64_t M = 7, V = 13;
   const auto logits = random_f(M * V, 3, -4, 4);
-  const auto tgt = random_targets(M, V, 4);
+  const auto tgt = random_ids(M, V, 4);
   const double scale = 1.0 / M;  // the training loss is a mean
   std::vector<double> rd;
   const double rl = reference(logits, tgt, rd, M, V, scale);
@@ -93,7 +66,7 @@ TEST(CrossEntropy, FloatMatchesNaiveReference) {
   const double l = k::cross_entropy<float>(lf.data(), tgt.data(), d.data(), M, V, float(scale));
   const double l_nograd = k::cross_entropy<float>(lf.data(), tgt.data(), nullptr, M, V, 1.f);
   EXPECT_ERR("cross_entropy loss sum (float vs naive double)", rel_err1(l, rl), 1e-5);
-  EXPECT_ERR("cross_entropy dlogits (float vs naive double)", rel_err(d, rd), 1e-5);
+  EXPECT_ERR("cross_entropy dlogits (float vs naive double)", max_rel_err(d, rd), 1e-5);
   EXPECT_EQ(l, l_nograd) << "the loss must not depend on whether dlogits is requested";
 }
 
@@ -101,14 +74,14 @@ TEST(CrossEntropy, StableForHugeLogitsAndPropagatesNaN) {
   const int64_t M = 5, V = 9;
   // |logits| up to 1e4: naive exp overflows in float and double alike
   const auto logits = random_f(M * V, 5, -1e4, 1e4);
-  const auto tgt = random_targets(M, V, 6);
+  const auto tgt = random_ids(M, V, 6);
   std::vector<double> rd;
   const double rl = reference(logits, tgt, rd, M, V, 1.0);
   auto lf = cast<float>(logits);
   std::vector<float> d(M * V, NAN);
   const double l = k::cross_entropy<float>(lf.data(), tgt.data(), d.data(), M, V, 1.f);
   EXPECT_ERR("cross_entropy huge-logit loss (float vs naive double)", rel_err1(l, rl), 1e-5);
-  EXPECT_ERR("cross_entropy huge-logit dlogits (float vs naive double)", rel_err(d, rd), 1e-5);
+  EXPECT_ERR("cross_entropy huge-logit dlogits (float vs naive double)", max_rel_err(d, rd), 1e-5);
   // one NaN logit poisons the loss (so divergence is visible), other rows stay clean
   lf[2 * V + 3] = NAN;
   std::vector<float> dn(M * V);
@@ -119,7 +92,7 @@ TEST(CrossEntropy, StableForHugeLogitsAndPropagatesNaN) {
 TEST(CrossEntropy, GradOverwrittenAndBadTargetRejected) {
   const int64_t M = 5, V = 7;
   const auto lf = cast<float>(random_f(M * V, 7, -2, 2));
-  auto tgt = random_targets(M, V, 8);
+  auto tgt = random_ids(M, V, 8);
   std::vector<float> d1(M * V, NAN), d2(M * V, 9.f);
   const double l1 = k::cross_entropy<float>(lf.data(), tgt.data(), d1.data(), M, V, 0.5f);
   const double l2 = k::cross_entropy<float>(lf.data(), tgt.data(), d2.data(), M, V, 0.5f);
@@ -142,7 +115,7 @@ TEST(CrossEntropy, GradOverwrittenAndBadTargetRejected) {
 TEST(CrossEntropy, LargeMatchesReferenceAndIsThreadCountIndependent) {
   const int64_t M = 2051, V = 259;  // B*T x vocab-like, above the threading threshold
   const auto logits = random_f(M * V, 9, -6, 6);
-  const auto tgt = random_targets(M, V, 10);
+  const auto tgt = random_ids(M, V, 10);
   const double scale = 1.0 / M;
   std::vector<double> rd;
   const double rl = reference(logits, tgt, rd, M, V, scale);
@@ -158,8 +131,8 @@ TEST(CrossEntropy, LargeMatchesReferenceAndIsThreadCountIndependent) {
   omp_set_num_threads(saved);
   EXPECT_ERR("cross_entropy large loss sum (float vs naive double)", rel_err1(l3, rl), 1e-5);
   // dlogits ~ 1/(M*V): compared relative to max(|ref|, 1e-3 * scale)
-  EXPECT_ERR("cross_entropy large dlogits (float vs naive double)", rel_err(d3, rd, 1e-3 * scale),
-             1e-5);
+  EXPECT_ERR("cross_entropy large dlogits (float vs naive double)",
+             max_rel_err(d3, rd, 1e-3 * scale), 1e-5);
   EXPECT_EQ(l1, l3) << "loss sum must be bit-identical for any thread count";
   EXPECT_EQ(d1, d3);
 }

@@ -14,36 +14,6 @@ namespace {
 using namespace piper::testing;
 namespace k = piper::kernels;
 
-constexpr double kFdStep = 1e-5;  // central differences: ~cbrt(eps) balances the two errors
-
-// max_rel_err, but a size mismatch or any non-finite value counts as infinitely wrong.
-template <class A, class B>
-double rel_err(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-3) {
-  if (a.size() != b.size()) return INFINITY;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!std::isfinite(double(a[i])) || !std::isfinite(double(b[i]))) return INFINITY;
-  return max_rel_err(a, b, floor);
-}
-#define EXPECT_ERR(what, err, tol) EXPECT_LE(report(what, err, tol), tol)
-
-template <class T>
-std::vector<T> cast(const std::vector<double>& v) {
-  return std::vector<T>(v.begin(), v.end());
-}
-// float-representable random values, so the double reference sees the float kernel's inputs
-std::vector<double> random_f(size_t n, uint64_t seed) {
-  auto v = random_vec<float>(n, seed);
-  return std::vector<double>(v.begin(), v.end());
-}
-// M ids in [0, V), reproducible; with M > V some ids repeat.
-std::vector<int32_t> random_ids(int64_t M, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(V - 1));
-  std::vector<int32_t> ids(M);
-  for (auto& i : ids) i = dist(rng);
-  return ids;
-}
-
 std::vector<double> ref_fwd(const std::vector<int32_t>& ids, const std::vector<double>& table,
                             int64_t D) {
   std::vector<double> out(ids.size() * D);
@@ -74,7 +44,7 @@ TEST(Embedding, GradcheckDouble) {
   std::vector<double> dtable(V * D, 0.0);
   k::embedding_bwd<double>(ids.data(), wt.data(), dtable.data(), M, D);
   EXPECT_ERR("embedding dtable vs finite diff (double)",
-             rel_err(dtable, finite_diff(table, loss, kFdStep)), 1e-6);
+             max_rel_err(dtable, finite_diff(table, loss, kFdStep)), 1e-6);
 }
 
 TEST(Embedding, FloatMatchesNaiveReference) {
@@ -86,9 +56,10 @@ TEST(Embedding, FloatMatchesNaiveReference) {
   std::vector<float> out(M * D, NAN), dtable(V * D, 0.f);
   k::embedding_fwd<float>(ids.data(), tf.data(), out.data(), M, D);
   k::embedding_bwd<float>(ids.data(), df.data(), dtable.data(), M, D);
-  EXPECT_ERR("embedding out (float vs naive double)", rel_err(out, ref_fwd(ids, table, D)), 1e-5);
-  EXPECT_ERR("embedding dtable (float vs naive double)", rel_err(dtable, ref_bwd(ids, dout, V, D)),
+  EXPECT_ERR("embedding out (float vs naive double)", max_rel_err(out, ref_fwd(ids, table, D)),
              1e-5);
+  EXPECT_ERR("embedding dtable (float vs naive double)",
+             max_rel_err(dtable, ref_bwd(ids, dout, V, D)), 1e-5);
 }
 
 TEST(Embedding, TableGradAccumulates) {
@@ -101,7 +72,7 @@ TEST(Embedding, TableGradAccumulates) {
   k::embedding_bwd<float>(ids.data(), dout.data(), twice.data(), M, D);
   std::vector<float> expect(once.size());
   for (size_t i = 0; i < once.size(); ++i) expect[i] = 2 * once[i];
-  EXPECT_ERR("embedding dtable after two calls vs 2x one call", rel_err(twice, expect), 1e-6);
+  EXPECT_ERR("embedding dtable after two calls vs 2x one call", max_rel_err(twice, expect), 1e-6);
   // rows never looked up stay exactly zero
   for (int64_t v = 0; v < V; ++v) {
     bool used = false;
@@ -130,11 +101,11 @@ TEST(Embedding, LargeMatchesReferenceAndIsThreadCountIndependent) {
   const auto [out1, dt1] = run(1);
   const auto [out3, dt3] = run(3);
   omp_set_num_threads(saved);
-  EXPECT_ERR("embedding large out (float vs naive double)", rel_err(out3, ref_fwd(ids, table, D)),
-             1e-5);
+  EXPECT_ERR("embedding large out (float vs naive double)",
+             max_rel_err(out3, ref_fwd(ids, table, D)), 1e-5);
   // ~8 O(1) terms per dtable entry, float accumulation: relative to max(|ref|, 1)
   EXPECT_ERR("embedding large dtable (float vs naive double)",
-             rel_err(dt3, ref_bwd(ids, dout, V, D), 1.0), 1e-5);
+             max_rel_err(dt3, ref_bwd(ids, dout, V, D), 1.0), 1e-5);
   EXPECT_EQ(out1, out3);
   EXPECT_EQ(dt1, dt3) << "embedding_bwd must sum rows in order whatever the thread count";
 }

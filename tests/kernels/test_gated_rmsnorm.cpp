@@ -27,14 +27,9 @@ const Shape kLarge = {130, 256, 4};
 constexpr double kEps = 1e-5;
 constexpr double kH = 1e-5;  // finite-difference step: rounding and truncation both < 1e-9
 
-// Float results are compared normwise: error relative to the largest reference magnitude.
-// Elementwise relative error is dominated by entries near zero: with few channels per group,
-// dg = r * (dn - n * mean(dn * n)) cancels, and those entries are float rounding noise.
-double normwise_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double mx = 1e-3;
-  for (double x : b) mx = std::max(mx, std::fabs(x));
-  return max_rel_err(a, b, mx);
-}
+// Float results are compared normwise (normwise_err): error relative to the largest reference
+// magnitude. Elementwise relative error is dominated by entries near zero: with few channels per
+// group, dg = r * (dn - n * mean(dn * n)) cancels, and those entries are float rounding noise.
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
@@ -107,9 +102,7 @@ TEST(GatedRmsnorm, GradcheckDouble) {
                                 s.G, kEps);
       return weighted_sum(out, wt);
     };
-    auto fdy = finite_diff(y, loss, kH);
-    auto fdz = finite_diff(z, loss, kH);
-    auto fdw = finite_diff(w, loss, kH);
+    const auto [fdy, fdz, fdw] = finite_diffs(loss, kH, y, z, w);
     loss();  // rstd for the unperturbed inputs
     std::vector<double> dy(n, std::numeric_limits<double>::quiet_NaN()), dz = dy, dw(s.Di, 0.0);
     gated_rmsnorm_bwd<double>(wt.data(), y.data(), z.data(), w.data(), rstd.data(), dy.data(),
@@ -130,9 +123,7 @@ TEST(GatedRmsnorm, NaiveReferenceMatchesFiniteDiff) {
     auto w = random_vec<double>(s.Di, 47, 0.5, 1.5);
     auto dout = random_vec<double>(n, 48);
     auto L = [&] { return weighted_sum(ref_fwd(y, z, w, s), dout); };
-    auto fdy = finite_diff(y, L, kH);
-    auto fdz = finite_diff(z, L, kH);
-    auto fdw = finite_diff(w, L, kH);
+    const auto [fdy, fdz, fdw] = finite_diffs(L, kH, y, z, w);
     std::vector<double> dy, dz, dw;
     ref_bwd(dout, y, z, w, s, dy, dz, dw);
     EXPECT_LT(report("gated_rmsnorm reference dy vs finite diff", max_rel_err(dy, fdy), 1e-6),
@@ -149,18 +140,18 @@ TEST(GatedRmsnorm, FloatMatchesNaiveReference) {
   shapes.push_back(kLarge);
   for (const Shape& s : shapes) {
     const size_t n = s.M * s.Di;
-    auto y = random_vec<double>(n, 50, -2, 2);
-    auto z = random_vec<double>(n, 51, -3, 3);
-    auto w = random_vec<double>(s.Di, 52, 0.5, 1.5);
-    auto dout = random_vec<double>(n, 53);
-    for (auto* vec : {&y, &z, &w, &dout})  // the reference sees the float-rounded inputs
-      for (auto& x : *vec) x = double(float(x));
+    // float-representable inputs: the reference sees the float kernel's inputs
+    const auto y = random_f(n, 50, -2, 2);
+    const auto z = random_f(n, 51, -3, 3);
+    const auto w = random_f(s.Di, 52, 0.5, 1.5);
+    const auto dout = random_f(n, 53);
     std::vector<double> rstd_ref, dy_ref, dz_ref, dw_ref;
     auto out_ref = ref_fwd(y, z, w, s, &rstd_ref);
     ref_bwd(dout, y, z, w, s, dy_ref, dz_ref, dw_ref);
 
-    std::vector<float> yf(y.begin(), y.end()), zf(z.begin(), z.end()), wf(w.begin(), w.end()),
-        df(dout.begin(), dout.end()), of(n), rf(s.M * s.G), dyf(n), dzf(n), dwf(s.Di, 0.0f);
+    const auto yf = cast<float>(y), zf = cast<float>(z), wf = cast<float>(w),
+               df = cast<float>(dout);
+    std::vector<float> of(n), rf(s.M * s.G), dyf(n), dzf(n), dwf(s.Di, 0.0f);
     gated_rmsnorm_fwd<float>(yf.data(), zf.data(), wf.data(), of.data(), rf.data(), s.M, s.Di, s.G,
                              float(kEps));
     gated_rmsnorm_bwd<float>(df.data(), yf.data(), zf.data(), wf.data(), rf.data(), dyf.data(),

@@ -17,33 +17,9 @@ using namespace piper::testing;
 namespace k = piper::kernels;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-// Central-difference step: ~cbrt(machine eps) balances truncation against rounding in L.
-constexpr double kFdStep = 1e-5;
 // Dot-product outputs can cancel to ~0; their float error scales with the terms, not the
 // result, so they are compared relative to max(|ref|, kDotFloor).
 constexpr double kDotFloor = 1e-2;
-
-// max_rel_err, but a size mismatch or any non-finite value counts as infinitely wrong
-// (max_rel_err alone lets a NaN through).
-template <class A, class B>
-double rel_err(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-3) {
-  if (a.size() != b.size()) return INFINITY;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!std::isfinite(double(a[i])) || !std::isfinite(double(b[i]))) return INFINITY;
-  return max_rel_err(a, b, floor);
-}
-#define EXPECT_ERR(what, err, tol) EXPECT_LE(report(what, err, tol), tol)
-
-template <class T>
-std::vector<T> cast(const std::vector<double>& v) {
-  return std::vector<T>(v.begin(), v.end());
-}
-// Random values that are exactly representable in float, so a double reference computed
-// from them sees the very inputs the float kernel sees.
-std::vector<double> random_f(size_t n, uint64_t seed) {
-  auto v = random_vec<float>(n, seed);
-  return std::vector<double>(v.begin(), v.end());
-}
 
 // Naive C = alpha * op(A) @ op(B) + beta * C in double, same storage conventions as gemm.
 void ref_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
@@ -85,7 +61,7 @@ double gemm_err(double beta, double tol) {
                  ldc);
       ref_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       // padding columns keep their (finite) values, so the whole buffer is compared
-      const double e = rel_err(Ct, C, sizeof(T) == 4 ? kDotFloor : 1e-3);
+      const double e = max_rel_err(Ct, C, sizeof(T) == 4 ? kDotFloor : 1e-3);
       const std::string what = std::string("gemm ") + (sizeof(T) == 4 ? "float" : "double") +
                                " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
                                " beta=" + std::to_string(beta);
@@ -159,8 +135,10 @@ TEST(Linear, GradcheckDouble) {
   std::vector<double> dx(M * K, kNaN), dw(N * K, 0.0);
   k::linear_bwd_input<double>(wt.data(), w.data(), dx.data(), M, K, N, false);
   k::linear_bwd_weight<double>(wt.data(), x.data(), dw.data(), M, K, N);
-  EXPECT_ERR("linear dx vs finite diff (double)", rel_err(dx, finite_diff(x, loss, kFdStep)), 1e-6);
-  EXPECT_ERR("linear dw vs finite diff (double)", rel_err(dw, finite_diff(w, loss, kFdStep)), 1e-6);
+  EXPECT_ERR("linear dx vs finite diff (double)", max_rel_err(dx, finite_diff(x, loss, kFdStep)),
+             1e-6);
+  EXPECT_ERR("linear dw vs finite diff (double)", max_rel_err(dw, finite_diff(w, loss, kFdStep)),
+             1e-6);
 }
 
 TEST(Linear, FloatMatchesNaiveReference) {
@@ -174,11 +152,11 @@ TEST(Linear, FloatMatchesNaiveReference) {
   k::linear_bwd_input<float>(dyf.data(), wf.data(), dx.data(), M, K, N, false);
   k::linear_bwd_weight<float>(dyf.data(), xf.data(), dw.data(), M, K, N);
   EXPECT_ERR("linear y (float vs naive double)",
-             rel_err(y, ref_linear_fwd(x, w, M, K, N), kDotFloor), 1e-5);
+             max_rel_err(y, ref_linear_fwd(x, w, M, K, N), kDotFloor), 1e-5);
   EXPECT_ERR("linear dx (float vs naive double)",
-             rel_err(dx, ref_linear_dx(dy, w, M, K, N), kDotFloor), 1e-5);
+             max_rel_err(dx, ref_linear_dx(dy, w, M, K, N), kDotFloor), 1e-5);
   EXPECT_ERR("linear dw (float vs naive double)",
-             rel_err(dw, ref_linear_dw(dy, x, M, K, N), kDotFloor), 1e-5);
+             max_rel_err(dw, ref_linear_dw(dy, x, M, K, N), kDotFloor), 1e-5);
 }
 
 TEST(Linear, WeightGradAccumulatesInputGradOverwritesOrAccumulates) {
@@ -193,7 +171,7 @@ TEST(Linear, WeightGradAccumulatesInputGradOverwritesOrAccumulates) {
   k::linear_bwd_weight<float>(dy.data(), x.data(), dw2.data(), M, K, N);
   std::vector<float> twice(dw1.size());
   for (size_t i = 0; i < dw1.size(); ++i) twice[i] = 2 * dw1[i];
-  EXPECT_ERR("linear dw after two calls vs 2x one call", rel_err(dw2, twice), 1e-6);
+  EXPECT_ERR("linear dw after two calls vs 2x one call", max_rel_err(dw2, twice), 1e-6);
   // dx: accumulate=false overwrites NaN garbage, accumulate=true adds to what is there
   std::vector<float> dx(M * K, NAN);
   k::linear_bwd_input<float>(dy.data(), w.data(), dx.data(), M, K, N, false);
@@ -202,7 +180,7 @@ TEST(Linear, WeightGradAccumulatesInputGradOverwritesOrAccumulates) {
   k::linear_bwd_input<float>(dy.data(), w.data(), dxa.data(), M, K, N, true);
   std::vector<float> expect(M * K);
   for (size_t i = 0; i < expect.size(); ++i) expect[i] = base[i] + dx[i];
-  EXPECT_ERR("linear dx accumulate=true vs base + dx", rel_err(dxa, expect), 1e-6);
+  EXPECT_ERR("linear dx accumulate=true vs base + dx", max_rel_err(dxa, expect), 1e-6);
 }
 
 TEST(Linear, LargeFloatMatchesNaiveReference) {
@@ -218,9 +196,9 @@ TEST(Linear, LargeFloatMatchesNaiveReference) {
   k::linear_bwd_weight<float>(dyf.data(), xf.data(), dw.data(), M, K, N);
   // sums of 67..257 O(1) terms, float accumulation: compared relative to max(|ref|, 1)
   EXPECT_ERR("linear large y (float vs naive double)",
-             rel_err(y, ref_linear_fwd(x, w, M, K, N), 1.0), 1e-5);
+             max_rel_err(y, ref_linear_fwd(x, w, M, K, N), 1.0), 1e-5);
   EXPECT_ERR("linear large dx (float vs naive double)",
-             rel_err(dx, ref_linear_dx(dy, w, M, K, N), 1.0), 1e-5);
+             max_rel_err(dx, ref_linear_dx(dy, w, M, K, N), 1.0), 1e-5);
   EXPECT_ERR("linear large dw (float vs naive double)",
-             rel_err(dw, ref_linear_dw(dy, x, M, K, N), 1.0), 1e-5);
+             max_rel_err(dw, ref_linear_dw(dy, x, M, K, N), 1.0), 1e-5);
 }

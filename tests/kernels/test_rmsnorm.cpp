@@ -13,28 +13,7 @@ namespace {
 using namespace piper::testing;
 namespace k = piper::kernels;
 
-constexpr double kFdStep = 1e-5;  // central differences: ~cbrt(eps) balances the two errors
-constexpr double kEps = 1e-5;     // the model's rmsnorm eps
-
-// max_rel_err, but a size mismatch or any non-finite value counts as infinitely wrong.
-template <class A, class B>
-double rel_err(const std::vector<A>& a, const std::vector<B>& b, double floor = 1e-3) {
-  if (a.size() != b.size()) return INFINITY;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!std::isfinite(double(a[i])) || !std::isfinite(double(b[i]))) return INFINITY;
-  return max_rel_err(a, b, floor);
-}
-#define EXPECT_ERR(what, err, tol) EXPECT_LE(report(what, err, tol), tol)
-
-template <class T>
-std::vector<T> cast(const std::vector<double>& v) {
-  return std::vector<T>(v.begin(), v.end());
-}
-// float-representable random values, so the double reference sees the float kernel's inputs
-std::vector<double> random_f(size_t n, uint64_t seed, double lo = -1, double hi = 1) {
-  auto v = random_vec<float>(n, seed, lo, hi);
-  return std::vector<double>(v.begin(), v.end());
-}
+constexpr double kEps = 1e-5;  // the model's rmsnorm eps
 
 // Naive double reference: y, rstd, dx, dw (dw from zero), straight from the formula
 //   y = x * r * w, r = 1/sqrt(mean(x^2) + eps);  dx = r*(g - xhat*mean(g*xhat)), g = dy*w
@@ -79,9 +58,9 @@ TEST(Rmsnorm, GradcheckDouble) {
   std::vector<double> y(M * D), rstd(M), dx(M * D, NAN), dw(D, 0.0);
   k::rmsnorm_fwd<double>(x.data(), w.data(), y.data(), rstd.data(), M, D, kEps);
   k::rmsnorm_bwd<double>(wt.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), M, D);
-  EXPECT_ERR("rmsnorm dx vs finite diff (double)", rel_err(dx, finite_diff(x, loss, kFdStep)),
+  EXPECT_ERR("rmsnorm dx vs finite diff (double)", max_rel_err(dx, finite_diff(x, loss, kFdStep)),
              1e-6);
-  EXPECT_ERR("rmsnorm dw vs finite diff (double)", rel_err(dw, finite_diff(w, loss, kFdStep)),
+  EXPECT_ERR("rmsnorm dw vs finite diff (double)", max_rel_err(dw, finite_diff(w, loss, kFdStep)),
              1e-6);
 }
 
@@ -95,11 +74,11 @@ TEST(Rmsnorm, FloatMatchesNaiveReference) {
   std::vector<float> y(M * D, NAN), rstd(M, NAN), dx(M * D, NAN), dw(D, 0.f);
   k::rmsnorm_fwd<float>(xf.data(), wf.data(), y.data(), rstd.data(), M, D, float(kEps));
   k::rmsnorm_bwd<float>(dyf.data(), xf.data(), wf.data(), rstd.data(), dx.data(), dw.data(), M, D);
-  EXPECT_ERR("rmsnorm y (float vs naive double)", rel_err(y, r.y), 1e-5);
-  EXPECT_ERR("rmsnorm rstd (float vs naive double)", rel_err(rstd, r.rstd), 1e-5);
+  EXPECT_ERR("rmsnorm y (float vs naive double)", max_rel_err(y, r.y), 1e-5);
+  EXPECT_ERR("rmsnorm rstd (float vs naive double)", max_rel_err(rstd, r.rstd), 1e-5);
   // dx = r*(g - xhat*c) cancels to ~0 in places: compared relative to max(|ref|, 1e-2)
-  EXPECT_ERR("rmsnorm dx (float vs naive double)", rel_err(dx, r.dx, 1e-2), 1e-5);
-  EXPECT_ERR("rmsnorm dw (float vs naive double)", rel_err(dw, r.dw), 1e-5);
+  EXPECT_ERR("rmsnorm dx (float vs naive double)", max_rel_err(dx, r.dx, 1e-2), 1e-5);
+  EXPECT_ERR("rmsnorm dw (float vs naive double)", max_rel_err(dw, r.dw), 1e-5);
 }
 
 TEST(Rmsnorm, WeightGradAccumulatesInputGradOverwritten) {
@@ -114,7 +93,7 @@ TEST(Rmsnorm, WeightGradAccumulatesInputGradOverwritten) {
   k::rmsnorm_bwd<float>(dy.data(), x.data(), w.data(), rstd.data(), dx2.data(), dw.data(), M, D);
   std::vector<float> expect(D);
   for (int64_t d = 0; d < D; ++d) expect[d] = 2 * once[d];
-  EXPECT_ERR("rmsnorm dw after two calls vs 2x one call", rel_err(dw, expect), 1e-6);
+  EXPECT_ERR("rmsnorm dw after two calls vs 2x one call", max_rel_err(dw, expect), 1e-6);
   EXPECT_EQ(dx1, dx2) << "dx must be overwritten, whatever it held";
 }
 
@@ -141,10 +120,10 @@ TEST(Rmsnorm, LargeMatchesReferenceAndIsThreadCountIndependent) {
   };
   const Out o1 = run(1), o3 = run(3);
   omp_set_num_threads(saved);
-  EXPECT_ERR("rmsnorm large y (float vs naive double)", rel_err(o3.y, r.y), 1e-5);
-  EXPECT_ERR("rmsnorm large dx (float vs naive double)", rel_err(o3.dx, r.dx, 1e-2), 1e-5);
+  EXPECT_ERR("rmsnorm large y (float vs naive double)", max_rel_err(o3.y, r.y), 1e-5);
+  EXPECT_ERR("rmsnorm large dx (float vs naive double)", max_rel_err(o3.dx, r.dx, 1e-2), 1e-5);
   // dw sums ~1000 O(1) terms: relative to max(|ref|, 1)
-  EXPECT_ERR("rmsnorm large dw (float vs naive double)", rel_err(o3.dw, r.dw, 1.0), 1e-5);
+  EXPECT_ERR("rmsnorm large dw (float vs naive double)", max_rel_err(o3.dw, r.dw, 1.0), 1e-5);
   EXPECT_EQ(o1.y, o3.y);
   EXPECT_EQ(o1.dx, o3.dx);
   EXPECT_EQ(o1.dw, o3.dw) << "dw is reduced over fixed row blocks: thread count must not matter";

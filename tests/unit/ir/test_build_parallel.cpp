@@ -29,28 +29,16 @@
 #include "ir/program.hpp"
 #include "ir/strategy.hpp"
 #include "ir/verify.hpp"
+#include "unit/test_configs.hpp"
 
 namespace piper::ir {
 namespace {
 
 // ---- helpers ------------------------------------------------------------------------
 
-// The small model of test_ir.cpp: D 16, H 4, KV 2, F 24, N 8, P 8, expand 2, G 2, K 4, V 32.
-config::ModelConfig small_model(const std::string& pattern) {
-  config::ModelConfig m;
-  m.pattern = pattern;
-  m.vocab_size = 32;
-  m.d_model = 16;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.ffn_hidden = 24;
-  m.d_state = 8;
-  m.head_dim = 8;
-  m.expand = 2;
-  m.n_groups = 2;
-  m.d_conv = 4;
-  return m;
-}
+// The small model of test_ir.cpp (unit/test_configs.hpp): D 16, H 4, KV 2, F 24, N 8, P 8,
+// expand 2, G 2, K 4, V 32.
+using testing::small_model;
 
 struct Par {
   int dp = 1, pp = 1, zero = 0, vs = 1;

@@ -18,27 +18,18 @@
 #include "model/model.hpp"
 #include "model/params.hpp"
 #include "model/unit.hpp"
+#include "unit/test_configs.hpp"
 
 namespace piper::model {
 namespace {
 
 // ---- helpers ----------------------------------------------------------------------------
 
-// The tiny model of the gradient check: D 16, H 4, KV 2, F 24, N 8, P 8,
-// expand 2 (d_inner 32, Hm 4), G 2, V 32, SSD chunk 4 (so T = 7 spans two chunks).
+// The tiny model of the gradient check: the small model of the IR tests (unit/test_configs.hpp:
+// D 16, H 4, KV 2, F 24, N 8, P 8, expand 2 (d_inner 32, Hm 4), G 2, V 32) with SSD chunk 4
+// (so T = 7 spans two chunks).
 config::ModelConfig tiny_config(const std::string& pattern = "M*-") {
-  config::ModelConfig m;
-  m.pattern = pattern;
-  m.vocab_size = 32;
-  m.d_model = 16;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.ffn_hidden = 24;
-  m.d_state = 8;
-  m.head_dim = 8;
-  m.expand = 2;
-  m.n_groups = 2;
-  m.d_conv = 4;
+  config::ModelConfig m = testing::small_model(pattern);
   m.ssd_chunk = 4;
   return m;
 }

@@ -1,0 +1,30 @@
+// test_configs.hpp — the small model configuration shared by the IR and model unit tests
+// (tests/unit/ir/test_ir.cpp, test_build_parallel.cpp, tests/unit/model/test_model.cpp).
+#pragma once
+
+#include <string>
+
+#include "config/config.hpp"
+
+namespace piper::testing {
+
+// A small model with every block kind cheap to build and run: D 16, H 4 (attention hd 4), KV 2,
+// F 24, N 8, P 8, expand 2 (d_inner 32, Hm 4), G 2, K 4, V 32. Every other field (rope_theta,
+// ssd_chunk, ...) keeps its config::ModelConfig default.
+inline config::ModelConfig small_model(const std::string& pattern) {
+  config::ModelConfig m;
+  m.pattern = pattern;
+  m.vocab_size = 32;
+  m.d_model = 16;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_hidden = 24;
+  m.d_state = 8;
+  m.head_dim = 8;
+  m.expand = 2;
+  m.n_groups = 2;
+  m.d_conv = 4;
+  return m;
+}
+
+}  // namespace piper::testing
