@@ -1,7 +1,12 @@
-// gemm.cpp — the CBLAS wrapper every matrix product goes through (row-major).
+// gemm.cpp — the wrapper every matrix product goes through (row-major):
+// float through oneDNN's sgemm when built with it (the fastest measured on
+// this model's shapes, docs/blas.md), double (gradient checks) through CBLAS.
 #include "gemm.hpp"
 
 #include <cblas.h>
+#ifdef PIPER_USE_DNNL
+#include <dnnl.h>
+#endif
 
 #include <algorithm>
 #include <limits>
@@ -51,6 +56,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
+#ifdef PIPER_USE_DNNL
+    if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) !=
+        dnnl_success)
+      throw std::runtime_error("piper::kernels::gemm: dnnl_sgemm failed");
+    return;
+#endif
     cblas_sgemm(CblasRowMajor, ta, tb, to_blasint(M), to_blasint(N), to_blasint(K), alpha, A,
                 to_blasint(lda), B, to_blasint(ldb), beta, C, to_blasint(ldc));
   } else {

@@ -10,8 +10,9 @@ packages=(
   libyaml-cpp-dev                     # configs
   nlohmann-json3-dev libcli11-dev     # metrics JSON, command line
   libgtest-dev googletest             # tests
-  libopenblas-dev libopenblas0-openmp libopenblas-openmp-dev  # CPU BLAS (docs/blas.md)
-  python3 python3-torch python3-numpy # the PyTorch peer of `make bench` and the parity test
+  libdnnl-dev                         # float GEMM: oneDNN, the fastest measured (docs/blas.md)
+  libopenblas-dev libopenblas0-openmp libopenblas-openmp-dev  # CBLAS (double), OpenMP build
+  python3 python3-torch python3-numpy python3-yaml  # the PyTorch peer of `make bench` and the parity test
 )
 
 missing=()

@@ -119,7 +119,7 @@ TEST(Gemm, EmptyInnerDimensionScalesC) {
 TEST(Gemm, BlasNameIsKnown) {
   const std::string name = k::blas_name();
   std::printf("[ info  ] BLAS: %s\n", name.c_str());
-  EXPECT_TRUE(name == "openblas" || name == "blis") << name;
+  EXPECT_TRUE(name == "onednn" || name == "openblas" || name == "blis") << name;
 }
 
 TEST(Linear, GradcheckDouble) {
