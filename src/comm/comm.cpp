@@ -5,7 +5,6 @@
 #include <exception>
 #include <sstream>
 
-#include "comm/rank_grid.hpp"
 
 namespace piper::comm {
 
@@ -74,9 +73,5 @@ std::string group_name(std::string_view label, const std::vector<int>& world_ran
   return s.str();
 }
 
-std::unique_ptr<Communicator> split_along(Communicator& parent, const RankGrid& grid, std::string_view dim) {
-  const int me = parent.world_rank(parent.rank());
-  return parent.split(grid.group(me, dim), std::string(dim) + " group");
-}
 
 }  // namespace piper::comm

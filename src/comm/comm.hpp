@@ -27,7 +27,6 @@
 
 namespace piper::comm {
 
-class RankGrid;
 
 struct CommOptions {
   // A wait (or blocking call) longer than this throws CommError.
@@ -35,9 +34,14 @@ struct CommOptions {
   // Drive transfers from a background progress thread (needs MPI_THREAD_MULTIPLE;
   // without it, progress happens only inside test() and wait()).
   bool progress_thread = true;
-  // How long the progress thread sleeps after a poll that completed nothing,
-  // while no thread waits (it spins while one does). 0 = yield only.
-  int progress_sleep_us = 20;
+  // After a poll that completed nothing the progress thread sleeps: first
+  // min, doubling up to max; a completion or a new operation resets it to min.
+  // Each wake-up steals the core from compute: measured on 2 cores, an
+  // operation left pending during compute slowed it by +115% at 20 us,
+  // +49% at 50 us, +11% at 200 us, +2% at 1000 us (docs/comm.md).
+  // max 0 = never sleep (yield only).
+  int progress_min_sleep_us = 10;
+  int progress_max_sleep_us = 1000;
 };
 
 // A communication failure: a timeout, or an error reported by the library.
@@ -135,9 +139,6 @@ class Communicator {
                                                    const std::string& label) = 0;
 };
 
-// The group along `dim` of `grid` holding this rank, split from `parent`
-// (collective over parent; parent must span the grid's world).
-std::unique_ptr<Communicator> split_along(Communicator& parent, const RankGrid& grid, std::string_view dim);
 
 // "dp group [0,2]", "world [0..7]": how communicators name themselves.
 std::string group_name(std::string_view label, const std::vector<int>& world_ranks);

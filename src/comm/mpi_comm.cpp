@@ -97,17 +97,19 @@ struct OpState {
 // poll_mu_ may test them: a thread inside wait() or test() polls them itself
 // (no hand-off between threads, so a short message completes in the time MPI
 // takes), and the progress thread, when there is one, polls them while no
-// thread waits, sleeping sleep_us after a poll that completed nothing.
+// thread waits. After a poll that completed nothing it sleeps, first
+// min_sleep_us, doubling up to max_sleep_us; a completion or a new operation
+// starts again from min_sleep_us (protocol hand-shakes right after a post get
+// quick turns, a long transfer costs compute little; see docs/comm.md).
 class ProgressEngine {
  public:
-  ProgressEngine(bool with_thread, int sleep_us) : sleep_us_(std::max(0, sleep_us)) {
+  ProgressEngine(bool with_thread, int min_sleep_us, int max_sleep_us)
+      : max_sleep_us_(std::max(0, max_sleep_us)), min_sleep_us_(std::clamp(min_sleep_us, 0, max_sleep_us_)) {
     if (with_thread) thread_ = std::thread([this] { run(); });
   }
   ~ProgressEngine() { stop(); }
   ProgressEngine(const ProgressEngine&) = delete;
   ProgressEngine& operator=(const ProgressEngine&) = delete;
-
-  bool has_thread() const { return thread_.joinable(); }
 
   // Takes a posted, not yet complete request; from now on only a poll tests it.
   void submit(const std::shared_ptr<OpState>& op) {
@@ -147,7 +149,7 @@ class ProgressEngine {
         poll_once();
         poll_mu_.unlock();
       }
-      if (n % 64 == 0 && Clock::now() >= deadline) break;
+      if (n % 16 == 0 && Clock::now() >= deadline) break;
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -157,11 +159,17 @@ class ProgressEngine {
     return op.done.load(std::memory_order_acquire);
   }
 
-  // Cancels a pending receive at the next poll (only a poll may touch its request).
+  // Cancels a pending receive: now if nobody is polling, else at the next
+  // poll (only the poller may touch a request).
   void cancel(OpState& op) {
     op.cancel.store(true);
     ++cancels_;
-    cv_work_.notify_one();
+    if (poll_mu_.try_lock()) {
+      poll_once();
+      poll_mu_.unlock();
+    } else {
+      cv_work_.notify_one();
+    }
   }
 
   // Joins the thread; operations still pending fail with a message.
@@ -189,7 +197,8 @@ class ProgressEngine {
     --pending_;
   }
 
-  const int sleep_us_;
+  const int max_sleep_us_;
+  const int min_sleep_us_;
   std::mutex mu_;                    // incoming_, stopped_, waiters_ changes, the thread's sleep
   std::condition_variable cv_work_;  // new work, a waiter left, a cancel, or stop
   std::vector<std::shared_ptr<OpState>> incoming_;
@@ -226,7 +235,7 @@ int ProgressEngine::poll_once() {
   take_incoming();
   const bool cancels = cancels_.exchange(0) > 0;
   if (active_.empty()) return 0;
-  if (cancels)
+  if (cancels)  // best effort: a receive that cannot be cancelled any more completes as usual
     for (size_t i = 0; i < reqs_.size(); ++i)
       if (active_[i]->cancel.exchange(false)) MPI_Cancel(&reqs_[i]);
   int count = 0;
@@ -258,29 +267,37 @@ int ProgressEngine::poll_once() {
 
 void ProgressEngine::run() {
 #if defined(__linux__)
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // sleep ~sleep_us_, not sleep_us_ + 50 us of default slack
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // sleep what we ask, not 50 us more (the default slack)
 #endif
+  int sleep = min_sleep_us_;  // doubles after each poll that completed nothing, up to max_sleep_us_
   bool idle = false;  // the last poll completed nothing
   while (true) {
+    bool yield_now = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      if (!incoming_.empty()) sleep = min_sleep_us_;
       if (waiters_ > 0) {  // a waiting thread polls; stand aside
         cv_work_.wait(lock, [&] { return stopped_ || waiters_ == 0; });
         idle = false;
       } else if (pending_ == 0) {
         cv_work_.wait(lock, [&] { return stopped_ || pending_ > 0; });
         idle = false;
-      } else if (idle && sleep_us_ > 0) {
-        cv_work_.wait_for(lock, std::chrono::microseconds(sleep_us_),
-                          [&] { return stopped_ || !incoming_.empty() || waiters_ > 0 || cancels_ > 0; });
+      } else if (idle) {
+        if (sleep > 0)
+          cv_work_.wait_for(lock, std::chrono::microseconds(sleep),
+                            [&] { return stopped_ || !incoming_.empty() || waiters_ > 0 || cancels_ > 0; });
+        else
+          yield_now = true;
+        sleep = incoming_.empty() ? std::min(std::max(2 * sleep, 1), max_sleep_us_) : min_sleep_us_;
       }
       if (stopped_) return;
       if (waiters_ > 0) continue;
     }
-    if (idle && sleep_us_ == 0) std::this_thread::yield();
+    if (yield_now) std::this_thread::yield();
     std::unique_lock<std::mutex> poll_lock(poll_mu_, std::try_to_lock);
     if (!poll_lock) continue;  // a test() is polling
     idle = poll_once() == 0;
+    if (!idle) sleep = min_sleep_us_;
   }
 }
 
@@ -300,15 +317,17 @@ int stop_engines_at_finalize(MPI_Comm, int, void*, void*) {
   return MPI_SUCCESS;
 }
 
-std::shared_ptr<ProgressEngine> start_engine(bool with_thread, int sleep_us) {
+std::shared_ptr<ProgressEngine> start_engine(bool with_thread, const CommOptions& options) {
   static std::once_flag hook_once;
   std::call_once(hook_once, [] {
     int keyval = MPI_KEYVAL_INVALID;
     PIPER_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, stop_engines_at_finalize, &keyval, nullptr));
     PIPER_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
   });
-  auto engine = std::make_shared<ProgressEngine>(with_thread, sleep_us);
+  auto engine =
+      std::make_shared<ProgressEngine>(with_thread, options.progress_min_sleep_us, options.progress_max_sleep_us);
   std::lock_guard<std::mutex> lock(g_engines_mu);
+  std::erase_if(g_engines, [](const std::weak_ptr<ProgressEngine>& w) { return w.expired(); });
   g_engines.push_back(engine);
   return engine;
 }
@@ -546,8 +565,16 @@ std::unique_ptr<Communicator> MpiCommunicator::split_impl(const std::vector<int>
 
 namespace detail {
 void mpi_check_failed(int rc, const char* expr, const char* file, int line) {
-  throw CommError(std::string("piper comm: MPI error at ") + file + ":" + std::to_string(line) + " on " + where() +
-                  ": " + expr + ": " + mpi_error_string(rc));
+  std::string path = file;  // relative to the repository: from "src/" or "tests/" on
+  for (const char* root : {"/src/", "/tests/"}) {
+    size_t at = path.rfind(root);
+    if (at != std::string::npos) {
+      path = path.substr(at + 1);
+      break;
+    }
+  }
+  throw CommError("piper comm: MPI error at " + path + ":" + std::to_string(line) + " on " + where() + ": " + expr +
+                  ": " + mpi_error_string(rc));
 }
 }  // namespace detail
 
@@ -615,7 +642,7 @@ std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
       });
     }
   }
-  auto engine = start_engine(with_thread, options.progress_sleep_us);
+  auto engine = start_engine(with_thread, options);
   MPI_Comm comm = MPI_COMM_NULL;
   PIPER_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   PIPER_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));

@@ -1,15 +1,16 @@
 // mpi_comm.hpp — the MPI communicator (make_mpi_world), MPI start-up helpers and the MPI check macro.
 //
 // Groups: Communicator::split (collective over the parent; see comm.hpp)
-// builds them, split_along(world, grid, "dp") from a RankGrid.
+// builds them (the runtime passes each the ranks of its rank-grid group).
 //
 // Progress: Open MPI moves a large non-blocking transfer only while some
 // thread is inside the library, so a world made with
 // CommOptions::progress_thread (the default) starts one progress thread that
-// owns every pending MPI_Request of that world and its splits and polls them
-// with MPI_Testsome, sleeping CommOptions::progress_sleep_us after a poll that
-// completed nothing (spinning instead while a thread waits). This needs
-// MPI_THREAD_MULTIPLE (init_mpi asks for it). Without it, make_mpi_world
+// polls the pending MPI_Requests of that world and its splits with
+// MPI_Testsome while compute runs, sleeping between polls that complete
+// nothing (progress_min_sleep_us doubling up to progress_max_sleep_us). A
+// thread in wait() polls itself and the progress thread stands aside. This
+// needs MPI_THREAD_MULTIPLE (init_mpi asks for it). Without it, make_mpi_world
 // prints a one-time warning and falls back to progress inside test()/wait().
 #pragma once
 

@@ -12,7 +12,7 @@ const std::vector<std::string> kKnownDims = {"tp", "cp", "ep", "dp", "pp"};
 }
 
 RankGrid::RankGrid(int world_size, const std::string& order, const std::map<std::string, int>& sizes)
-    : world_(world_size) {
+    : world_(world_size), order_(order) {
   std::stringstream ss(order);
   std::string d;
   while (std::getline(ss, d, '-')) {
@@ -20,13 +20,16 @@ RankGrid::RankGrid(int world_size, const std::string& order, const std::map<std:
       throw std::invalid_argument("rank grid order '" + order + "': unknown dimension '" + d +
                                   "' (expected names from tp, cp, ep, dp, pp joined by '-')");
     if (std::find(dims_.begin(), dims_.end(), d) != dims_.end())
-      throw std::invalid_argument("rank grid order '" + order + "' names '" + d + "' twice");
+      throw std::invalid_argument("rank grid order '" + order + "': dimension '" + d + "' is repeated");
     dims_.push_back(d);
   }
-  for (const auto& [name, n] : sizes)
+  for (const auto& [name, n] : sizes) {
+    if (std::find(kKnownDims.begin(), kKnownDims.end(), name) == kKnownDims.end())
+      throw std::invalid_argument("rank grid: unknown dimension '" + name + "' (expected tp, cp, ep, dp or pp)");
     if (n > 1 && std::find(dims_.begin(), dims_.end(), name) == dims_.end())
-      throw std::invalid_argument("rank grid order '" + order + "' lacks '" + name + "', whose size is " +
+      throw std::invalid_argument("rank grid order '" + order + "' does not name " + name + ", whose size is " +
                                   std::to_string(n));
+  }
   int product = 1;
   std::string factors;
   for (const auto& name : dims_) {
@@ -42,13 +45,24 @@ RankGrid::RankGrid(int world_size, const std::string& order, const std::map<std:
                                 std::to_string(product));
 }
 
-int RankGrid::size(const std::string& dim) const {
+int RankGrid::index_of(const std::string& dim) const {
   for (size_t i = 0; i < dims_.size(); ++i)
-    if (dims_[i] == dim) return sizes_[i];
-  return 1;
+    if (dims_[i] == dim) return static_cast<int>(i);
+  if (std::find(kKnownDims.begin(), kKnownDims.end(), dim) == kKnownDims.end())
+    throw std::invalid_argument("rank grid: unknown dimension '" + dim + "' (expected tp, cp, ep, dp or pp)");
+  return -1;  // a known dimension outside the order: size 1
+}
+
+int RankGrid::size(const std::string& dim) const {
+  const int i = index_of(dim);
+  return i < 0 ? 1 : sizes_[static_cast<size_t>(i)];
 }
 
 int RankGrid::coord(int rank, const std::string& dim) const {
+  if (rank < 0 || rank >= world_)
+    throw std::invalid_argument("rank grid: rank " + std::to_string(rank) + " outside world size " +
+                                std::to_string(world_));
+  if (index_of(dim) < 0) return 0;
   int r = rank;
   for (size_t i = 0; i < dims_.size(); ++i) {
     if (dims_[i] == dim) return r % sizes_[i];
@@ -65,6 +79,10 @@ std::map<std::string, int> RankGrid::coords(int rank) const {
 
 int RankGrid::rank_of(const std::map<std::string, int>& coords) const {
   int rank = 0, stride = 1;
+  for (const auto& [name, c] : coords)
+    if (c < 0 || c >= size(name))
+      throw std::invalid_argument("rank grid: " + name + " coordinate " + std::to_string(c) + " outside 0.." +
+                                  std::to_string(size(name) - 1));
   for (size_t i = 0; i < dims_.size(); ++i) {
     auto it = coords.find(dims_[i]);
     rank += (it == coords.end() ? 0 : it->second) * stride;

@@ -16,6 +16,7 @@ class RankGrid {
   RankGrid(int world_size, const std::string& order, const std::map<std::string, int>& sizes);
 
   int world_size() const { return world_; }
+  const std::string& order() const { return order_; }
   const std::vector<std::string>& dims() const { return dims_; }
   int size(const std::string& dim) const;
   int coord(int rank, const std::string& dim) const;
@@ -27,7 +28,9 @@ class RankGrid {
   std::vector<std::vector<int>> groups(const std::string& dim) const;
 
  private:
+  int index_of(const std::string& dim) const;  // throws for a name the grid does not know
   int world_ = 1;
+  std::string order_;
   std::vector<std::string> dims_;  // in order, first varies fastest
   std::vector<int> sizes_;
 };

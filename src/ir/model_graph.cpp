@@ -97,10 +97,10 @@ namespace {
 constexpr double kInitStd = 0.02;
 
 ParamSpec matrix(std::string name, int64_t rows, int64_t cols, double std_dev) {
-  return {std::move(name), {rows, cols}, true, InitKind::INIT_NORMAL, std_dev};
+  return {std::move(name), {rows, cols}, true, InitKind::INIT_NORMAL, std_dev, -1, {}};
 }
 ParamSpec ones(std::string name, int64_t n) {
-  return {std::move(name), {n}, false, InitKind::INIT_ONES, 0.0};
+  return {std::move(name), {n}, false, InitKind::INIT_ONES, 0.0, -1, {}};
 }
 
 // Megatron's column-parallel (output rows split) and row-parallel (input columns split).
@@ -135,11 +135,11 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
         u.params.push_back(split(matrix(mix + "in_proj.weight", m.in_proj_rows(), D, kInitStd), 0, {di, di, gn, gn, hm}));
         // conv1d: uniform(+-1/sqrt(K)), torch's default for a depthwise conv
         u.params.push_back(split({mix + "conv1d.weight", {c, m.d_conv}, true, InitKind::INIT_UNIFORM,
-                                  1.0 / std::sqrt(static_cast<double>(m.d_conv))}, 0, {di, gn, gn}));
+                                  1.0 / std::sqrt(static_cast<double>(m.d_conv)), -1, {}}, 0, {di, gn, gn}));
         u.params.push_back(split({mix + "conv1d.bias", {c}, false, InitKind::INIT_UNIFORM,
-                                  1.0 / std::sqrt(static_cast<double>(m.d_conv))}, 0, {di, gn, gn}));
-        u.params.push_back(split({mix + "dt_bias", {hm}, false, InitKind::INIT_DT_BIAS, 0.0}, 0));
-        u.params.push_back(split({mix + "A_log", {hm}, false, InitKind::INIT_A_LOG, 0.0}, 0));
+                                  1.0 / std::sqrt(static_cast<double>(m.d_conv)), -1, {}}, 0, {di, gn, gn}));
+        u.params.push_back(split({mix + "dt_bias", {hm}, false, InitKind::INIT_DT_BIAS, 0.0, -1, {}}, 0));
+        u.params.push_back(split({mix + "A_log", {hm}, false, InitKind::INIT_A_LOG, 0.0, -1, {}}, 0));
         u.params.push_back(split(ones(mix + "D", hm), 0));
         u.params.push_back(split(ones(mix + "norm.weight", di), 0));
         u.params.push_back(split(matrix(mix + "out_proj.weight", D, di, out_std), 1));

@@ -3,7 +3,7 @@
 #   include(tests/unit/comm/comm_tests.cmake)
 add_executable(test_comm_mpi ${CMAKE_CURRENT_LIST_DIR}/mpi/test_comm_mpi.cpp)
 target_include_directories(test_comm_mpi PRIVATE ${CMAKE_SOURCE_DIR}/tests)
-target_link_libraries(test_comm_mpi PRIVATE piper_comm GTest::gtest)
+target_link_libraries(test_comm_mpi PRIVATE piper_comm piper_ir GTest::gtest)
 if(TARGET unit_comm)
   add_dependencies(unit_comm test_comm_mpi)  # building unit_comm builds the MPI tests too
 endif()

@@ -409,7 +409,7 @@ TEST(Build, GridThatDoesNotMatchTheWorldIsABuildError) {
   s.grid_order = "tp-dp";
   m = message(s);
   EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;
-  EXPECT_NE(m.find("lacks 'pp'"), std::string::npos) << m;
+  EXPECT_NE(m.find("does not name pp"), std::string::npos) << m;
   s.grid_order = "tp-xx-pp";
   m = message(s);
   EXPECT_EQ(m.rfind("grid:", 0), 0u) << m;

@@ -1,4 +1,4 @@
-// test_rank_grid.cpp — unit tests of comm::RankGrid (no MPI): groups per order string, coordinates, size errors.
+// test_grid.cpp — unit tests of ir::RankGrid: groups per order string, coordinates, size errors.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -7,10 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm.hpp"
-#include "comm/rank_grid.hpp"
+#include "ir/grid.hpp"
 
-namespace piper::comm {
+namespace piper::ir {
 namespace {
 
 using Groups = std::vector<std::vector<int>>;
@@ -29,7 +28,7 @@ std::string error_of(F f) {
 }
 
 TEST(RankGrid, DefaultOrderTpFastest) {
-  RankGrid g(8, kSizes222);  // rank = tp + 2 * (dp + 2 * pp)
+  RankGrid g(8, "tp-dp-pp", kSizes222);  // rank = tp + 2 * (dp + 2 * pp)
   EXPECT_EQ(g.order(), "tp-dp-pp");
   EXPECT_EQ(g.groups("tp"), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
   EXPECT_EQ(g.groups("dp"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
@@ -40,11 +39,10 @@ TEST(RankGrid, DefaultOrderTpFastest) {
   EXPECT_EQ(g.coord(6, "dp"), 1);
   EXPECT_EQ(g.coord(6, "pp"), 1);
   EXPECT_EQ(g.rank_of({{"tp", 1}, {"dp", 0}, {"pp", 1}}), 5);
-  EXPECT_EQ(g.describe(), "tp(2) x dp(2) x pp(2) = 8 [order tp-dp-pp]");
 }
 
 TEST(RankGrid, OtherOrderDpFastest) {
-  RankGrid g(8, kSizes222, "dp-tp-pp");  // rank = dp + 2 * (tp + 2 * pp)
+  RankGrid g(8, "dp-tp-pp", kSizes222);  // rank = dp + 2 * (tp + 2 * pp)
   EXPECT_EQ(g.groups("dp"), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
   EXPECT_EQ(g.groups("tp"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(g.groups("pp"), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
@@ -53,7 +51,7 @@ TEST(RankGrid, OtherOrderDpFastest) {
 }
 
 TEST(RankGrid, UnevenSizesAndAllFiveDims) {
-  RankGrid g(24, {{"tp", 2}, {"cp", 1}, {"ep", 3}, {"dp", 1}, {"pp", 4}}, "tp-cp-ep-dp-pp");
+  RankGrid g(24, "tp-cp-ep-dp-pp", {{"tp", 2}, {"cp", 1}, {"ep", 3}, {"dp", 1}, {"pp", 4}});
   EXPECT_EQ(g.size("ep"), 3);
   EXPECT_EQ(g.size("cp"), 1);
   EXPECT_EQ(g.group(7, "ep"), (std::vector<int>{7, 9, 11}));  // tp 1, ep 0..2 (stride 2), pp 1
@@ -63,7 +61,7 @@ TEST(RankGrid, UnevenSizesAndAllFiveDims) {
 }
 
 TEST(RankGrid, DimsOutsideTheOrderHaveSizeOne) {
-  RankGrid g(4, {{"tp", 2}, {"dp", 2}, {"cp", 1}});
+  RankGrid g(4, "tp-dp-pp", {{"tp", 2}, {"dp", 2}, {"cp", 1}});
   EXPECT_EQ(g.size("cp"), 1);
   EXPECT_EQ(g.coord(3, "cp"), 0);
   EXPECT_EQ(g.group(3, "cp"), (std::vector<int>{3}));
@@ -73,7 +71,7 @@ TEST(RankGrid, DimsOutsideTheOrderHaveSizeOne) {
 
 TEST(RankGrid, CoordsRoundTripAndEveryRankInOneGroupPerDim) {
   for (const std::string order : {"tp-dp-pp", "dp-tp-pp", "pp-dp-tp", "tp-cp-ep-dp-pp"}) {
-    RankGrid g(12, {{"tp", 2}, {"cp", 1}, {"ep", 1}, {"dp", 3}, {"pp", 2}}, order);
+    RankGrid g(12, order, {{"tp", 2}, {"cp", 1}, {"ep", 1}, {"dp", 3}, {"pp", 2}});
     for (int r = 0; r < 12; ++r) EXPECT_EQ(g.rank_of(g.coords(r)), r) << order << " rank " << r;
     for (const std::string dim : {"tp", "dp", "pp"}) {
       std::map<int, int> seen;
@@ -97,27 +95,20 @@ TEST(RankGrid, CoordsRoundTripAndEveryRankInOneGroupPerDim) {
 }
 
 TEST(RankGrid, BadSizesThrowWithEveryFactor) {
-  EXPECT_EQ(error_of([] { RankGrid(6, kSizes222); }), "world size 6 != tp(2) x dp(2) x pp(2) = 8");
-  EXPECT_EQ(error_of([] { RankGrid(8, {{"tp", 2}, {"dp", 2}}, "tp-cp-dp-pp"); }),
+  EXPECT_EQ(error_of([] { RankGrid(6, "tp-dp-pp", kSizes222); }), "world size 6 != tp(2) x dp(2) x pp(2) = 8");
+  EXPECT_EQ(error_of([] { RankGrid(8, "tp-cp-dp-pp", {{"tp", 2}, {"dp", 2}}); }),
             "world size 8 != tp(2) x cp(1) x dp(2) x pp(1) = 4");
-  EXPECT_NE(error_of([] { RankGrid(8, kSizes222, "tp-xx-pp"); }).find("unknown dimension 'xx'"), std::string::npos);
-  EXPECT_NE(error_of([] { RankGrid(8, {{"tq", 8}}); }).find("unknown dimension 'tq'"), std::string::npos);
-  EXPECT_NE(error_of([] { RankGrid(8, kSizes222, "tp-dp-tp"); }).find("repeated"), std::string::npos);
-  EXPECT_NE(error_of([] { RankGrid(8, {{"tp", 2}, {"dp", 2}, {"ep", 2}}); }).find("does not name ep"),
+  EXPECT_NE(error_of([] { RankGrid(8, "tp-xx-pp", kSizes222); }).find("unknown dimension 'xx'"), std::string::npos);
+  EXPECT_NE(error_of([] { RankGrid(8, "tp-dp-pp", {{"tq", 8}}); }).find("unknown dimension 'tq'"), std::string::npos);
+  EXPECT_NE(error_of([] { RankGrid(8, "tp-dp-tp", kSizes222); }).find("repeated"), std::string::npos);
+  EXPECT_NE(error_of([] { RankGrid(8, "tp-dp-pp", {{"tp", 2}, {"dp", 2}, {"ep", 2}}); }).find("does not name ep"),
             std::string::npos);
-  EXPECT_NE(error_of([] { RankGrid(8, {{"tp", 0}}); }).find("must be >= 1"), std::string::npos);
-  RankGrid g(8, kSizes222);
+  EXPECT_NE(error_of([] { RankGrid(8, "tp-dp-pp", {{"tp", 0}}); }).find("must be >= 1"), std::string::npos);
+  RankGrid g(8, "tp-dp-pp", kSizes222);
   EXPECT_THROW(g.coord(8, "dp"), std::invalid_argument);
   EXPECT_THROW(g.group(0, "zz"), std::invalid_argument);
   EXPECT_THROW(g.rank_of({{"dp", 2}}), std::invalid_argument);
 }
 
-TEST(GroupName, ListsAndRanges) {
-  EXPECT_EQ(group_name("dp group", {0, 2}), "dp group [0,2]");
-  EXPECT_EQ(group_name("world", {0, 1, 2, 3}), "world [0..3]");
-  EXPECT_EQ(group_name("world", {0, 1}), "world [0,1]");
-  EXPECT_EQ(group_name("pp group", {0, 4, 8, 12, 16, 20, 24, 28, 32}), "pp group [0,4,8,12,...,32]");
-}
-
 }  // namespace
-}  // namespace piper::comm
+}  // namespace piper::ir
