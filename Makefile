@@ -30,6 +30,7 @@ test: deps build corpus
 
 bench: deps build corpus
 	@scripts/bench.sh $(BUILD)
+	@scripts/bench-parallel.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -160,13 +160,19 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   const bool lead = env.rank() == 0;
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
 
+  // Every rank reads the token file; all stop if any cannot.
   std::unique_ptr<data::TokenFile> tokens;
+  std::string data_error;
   try {
     tokens = std::make_unique<data::TokenFile>(cfg.data.path);
     data::check_vocab(*tokens, cfg.model.vocab_size);
   } catch (const data::DataError& e) {
-    throw UserError(std::string("data.path: ") + e.what());
+    data_error = std::string("data.path: ") + e.what();
   }
+  if (env.any(!data_error.empty()))
+    throw UserError(!data_error.empty() ? data_error
+                                        : "data.path: another rank could not read '" + cfg.data.path +
+                                              "'; every rank needs the token file (a shared file system or a copy per node)");
 
   ir::Plan plan = ir::compile(cfg, env.world_size());
   if (!env.all_equal(plan.hash))
@@ -198,11 +204,12 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, grid, groups, env);
   Executor exec(m, std::move(program), cfg.train, groups);
 
+  // Rank 0 writes the metrics; every rank learns whether it can, so a bad
+  // path stops the whole job at once rather than leaving the others waiting.
   std::unique_ptr<std::ofstream> metrics;
-  if (!opts.metrics_path.empty() && lead) {
-    metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::trunc);
-    if (!*metrics) throw UserError("--metrics: cannot write '" + opts.metrics_path + "'");
-  }
+  if (!opts.metrics_path.empty() && lead) metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::trunc);
+  if (env.any(metrics && !*metrics))
+    throw UserError("--metrics: cannot write '" + opts.metrics_path + "' (on rank 0, " + env.host() + ")");
   const bool can_sample = held.size() == plan.model.units.size();
   const int64_t tokens_per_step = cfg.train.global_batch * cfg.train.seq_len;
   if (lead) {
