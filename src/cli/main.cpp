@@ -20,6 +20,14 @@ constexpr int kExitUsage = 2;  // bad config, bad input: nothing was started
 
 using namespace piper;
 
+// A problem with what the user gave (config, data, strategy): a message and
+// exit code 2, not an internal error.
+bool is_user_error(const std::exception& e) {
+  return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
+         dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
+         dynamic_cast<const ir::VerifyError*>(&e);
+}
+
 int run_plan(const std::string& path, const std::vector<std::string>& sets, int world,
              bool directives) {
   config::Config cfg = config::load(path, sets);
@@ -45,11 +53,7 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
     return 0;
   } catch (const std::exception& e) {
     // Every rank parses the same input and fails the same way: one prints.
-    const bool user = dynamic_cast<const config::ConfigError*>(&e) ||
-                      dynamic_cast<const runtime::UserError*>(&e) ||
-                      dynamic_cast<const ir::BuildError*>(&e) ||
-                      dynamic_cast<const ir::VerifyError*>(&e);
-    if (user) {
+    if (is_user_error(e)) {
       if (env.rank() == 0) std::fprintf(stderr, "piper: error: %s\n", e.what());
       return kExitUsage;
     }
@@ -111,21 +115,10 @@ int main(int argc, char** argv) {
       std::printf("piper prepare: wrote %lld tokens to %s\n", static_cast<long long>(n), out_path.c_str());
       return 0;
     }
-  } catch (const config::ConfigError& e) {
-    std::fprintf(stderr, "piper: error: %s\n", e.what());
-    return kExitUsage;
-  } catch (const data::DataError& e) {
-    std::fprintf(stderr, "piper: error: %s\n", e.what());
-    return kExitUsage;
-  } catch (const ir::BuildError& e) {
-    std::fprintf(stderr, "piper: error: %s\n", e.what());
-    return kExitUsage;
-  } catch (const ir::VerifyError& e) {
-    std::fprintf(stderr, "piper: error: %s\n", e.what());
-    return kExitUsage;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "piper: internal error: %s\n", e.what());
-    return 1;
+    const bool user = is_user_error(e);
+    std::fprintf(stderr, "piper: %s%s\n", user ? "error: " : "internal error: ", e.what());
+    return user ? kExitUsage : 1;
   }
   return 0;
 }

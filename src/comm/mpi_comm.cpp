@@ -144,12 +144,23 @@ class ProgressEngine {
       std::lock_guard<std::mutex> lock(mu_);
       ++waiters_;
     }
+    // Spin briefly (a message about to land costs no wake-up), then back off
+    // with short sleeps, so a waiting rank leaves its core to a computing one
+    // when ranks share cores.
+    const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+    auto backoff = std::chrono::microseconds(2);
     for (unsigned n = 1; !op.done.load(std::memory_order_acquire); ++n) {
       if (poll_mu_.try_lock()) {
         poll_once();
         poll_mu_.unlock();
       }
-      if (n % 16 == 0 && Clock::now() >= deadline) break;
+      if (n % 16 != 0) continue;
+      const auto now = Clock::now();
+      if (now >= deadline) break;
+      if (now >= spin_until) {
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::microseconds(200));
+      }
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -30,9 +30,14 @@
 #include "ir/strategy.hpp"
 #include "ir/verify.hpp"
 #include "unit/test_configs.hpp"
+#include "unit/ir/graph_checks.hpp"
 
 namespace piper::ir {
 namespace {
+
+using testing::find_node;
+using testing::has_edge;
+
 
 // ---- helpers ------------------------------------------------------------------------
 
@@ -91,22 +96,6 @@ std::vector<int> iota(int from, int to) {  // [from, to)
   std::vector<int> v;
   for (int i = from; i < to; ++i) v.push_back(i);
   return v;
-}
-
-int find_node(const Graph& g, NodeKind kind, int unit, int mb) {
-  int found = -1;
-  for (const Node& n : g.nodes())
-    if (n.kind == kind && n.tags.unit == unit && n.tags.microbatch == mb) {
-      EXPECT_EQ(found, -1) << "two nodes " << node_kind_name(kind) << " unit " << unit << " mb" << mb;
-      found = n.id;
-    }
-  return found;
-}
-
-bool has_edge(const Graph& g, int src, int dst, EdgeKind kind = EdgeKind::EDGE_DATA) {
-  for (const Edge& e : g.edges())
-    if (e.src == src && e.dst == dst && e.kind == kind) return true;
-  return false;
 }
 
 std::set<int> data_preds(const Graph& g, int id) {

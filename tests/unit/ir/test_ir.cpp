@@ -22,9 +22,14 @@
 #include "ir/strategy.hpp"
 #include "ir/verify.hpp"
 #include "unit/test_configs.hpp"
+#include "unit/ir/graph_checks.hpp"
 
 namespace piper::ir {
 namespace {
+
+using testing::find_node;
+using testing::has_edge;
+
 
 // ---- helpers ------------------------------------------------------------------------
 
@@ -60,22 +65,6 @@ std::map<NodeKind, int> count_kinds(const Graph& g) {
   std::map<NodeKind, int> c;
   for (const Node& n : g.nodes()) ++c[n.kind];
   return c;
-}
-
-int find_node(const Graph& g, NodeKind kind, int unit, int mb) {
-  int found = -1;
-  for (const Node& n : g.nodes())
-    if (n.kind == kind && n.tags.unit == unit && n.tags.microbatch == mb) {
-      EXPECT_EQ(found, -1) << "two nodes " << node_kind_name(kind) << " unit " << unit << " mb" << mb;
-      found = n.id;
-    }
-  return found;
-}
-
-bool has_edge(const Graph& g, int src, int dst, EdgeKind kind) {
-  for (const Edge& e : g.edges())
-    if (e.src == src && e.dst == dst && e.kind == kind) return true;
-  return false;
 }
 
 // A copy of g without the nodes `keep_node` rejects (edges touching them dropped)
