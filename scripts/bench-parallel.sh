@@ -279,7 +279,7 @@ $load_after).
 - **other load**: CPU time of other processes during the run, as a share of the machine's CPUs.
 
 **Read with care.** Each rank runs its compute thread and a communication progress thread, and
-a rank waiting for a message polls MPI without sleeping.
+a rank waiting for a message polls MPI for 50 us, then backs off with short sleeps (docs/comm.md).
 $cpu_note
 The closed forms assume equal stages, fixed per-op costs and free communication; with m = $max_m
 a microbatch is $((batch / max_m)) sequence(s), so per-op overhead shows. docs/parallelism.md discusses
@@ -292,20 +292,5 @@ echo "$tables"
 
 mkdir -p "$(dirname "$out")"
 [[ -f $out ]] || printf '# Benchmarks\n' >"$out"
-BLOCK="$block" "$PYTHON" - "$out" <<'EOF'
-import os, sys
-path, block = sys.argv[1], os.environ["BLOCK"]
-begin, end = "<!-- bench:parallel:begin -->", "<!-- bench:parallel:end -->"
-text = open(path).read()
-i, j = text.find(begin), text.find(end)
-if i >= 0 and j > i:
-    text = text[:i] + block + text[j + len(end):]
-else:
-    if text and not text.endswith("\n"):
-        text += "\n"
-    text += "\n" + block + "\n"
-with open(path + ".tmp", "w") as f:
-    f.write(text)
-os.replace(path + ".tmp", path)
-EOF
+printf '%s\n' "$block" | "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/doc-region.py" "$out" parallel
 echo "bench-parallel.sh: wrote $out" >&2

@@ -140,20 +140,5 @@ below; the choice of CPU BLAS is measured separately in `docs/blas.md`. On a sha
 machine, other jobs running at the same time lower the numbers, 2-thread runs most.
 EOF
 fi
-BLOCK="$block" "$PYTHON" - "$out" <<'EOF'
-import os, sys
-path, block = sys.argv[1], os.environ["BLOCK"]
-begin, end = "<!-- bench:throughput:begin -->", "<!-- bench:throughput:end -->"
-text = open(path).read()
-i, j = text.find(begin), text.find(end)
-if i >= 0 and j > i:
-    text = text[:i] + block + text[j + len(end):]
-else:
-    if text and not text.endswith("\n"):
-        text += "\n"
-    text += "\n" + block + "\n"
-with open(path + ".tmp", "w") as f:
-    f.write(text)
-os.replace(path + ".tmp", path)
-EOF
+printf '%s\n' "$block" | "$PYTHON" "$(dirname "${BASH_SOURCE[0]}")/doc-region.py" "$out" throughput
 echo "bench.sh: wrote $out" >&2
