@@ -6,13 +6,14 @@ set -euo pipefail
 packages=(
   build-essential cmake make pkg-config xz-utils
   openmpi-bin libopenmpi-dev          # launch and CPU tensor traffic
-  libhdf5-openmpi-dev                 # parallel HDF5 checkpoints
+  libhdf5-openmpi-dev hdf5-tools      # parallel HDF5 checkpoints; h5dump reads them
   libyaml-cpp-dev                     # configs
   nlohmann-json3-dev libcli11-dev     # metrics JSON, command line
   libgtest-dev googletest             # tests
   libdnnl-dev                         # float GEMM: oneDNN, the fastest measured (docs/blas.md)
   libopenblas-dev libopenblas0-openmp libopenblas-openmp-dev  # CBLAS (double), OpenMP build
   python3 python3-torch python3-numpy python3-yaml  # the PyTorch peer of `make bench` and the parity test
+  slurm-wlm slurm-client munge        # the one-node Slurm of tests/slurm (scripts/slurm-local.sh)
 )
 
 missing=()

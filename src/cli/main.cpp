@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/files.hpp"
 #include "config/config.hpp"
 #include "data/prepare.hpp"
 #include "data/token_file.hpp"
@@ -25,7 +27,7 @@ using namespace piper;
 bool is_user_error(const std::exception& e) {
   return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
          dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
-         dynamic_cast<const ir::VerifyError*>(&e);
+         dynamic_cast<const ir::VerifyError*>(&e) || dynamic_cast<const checkpoint::CheckpointError*>(&e);
 }
 
 int run_plan(const std::string& path, const std::vector<std::string>& sets, int world,
@@ -41,6 +43,30 @@ int run_plan(const std::string& path, const std::vector<std::string>& sets, int 
   for (int r = 0; r < world; ++r)
     std::fputs(ir::format_program(ir::lower(plan.graph, r), plan.model).c_str(), stdout);
   return 0;
+}
+
+// piper ckpt inspect|verify PATH
+int run_ckpt(const std::string& where, bool verify) {
+  runtime::MpiEnv env(nullptr, nullptr);  // parallel HDF5 needs MPI, even on one process
+  const std::string path = checkpoint::resolve(where);
+  const checkpoint::Inspection in = checkpoint::inspect(path, verify);
+  std::printf("checkpoint %s (%.1f MiB)\n  format %d, step %lld, tokens seen %lld, data position %lld, seed %llu\n",
+              path.c_str(), static_cast<double>(in.bytes) / (1 << 20), in.meta.format_version,
+              static_cast<long long>(in.meta.step), static_cast<long long>(in.meta.tokens_seen),
+              static_cast<long long>(in.meta.data_position), static_cast<unsigned long long>(in.meta.seed));
+  std::printf("  strategy:\n%s", in.meta.strategy.c_str());
+  int bad = 0;
+  std::printf("  %zu tensors:\n", in.datasets.size());
+  for (const auto& d : in.datasets) {
+    std::string shape;
+    for (size_t i = 0; i < d.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(d.shape[i]);
+    std::printf("    %-52s [%s]%s\n", d.name.c_str(), shape.c_str(),
+                verify ? (d.checksum_ok ? "  checksum ok" : "  CHECKSUM MISMATCH") : "");
+    bad += verify && !d.checksum_ok;
+  }
+  if (!verify) std::printf("  config:\n%s", in.meta.config_yaml.c_str());
+  if (verify) std::printf("%s: %d of %zu tensors failed their checksum\n", bad ? "FAILED" : "ok", bad, in.datasets.size());
+  return bad ? kExitUsage : 0;
 }
 
 int run_train(int* argc, char*** argv, const std::string& path, const std::vector<std::string>& sets,
@@ -86,6 +112,18 @@ int main(int argc, char** argv) {
   train->add_option("--dump-final", topts.dump_final_path,
                     "Write the parameters after the last step to PATH (PIPERPRM format)");
   train->add_flag("--quiet", topts.quiet, "No per-step progress lines");
+  auto* resume = train->add_option("--resume", topts.resume,
+                                   "Resume from a checkpoint: PATH (a .h5 file or a folder), or latest in "
+                                   "checkpoint.dir (the default when no value is given)")
+                     ->expected(0, 1);
+
+  std::string ckpt_path;
+  auto* ckpt = app.add_subcommand("ckpt", "Look into a checkpoint");
+  ckpt->require_subcommand(1);
+  auto* inspect = ckpt->add_subcommand("inspect", "Step, config, strategy, tensors, sizes and checksum status");
+  inspect->add_option("path", ckpt_path, "Checkpoint file, folder or latest pointer")->required();
+  auto* verify = ckpt->add_subcommand("verify", "Read every tensor and check its checksum; exit 0 when all match");
+  verify->add_option("path", ckpt_path, "Checkpoint file, folder or latest pointer")->required();
 
   int world = 1;
   bool directives = false;
@@ -107,9 +145,13 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : kExitUsage;
   }
 
-  if (*train) return run_train(&argc, &argv, config_path, sets, topts);
+  if (*train) {
+    if (resume->count() > 0 && topts.resume.empty()) topts.resume = "latest";
+    return run_train(&argc, &argv, config_path, sets, topts);
+  }
   try {
     if (*plan) return run_plan(config_path, sets, world, directives);
+    if (*ckpt) return run_ckpt(ckpt_path, verify->parsed());
     if (*prepare) {
       const int64_t n = data::prepare(inputs, out_path);
       std::printf("piper prepare: wrote %lld tokens to %s\n", static_cast<long long>(n), out_path.c_str());

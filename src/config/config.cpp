@@ -69,6 +69,10 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(train, sample_tokens, "length of a text sample"),
       PIPER_FIELD(train, threads, "OpenMP threads per rank; 0 = default"),
       PIPER_FIELD(data, path, "token file"),
+      PIPER_FIELD(checkpoint, dir, "checkpoint folder; empty = no checkpoints"),
+      PIPER_FIELD(checkpoint, every, "save every N steps; 0 = at the end and on a signal only"),
+      PIPER_FIELD(checkpoint, keep, "newest checkpoints kept"),
+      PIPER_FIELD(checkpoint, async, "write checkpoints in the background"),
       PIPER_FIELD(parallel, dp, "data-parallel replicas"),
       PIPER_FIELD(parallel, tp, "tensor-parallel ranks"),
       PIPER_FIELD(parallel, pp, "pipeline stages"),
@@ -85,7 +89,7 @@ const std::vector<Field>& fields() {
 }
 #undef PIPER_FIELD
 
-const std::vector<std::string> kSections = {"model", "train", "data", "parallel"};
+const std::vector<std::string> kSections = {"model", "train", "data", "checkpoint", "parallel"};
 constexpr const char* kDirectives = "directives";  // the one section that is a list, not keys
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved", "zbh1", "dualpipev"};
 constexpr const char* kOverrideWhere = "--set";
@@ -1392,6 +1396,8 @@ void validate(const Config& cfg, int world_size) {
   Checker ck(a.cfg, a.names);
   check_model(cfg.model, ck);
   check_train(cfg.train, ck);
+  ck.at_least("checkpoint.every", cfg.checkpoint.every, 0);
+  ck.at_least("checkpoint.keep", cfg.checkpoint.keep, 1);
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
   check_parallel(cfg, a, world_size, ck);
   if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));

@@ -63,6 +63,16 @@ struct TrainConfig {
   bool operator==(const TrainConfig&) const = default;
 };
 
+// Checkpoints (docs/checkpoint.md): one HDF5 file per save in `dir`.
+struct CheckpointConfig {
+  std::string dir;          // where checkpoints go; "" = no checkpoints
+  int64_t every = 0;        // save every N optimiser steps (and at the end); 0 = only at the end and on a signal
+  int64_t keep = 3;         // keep the newest N checkpoints
+  bool async = false;       // write in the background; the step loop waits only for the copy
+
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
 struct DataConfig {
   std::string path = "build/data/corpus.tok";  // token file (docs/data.md)
 
@@ -143,6 +153,7 @@ struct Config {
   ModelConfig model;
   TrainConfig train;
   DataConfig data;
+  CheckpointConfig checkpoint;
   ParallelConfig parallel;
   DirectivesConfig directives;
   std::string source = "<defaults>";  // file the config came from ("<defaults>" if none)
@@ -158,8 +169,8 @@ struct Config {
   // Same settings (model, train, data, parallel, directives); source,
   // yaml_text and locations are not compared.
   bool same_settings(const Config& o) const {
-    return model == o.model && train == o.train && data == o.data && parallel == o.parallel &&
-           directives == o.directives;
+    return model == o.model && train == o.train && data == o.data && checkpoint == o.checkpoint &&
+           parallel == o.parallel && directives == o.directives;
   }
 };
 

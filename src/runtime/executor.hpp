@@ -45,6 +45,15 @@ class Executor {
 
   const ir::Program& program() const { return program_; }
 
+  // AdamW state, for checkpoints: moment 0 (exp_avg) or 1 (exp_avg_sq) of a
+  // unit (its data-parallel shard with ZeRO >= 1), and the step count.
+  float* moment(int unit, int which) {
+    auto& mv = moments_.at(unit);
+    return which == 0 ? mv.first.data() : mv.second.data();
+  }
+  int64_t adam_steps() const { return adam_steps_; }
+  void set_adam_steps(int64_t n) { adam_steps_ = n; }
+
  private:
   using Key = std::pair<int, int>;  // (unit, microbatch)
   void forward(const ir::Instr& in, const model::MicroBatch& mb, StepStats& st);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -21,11 +22,17 @@
 #include "ir/grid.hpp"
 #include "kernels.hpp"
 #include "model/model.hpp"
+#include "runtime/checkpointing.hpp"
 #include "runtime/executor.hpp"
 
 namespace piper::runtime {
 
 namespace {
+
+// SIGTERM / SIGUSR1 (what Slurm sends before a time limit or a preemption):
+// every rank checkpoints at the next step boundary and exits cleanly.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 // PIPERPRM: magic, u32 version 1, u32 count; per tensor u32 name length, name,
 // u32 ndim, i64 dims, float32 data (little-endian, row-major).
@@ -224,11 +231,27 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
       std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
   }
 
+  Checkpointer ckpt(cfg, plan, m, exec, env);
+  int64_t first_step = 0;
+  if (!opts.resume.empty()) {
+    const int64_t done = ckpt.load(opts.resume);
+    if (done < 0) {
+      if (lead) std::printf("piper: no checkpoint in '%s' yet; starting from step 0\n", cfg.checkpoint.dir.c_str());
+    } else {
+      first_step = done;
+      if (lead) std::printf("piper: resumed from %s at step %" PRId64 "\n", opts.resume.c_str(), done);
+    }
+  }
+  const bool saving = !cfg.checkpoint.dir.empty();
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+
   StepBatch batch;
   std::vector<double> step_ms;
   double first_loss = 0.0, last_loss = 0.0;
   const auto t_start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+  int64_t saved_at = first_step;
+  for (int64_t step = first_step; step < cfg.train.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     load_step(*tokens, cfg, step, plan.strategy.split.microbatches, replica, replicas, batch);
     m.backend().reset_peak();
@@ -248,7 +271,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     mine[8] = static_cast<double>(mem.total_peak);
     if (world->size() > 1) world->allreduce_double(ranks.data(), ranks.size());
     step_ms.push_back(ms);
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     last_loss = loss;
     if (lead && !opts.quiet && (step % cfg.train.log_every == 0 || step + 1 == cfg.train.steps))
       std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms\n",
@@ -276,9 +299,32 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     if (lead && can_sample && cfg.train.sample_every > 0 && (step + 1) % cfg.train.sample_every == 0)
       print_sample(m, cfg, step);
     std::fflush(stdout);
+    // Step boundary: a signal on any rank stops every rank, after a checkpoint.
+    const bool stop = env.any(g_stop_signal != 0);
+    if (saving && (stop || (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0))) {
+      const std::string path = ckpt.save(step + 1);
+      saved_at = step + 1;
+      if (lead) std::printf("piper: saved %s\n", path.c_str());
+    }
+    if (stop) {
+      if (lead)
+        std::printf(saving ? "piper: checkpointed at step %" PRId64 " after signal\n"
+                           : "piper: stopped at step %" PRId64 " after signal (no checkpoint.dir)\n",
+                    step + 1);
+      std::fflush(stdout);
+      return;
+    }
+  }
+  if (saving && saved_at < cfg.train.steps) {
+    const std::string path = ckpt.save(cfg.train.steps);
+    if (lead) std::printf("piper: saved %s\n", path.c_str());
   }
   if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, grid, groups, env);
   if (!lead) return;
+  if (step_ms.empty()) {
+    std::printf("summary: the checkpoint had already completed all %" PRId64 " steps\n", cfg.train.steps);
+    return;
+  }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::vector<double> sorted = step_ms;
   std::sort(sorted.begin(), sorted.end());
@@ -286,7 +332,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   const auto mem = m.backend().memory();
   std::printf("summary: %" PRId64 " steps in %.1f s | loss %.4f -> %.4f | median step %.1f ms | "
               "%.0f tok/s | rank 0 peak memory %s (params %s, grads %s, optimizer %s, activations %s, buffers %s)\n",
-              cfg.train.steps, total_s, first_loss, last_loss, median,
+              static_cast<int64_t>(step_ms.size()), total_s, first_loss, last_loss, median,
               static_cast<double>(tokens_per_step) / (median / 1000.0), human_bytes(mem.total_peak).c_str(),
               human_bytes(mem.peak[0]).c_str(), human_bytes(mem.peak[1]).c_str(),
               human_bytes(mem.peak[2]).c_str(), human_bytes(mem.peak[3]).c_str(),

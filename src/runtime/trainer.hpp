@@ -15,6 +15,7 @@ struct TrainOptions {
   std::string dump_init_path;    // initial parameters in the PIPERPRM format ("" = none)
   std::string dump_final_path;   // parameters after the last step, same format
   bool quiet = false;            // no progress lines
+  std::string resume;            // checkpoint to resume from: a file, a folder or "latest" ("" = start fresh)
 };
 
 // A problem with what the user gave (a file, a size): printed without a

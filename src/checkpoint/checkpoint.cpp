@@ -1,0 +1,837 @@
+// checkpoint.cpp — parallel HDF5 checkpoints (checkpoint.hpp, docs/checkpoint.md).
+#include "checkpoint/checkpoint.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/files.hpp"
+
+namespace piper::checkpoint {
+namespace fs = std::filesystem;
+
+uint64_t checksum_range(int64_t first, const float* data, int64_t n) {
+  uint64_t s = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, data + k, 4);
+    s += checksum_term(static_cast<uint64_t>(first + k), bits);
+  }
+  return s;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+namespace {
+
+// ---- HDF5 plumbing ------------------------------------------------------------------------------------
+
+// The innermost message of HDF5's error stack (automatic printing is off), then the stack cleared.
+herr_t walk_cb(unsigned, const H5E_error2_t* e, void* out) {
+  auto* s = static_cast<std::string*>(out);
+  if (e->desc && *e->desc) *s = e->desc;  // walking down, the last is the deepest: where it was detected
+  return 0;
+}
+std::string h5_error() {
+  std::string s;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &s);
+  H5Eclear2(H5E_DEFAULT);
+  return s.empty() ? "HDF5 error" : s;
+}
+
+void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+// Owns an HDF5 identifier.
+class Id {
+ public:
+  Id() = default;
+  Id(hid_t id, herr_t (*closer)(hid_t)) : id_(id), close_(closer) {}
+  Id(Id&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), close_(o.close_) {}
+  Id& operator=(Id&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  ~Id() { reset(); }
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }  // NOLINT: handed to the C API everywhere
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+  // Closes now, reporting failure (a file's close is where buffered writes land).
+  herr_t close() {
+    herr_t rc = 0;
+    if (id_ >= 0 && close_) rc = close_(id_);
+    id_ = H5I_INVALID_HID;
+    return rc;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// Errors name the file (and the dataset).
+struct Where {
+  std::string file;
+  [[noreturn]] void fail(const std::string& what) const { throw CheckpointError("checkpoint " + file + ": " + what); }
+  [[noreturn]] void fail(const std::string& dataset, const std::string& what) const {
+    throw CheckpointError("checkpoint " + file + ": dataset " + dataset + ": " + what);
+  }
+  Id check(hid_t id, herr_t (*close)(hid_t), const std::string& what) const {
+    if (id < 0) fail(what + ": " + h5_error());
+    return Id(id, close);
+  }
+  Id check(hid_t id, herr_t (*close)(hid_t), const std::string& dataset, const std::string& what) const {
+    if (id < 0) fail(dataset, what + ": " + h5_error());
+    return Id(id, close);
+  }
+  void check(herr_t rc, const std::string& what) const {
+    if (rc < 0) fail(what + ": " + h5_error());
+  }
+  void check(herr_t rc, const std::string& dataset, const std::string& what) const {
+    if (rc < 0) fail(dataset, what + ": " + h5_error());
+  }
+};
+
+std::string norm_name(const std::string& name) { return (!name.empty() && name[0] == '/') ? name : "/" + name; }
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Elements per collective I/O call and rank (PIPER_CKPT_ROUND_ELEMS overrides, for tests).
+int64_t round_elems() {
+  if (const char* e = std::getenv("PIPER_CKPT_ROUND_ELEMS")) {
+    const long long v = std::atoll(e);
+    if (v > 0) return v;
+  }
+  return int64_t{1} << 26;  // 256 MB of fp32
+}
+
+// Selects the union of sorted, disjoint flat runs in `space` (a dataspace of shape `dims`): each run as up
+// to 2*rank-1 hyperslab blocks (a partial first row, full rows, a partial last row, recursively), OR-ed.
+class Selector {
+ public:
+  Selector(hid_t space, std::vector<hsize_t> dims) : space_(space), dims_(std::move(dims)) {
+    start_.assign(dims_.size(), 0);
+    count_.assign(dims_.size(), 1);
+  }
+  herr_t select(const std::vector<Run>& runs) {
+    if (dims_.empty()) {  // a scalar: one element
+      for (const Run& r : runs)
+        if (r.end > r.begin) return H5Sselect_all(space_);
+      return H5Sselect_none(space_);
+    }
+    first_ = true;
+    rc_ = 0;
+    for (const Run& r : runs)
+      if (r.end > r.begin) add(0, static_cast<hsize_t>(r.begin), static_cast<hsize_t>(r.end));
+    if (first_) return H5Sselect_none(space_);
+    return rc_;
+  }
+
+ private:
+  void emit() {
+    if (rc_ < 0) return;
+    rc_ = H5Sselect_hyperslab(space_, first_ ? H5S_SELECT_SET : H5S_SELECT_OR, start_.data(), nullptr,
+                              count_.data(), nullptr);
+    first_ = false;
+  }
+  // [b, e) of the sub-array dims_[k..] at the prefix start_[0..k-1].
+  void add(size_t k, hsize_t b, hsize_t e) {
+    const size_t n = dims_.size();
+    if (k + 1 == n) {
+      start_[k] = b;
+      count_[k] = e - b;
+      emit();
+      return;
+    }
+    hsize_t inner = 1;
+    for (size_t j = k + 1; j < n; ++j) inner *= dims_[j];
+    if (b % inner != 0) {  // partial first row
+      const hsize_t row = b / inner;
+      const hsize_t stop = std::min(e, (row + 1) * inner);
+      start_[k] = row;
+      count_[k] = 1;
+      add(k + 1, b - row * inner, stop - row * inner);
+      b = stop;
+      if (b >= e) return;
+    }
+    if (e / inner > b / inner) {  // full rows
+      start_[k] = b / inner;
+      count_[k] = e / inner - b / inner;
+      for (size_t j = k + 1; j < n; ++j) {
+        start_[j] = 0;
+        count_[j] = dims_[j];
+      }
+      emit();
+    }
+    if (e % inner != 0) {  // partial last row
+      const hsize_t row = e / inner;
+      start_[k] = row;
+      count_[k] = 1;
+      add(k + 1, 0, e - row * inner);
+    }
+  }
+
+  hid_t space_;
+  std::vector<hsize_t> dims_, start_, count_;
+  bool first_ = true;
+  herr_t rc_ = 0;
+};
+
+std::vector<hsize_t> to_hsize(const std::vector<int64_t>& v) { return std::vector<hsize_t>(v.begin(), v.end()); }
+
+// A run of a dataset and where its elements are in memory.
+template <class P>
+struct Seg {
+  int64_t b, e;
+  P ptr;
+};
+
+// Splits sorted segments into rounds of at most k elements each.
+template <class P>
+std::vector<std::vector<Seg<P>>> split_rounds(const std::vector<Seg<P>>& segs, int64_t k) {
+  std::vector<std::vector<Seg<P>>> rounds;
+  std::vector<Seg<P>> cur;
+  int64_t in_cur = 0;
+  for (Seg<P> s : segs) {
+    while (s.e > s.b) {
+      const int64_t take = std::min(s.e - s.b, k - in_cur);
+      cur.push_back({s.b, s.b + take, s.ptr});
+      s.b += take;
+      s.ptr += take;
+      in_cur += take;
+      if (in_cur == k) {
+        rounds.push_back(std::move(cur));
+        cur.clear();
+        in_cur = 0;
+      }
+    }
+  }
+  if (!cur.empty()) rounds.push_back(std::move(cur));
+  return rounds;
+}
+
+// One collective (or independent, dxpl H5P_DEFAULT) read or write of sorted, disjoint segments.
+template <class P>
+void transfer(const Where& w, const std::string& name, hid_t dset, const std::vector<hsize_t>& dims, hid_t dxpl,
+              const std::vector<Seg<P>>& segs, bool write) {
+  std::vector<Run> runs;
+  int64_t total = 0;
+  bool contiguous = true;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    runs.push_back({segs[i].b, segs[i].e});
+    if (i && segs[i].ptr != segs[i - 1].ptr + (segs[i - 1].e - segs[i - 1].b)) contiguous = false;
+    total += segs[i].e - segs[i].b;
+  }
+  Id fspace = w.check(H5Dget_space(dset), H5Sclose, name, "cannot get its dataspace");
+  Selector sel(fspace, dims);
+  w.check(sel.select(runs), name, "cannot select runs");
+  const hsize_t mdim = static_cast<hsize_t>(std::max<int64_t>(total, 1));
+  Id mspace = w.check(H5Screate_simple(1, &mdim, nullptr), H5Sclose, name, "cannot create a memory space");
+  if (total == 0) w.check(H5Sselect_none(mspace), name, "cannot select none");
+  std::vector<float> pack;
+  float dummy = 0;
+  float* buf = &dummy;
+  if (total > 0) {
+    if (contiguous) {
+      buf = const_cast<float*>(segs[0].ptr);
+    } else {
+      pack.resize(static_cast<size_t>(total));
+      buf = pack.data();
+      if (write) {
+        int64_t o = 0;
+        for (const auto& s : segs) {
+          std::memcpy(pack.data() + o, s.ptr, static_cast<size_t>(s.e - s.b) * 4);
+          o += s.e - s.b;
+        }
+      }
+    }
+  }
+  if (write) {
+    w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf), name, "write failed");
+  } else {
+    w.check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf), name, "read failed");
+    if (total > 0 && !contiguous) {
+      int64_t o = 0;
+      for (const auto& s : segs) {
+        std::memcpy(const_cast<float*>(s.ptr), pack.data() + o, static_cast<size_t>(s.e - s.b) * 4);
+        o += s.e - s.b;
+      }
+    }
+  }
+}
+
+// ---- attributes -----------------------------------------------------------------------------------------
+
+void write_attr(const Where& w, hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* v) {
+  Id space = w.check(H5Screate(H5S_SCALAR), H5Sclose, std::string("attribute ") + name);
+  Id a = w.check(H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                 std::string("cannot create attribute ") + name);
+  w.check(H5Awrite(a, mem_type, v), std::string("cannot write attribute ") + name);
+}
+void write_attr_str(const Where& w, hid_t obj, const char* name, const std::string& s) {
+  Id t = w.check(H5Tcopy(H5T_C_S1), H5Tclose, "string type");
+  std::string v = s.empty() ? std::string(1, '\0') : s;
+  w.check(H5Tset_size(t, v.size()), "string type");
+  w.check(H5Tset_strpad(t, H5T_STR_NULLPAD), "string type");
+  w.check(H5Tset_cset(t, H5T_CSET_UTF8), "string type");
+  write_attr(w, obj, name, t, t, v.data());
+}
+
+Id open_attr(const Where& w, hid_t obj, const char* name, const std::string& dataset) {
+  const htri_t ex = H5Aexists(obj, name);
+  if (ex <= 0) {
+    if (dataset.empty()) w.fail(std::string("missing attribute ") + name);
+    w.fail(dataset, std::string("missing attribute ") + name);
+  }
+  return w.check(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose, std::string("cannot open attribute ") + name);
+}
+template <class T>
+T read_attr(const Where& w, hid_t obj, const char* name, hid_t mem_type, const std::string& dataset = "") {
+  Id a = open_attr(w, obj, name, dataset);
+  T v{};
+  w.check(H5Aread(a, mem_type, &v), std::string("cannot read attribute ") + name);
+  return v;
+}
+std::string read_attr_str(const Where& w, hid_t obj, const char* name) {
+  Id a = open_attr(w, obj, name, "");
+  Id ft = w.check(H5Aget_type(a), H5Tclose, std::string("attribute ") + name);
+  if (H5Tget_class(ft) != H5T_STRING) w.fail(std::string("attribute ") + name + " is not a string");
+  if (H5Tis_variable_str(ft) > 0) {  // written by another tool (h5py's default)
+    Id mt = w.check(H5Tcopy(H5T_C_S1), H5Tclose, "string type");
+    H5Tset_size(mt, H5T_VARIABLE);
+    char* p = nullptr;
+    w.check(H5Aread(a, mt, &p), std::string("cannot read attribute ") + name);
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  const size_t n = H5Tget_size(ft);
+  std::string s(n, '\0');
+  w.check(H5Aread(a, ft, s.data()), std::string("cannot read attribute ") + name);
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+void write_meta(const Where& w, hid_t file, const Meta& m) {
+  const int version = m.format_version;
+  write_attr(w, file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT, &version);
+  write_attr(w, file, "step", H5T_STD_I64LE, H5T_NATIVE_INT64, &m.step);
+  write_attr(w, file, "tokens_seen", H5T_STD_I64LE, H5T_NATIVE_INT64, &m.tokens_seen);
+  write_attr(w, file, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &m.seed);
+  write_attr(w, file, "data_position", H5T_STD_I64LE, H5T_NATIVE_INT64, &m.data_position);
+  write_attr_str(w, file, "config", m.config_yaml);
+  write_attr_str(w, file, "strategy", m.strategy);
+  write_attr_str(w, file, "checksum_algorithm",
+                 "sum mod 2^64 over elements i of splitmix64(i * 0x9E3779B97F4A7C15 ^ float_bits(x_i))");
+}
+
+Meta read_meta(const Where& w, hid_t file) {
+  Meta m;
+  m.format_version = read_attr<int>(w, file, "format_version", H5T_NATIVE_INT);
+  if (m.format_version != kFormatVersion)
+    w.fail("format_version " + std::to_string(m.format_version) + ", this piper reads " +
+           std::to_string(kFormatVersion));
+  m.step = read_attr<int64_t>(w, file, "step", H5T_NATIVE_INT64);
+  m.tokens_seen = read_attr<int64_t>(w, file, "tokens_seen", H5T_NATIVE_INT64);
+  m.seed = read_attr<uint64_t>(w, file, "seed", H5T_NATIVE_UINT64);
+  m.data_position = read_attr<int64_t>(w, file, "data_position", H5T_NATIVE_INT64);
+  m.config_yaml = read_attr_str(w, file, "config");
+  m.strategy = read_attr_str(w, file, "strategy");
+  return m;
+}
+
+// ---- agreement among ranks --------------------------------------------------------------------------------
+
+// Throws on every rank when any rank has an error (the lowest such rank's message), so that no rank walks
+// on into a collective the others skip.
+void agree(MPI_Comm comm, const std::string& local_error) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int mine = local_error.empty() ? INT_MAX : rank, first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return;
+  std::string msg = local_error;
+  int len = static_cast<int>(msg.size());
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  msg.resize(static_cast<size_t>(len));
+  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
+  throw CheckpointError(msg);
+}
+template <class F>
+void local_step(MPI_Comm comm, F&& f) {
+  std::string err;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "checkpoint: unknown error";
+  }
+  agree(comm, err);
+}
+
+Id mpio_fapl(const Where& w, MPI_Comm comm) {
+  Id fapl = w.check(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "file access properties");
+  w.check(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL), "cannot use MPI-IO");
+  w.check(H5Pset_all_coll_metadata_ops(fapl, true), "collective metadata");
+  w.check(H5Pset_coll_metadata_write(fapl, true), "collective metadata");
+  return fapl;
+}
+
+Id collective_dxpl(const Where& w) {
+  Id dxpl = w.check(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "transfer properties");
+  w.check(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE), "collective transfer");
+  return dxpl;
+}
+
+// Opens dataset `name`, distinguishing a missing one (any missing group on the way) from other failures.
+Id open_dataset(const Where& w, hid_t file, const std::string& name) {
+  size_t pos = 1;
+  while (true) {
+    const size_t slash = name.find('/', pos);
+    const std::string prefix = name.substr(0, slash);
+    if (H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      w.fail(name, "missing tensor");
+    }
+    if (slash == std::string::npos) break;
+    pos = slash + 1;
+  }
+  Id d = w.check(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, name, "cannot open (not a dataset?)");
+  return d;
+}
+
+std::vector<int64_t> dataset_shape(const Where& w, hid_t dset, const std::string& name) {
+  Id space = w.check(H5Dget_space(dset), H5Sclose, name, "cannot get its dataspace");
+  const int nd = H5Sget_simple_extent_ndims(space);
+  if (nd < 0) w.fail(name, "cannot read its shape: " + h5_error());
+  std::vector<hsize_t> d(static_cast<size_t>(nd));
+  if (nd > 0) H5Sget_simple_extent_dims(space, d.data(), nullptr);
+  return std::vector<int64_t>(d.begin(), d.end());
+}
+
+void check_float32(const Where& w, hid_t dset, const std::string& name) {
+  Id t = w.check(H5Dget_type(dset), H5Tclose, name, "cannot read its type");
+  if (H5Tget_class(t) != H5T_FLOAT || H5Tget_size(t) != 4) w.fail(name, "not fp32");
+}
+
+int64_t rank_share_begin(int64_t n, int r, int p) { return n * r / p; }
+
+}  // namespace
+
+// ---- save -------------------------------------------------------------------------------------------------
+
+void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::vector<DatasetSpec>& all,
+          const std::vector<Piece>& mine) {
+  quiet_hdf5();
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &nranks);
+  const Where w{path};
+  const size_t nd = all.size();
+
+  // This rank's segments of every dataset, sorted and checked.
+  std::vector<std::string> names(nd);
+  std::vector<int64_t> sizes(nd);
+  std::vector<std::vector<Seg<const float*>>> segs(nd);
+  local_step(comm, [&] {
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < nd; ++i) {
+      names[i] = norm_name(all[i].name);
+      sizes[i] = numel(all[i].shape);
+      for (int64_t d : all[i].shape)
+        if (d < 0) w.fail(names[i], "negative dimension in shape " + shape_string(all[i].shape));
+      if (!index.emplace(names[i], i).second) w.fail(names[i], "listed twice");
+    }
+    for (const Piece& p : mine) {
+      const auto it = index.find(norm_name(p.dataset));
+      if (it == index.end()) w.fail(norm_name(p.dataset), "a piece of a dataset that is not in the list");
+      const size_t i = it->second;
+      const float* src = p.data;
+      for (const Run& r : p.runs) {
+        if (r.begin < 0 || r.end < r.begin || r.end > sizes[i])
+          w.fail(names[i], "run [" + std::to_string(r.begin) + "," + std::to_string(r.end) + ") outside its " +
+                               std::to_string(sizes[i]) + " elements");
+        if (r.end > r.begin) segs[i].push_back({r.begin, r.end, src});
+        src += r.end - r.begin;
+      }
+    }
+    for (size_t i = 0; i < nd; ++i) {
+      auto& s = segs[i];
+      std::sort(s.begin(), s.end(), [](const auto& a, const auto& b) { return a.b < b.b; });
+      for (size_t j = 1; j < s.size(); ++j)
+        if (s[j].b < s[j - 1].e) w.fail(names[i], "this rank's runs overlap at element " + std::to_string(s[j].b));
+    }
+  });
+
+  // Elements offered by several ranks (replicated tensors) are written by the lowest of them; together the
+  // ranks must cover every element.
+  std::vector<int64_t> count(nd, 0), total(nd, 0);
+  for (size_t i = 0; i < nd; ++i)
+    for (const auto& s : segs[i]) count[i] += s.e - s.b;
+  MPI_Allreduce(count.data(), total.data(), static_cast<int>(nd), MPI_INT64_T, MPI_SUM, comm);
+  for (size_t i = 0; i < nd; ++i)
+    if (total[i] < sizes[i])
+      w.fail(names[i], "the pieces of all ranks hold " + std::to_string(total[i]) + " of its " +
+                           std::to_string(sizes[i]) + " elements");
+  std::vector<size_t> shared;  // datasets with elements on several ranks
+  for (size_t i = 0; i < nd; ++i)
+    if (total[i] > sizes[i]) shared.push_back(i);
+  if (!shared.empty()) {
+    std::vector<int64_t> mine_runs;  // (dataset, begin, end) triples
+    for (size_t i : shared)
+      for (const auto& s : segs[i]) mine_runs.insert(mine_runs.end(), {static_cast<int64_t>(i), s.b, s.e});
+    int n = static_cast<int>(mine_runs.size());
+    std::vector<int> counts(static_cast<size_t>(nranks)), displs(static_cast<size_t>(nranks), 0);
+    MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
+    for (int r = 1; r < nranks; ++r) displs[r] = displs[r - 1] + counts[r - 1];
+    std::vector<int64_t> every(static_cast<size_t>(displs.back() + counts.back()));
+    MPI_Allgatherv(mine_runs.data(), n, MPI_INT64_T, every.data(), counts.data(), displs.data(), MPI_INT64_T, comm);
+    for (size_t i : shared) {
+      std::vector<Run> lower, everyone;  // runs of ranks below this one; of all ranks
+      for (int r = 0; r < nranks; ++r)
+        for (int k = displs[r]; k < displs[r] + counts[r]; k += 3)
+          if (every[k] == static_cast<int64_t>(i)) {
+            everyone.push_back({every[k + 1], every[k + 2]});
+            if (r < rank) lower.push_back({every[k + 1], every[k + 2]});
+          }
+      auto merge = [](std::vector<Run>& v) {
+        std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+        std::vector<Run> m;
+        for (const Run& r : v) {
+          if (!m.empty() && r.begin <= m.back().end) m.back().end = std::max(m.back().end, r.end);
+          else m.push_back(r);
+        }
+        v = std::move(m);
+      };
+      merge(lower);
+      merge(everyone);
+      int64_t covered = 0;
+      for (const Run& r : everyone) covered += r.end - r.begin;
+      if (covered != sizes[i])
+        w.fail(names[i], "the pieces of all ranks cover " + std::to_string(covered) + " of its " +
+                             std::to_string(sizes[i]) + " elements");
+      // Subtract `lower` from this rank's segments.
+      std::vector<Seg<const float*>> kept;
+      size_t j = 0;
+      for (auto s : segs[i]) {
+        while (j < lower.size() && lower[j].end <= s.b) ++j;
+        size_t l = j;
+        while (s.b < s.e) {
+          if (l >= lower.size() || lower[l].begin >= s.e) {
+            kept.push_back(s);
+            break;
+          }
+          if (lower[l].begin > s.b) {
+            kept.push_back({s.b, lower[l].begin, s.ptr});
+          }
+          const int64_t nb = std::min(s.e, lower[l].end);
+          s.ptr += nb - s.b;
+          s.b = nb;
+          ++l;
+        }
+      }
+      segs[i] = std::move(kept);
+    }
+  }
+
+  // Checksums, of what each rank writes, summed.
+  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
+  for (size_t i = 0; i < nd; ++i)
+    for (const auto& s : segs[i]) part[i] += checksum_range(s.b, s.ptr, s.e - s.b);
+  MPI_Allreduce(part.data(), sums.data(), static_cast<int>(nd), MPI_UINT64_T, MPI_SUM, comm);
+
+  // Rounds of collective writes per dataset: the most any rank needs.
+  const int64_t k = round_elems();
+  std::vector<std::vector<std::vector<Seg<const float*>>>> rounds(nd);
+  std::vector<int64_t> nr(nd), max_nr(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    rounds[i] = split_rounds(segs[i], k);
+    nr[i] = static_cast<int64_t>(rounds[i].size());
+  }
+  MPI_Allreduce(nr.data(), max_nr.data(), static_cast<int>(nd), MPI_INT64_T, MPI_MAX, comm);
+
+  const std::string tmp = temp_path(path);
+  local_step(comm, [&] {
+    if (rank == 0) {
+      const fs::path parent = fs::path(path).parent_path();
+      if (!parent.empty()) {
+        std::error_code ec;
+        fs::create_directories(parent, ec);
+        if (ec) w.fail("cannot create directory " + parent.string() + ": " + ec.message());
+      }
+    }
+  });
+
+  const Where wt{tmp};
+  {
+    Id fapl = mpio_fapl(wt, comm);
+    w.check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), "file format bounds");
+    Id file = wt.check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose, "cannot create");
+    Id lcpl = wt.check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "link properties");
+    wt.check(H5Pset_create_intermediate_group(lcpl, 1), "link properties");
+    Id dcpl = wt.check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "dataset properties");
+    wt.check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "dataset properties");
+    wt.check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "dataset properties");
+    Id dxpl = collective_dxpl(wt);
+    for (size_t i = 0; i < nd; ++i) {
+      const auto dims = to_hsize(all[i].shape);
+      Id space = dims.empty() ? wt.check(H5Screate(H5S_SCALAR), H5Sclose, names[i], "dataspace")
+                              : wt.check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                         H5Sclose, names[i], "dataspace");
+      Id dset = wt.check(H5Dcreate2(file, names[i].c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT),
+                         H5Dclose, names[i], "cannot create");
+      for (int64_t r = 0; r < max_nr[i]; ++r) {
+        static const std::vector<Seg<const float*>> none;
+        transfer(wt, names[i], dset, dims, dxpl, r < nr[i] ? rounds[i][static_cast<size_t>(r)] : none, true);
+      }
+      write_attr(wt, dset, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sums[i]);
+    }
+    write_meta(wt, file, meta);
+    wt.check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush failed");
+    if (file.close() < 0) wt.fail("close failed: " + h5_error());
+  }
+  MPI_Barrier(comm);
+  local_step(comm, [&] {
+    if (rank != 0) return;
+    fsync_path(tmp);
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) w.fail("cannot rename " + tmp + ": " + ec.message());
+    const fs::path parent = fs::path(path).parent_path();
+    fsync_path(parent.empty() ? "." : parent.string());
+  });
+}
+
+// ---- load -------------------------------------------------------------------------------------------------
+
+Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>& expected,
+          const std::vector<Request>& mine) {
+  quiet_hdf5();
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &nranks);
+  const Where w{path};
+  const size_t nd = expected.size();
+
+  Id fapl = mpio_fapl(w, comm);
+  Id file;
+  local_step(comm, [&] {
+    if (!fs::is_regular_file(path)) w.fail("no such file");
+    file = w.check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose,
+                   "cannot open (not an HDF5 file, truncated or damaged)");
+  });
+  Meta meta;
+  std::vector<std::string> names(nd);
+  std::vector<Id> dsets(nd);
+  std::vector<uint64_t> stored(nd, 0);
+  std::map<std::string, size_t> index;
+  local_step(comm, [&] {
+    meta = read_meta(w, file);
+    for (size_t i = 0; i < nd; ++i) {
+      names[i] = norm_name(expected[i].name);
+      index.emplace(names[i], i);
+      dsets[i] = open_dataset(w, file, names[i]);
+      const auto shape = dataset_shape(w, dsets[i], names[i]);
+      if (shape != expected[i].shape)
+        w.fail(names[i], "shape " + shape_string(shape) + " in the file, " + shape_string(expected[i].shape) +
+                             " expected");
+      check_float32(w, dsets[i], names[i]);
+      stored[i] = read_attr<uint64_t>(w, dsets[i], "checksum", H5T_NATIVE_UINT64, names[i]);
+    }
+  });
+
+  // This rank's reads: per dataset the union of its runs (sorted, disjoint); requests not already in that
+  // form are read into a staging buffer and copied out.
+  struct Want {
+    std::vector<Seg<float*>> direct;      // sorted, disjoint runs read straight into the requests' buffers
+    std::vector<Run> runs;                // otherwise: the requested runs...
+    std::vector<float*> outs;             // ...and where each goes
+  };
+  std::vector<Want> want(nd);
+  local_step(comm, [&] {
+    for (const Request& q : mine) {
+      const auto it = index.find(norm_name(q.dataset));
+      if (it == index.end()) w.fail(norm_name(q.dataset), "requested but not in the expected list");
+      const size_t i = it->second;
+      const int64_t n = numel(expected[i].shape);
+      float* out = q.out;
+      for (const Run& r : q.runs) {
+        if (r.begin < 0 || r.end < r.begin || r.end > n)
+          w.fail(names[i], "requested run [" + std::to_string(r.begin) + "," + std::to_string(r.end) +
+                               ") outside its " + std::to_string(n) + " elements");
+        if (r.end > r.begin) {
+          want[i].runs.push_back(r);
+          want[i].outs.push_back(out);
+        }
+        out += r.end - r.begin;
+      }
+    }
+  });
+  std::vector<std::vector<float>> staging(nd);
+  std::vector<std::vector<Seg<float*>>> segs(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    Want& wa = want[i];
+    bool sorted = true;
+    for (size_t j = 1; j < wa.runs.size(); ++j)
+      if (wa.runs[j].begin < wa.runs[j - 1].end) sorted = false;
+    if (sorted) {
+      for (size_t j = 0; j < wa.runs.size(); ++j) segs[i].push_back({wa.runs[j].begin, wa.runs[j].end, wa.outs[j]});
+      wa.runs.clear();
+      continue;
+    }
+    std::vector<Run> u = wa.runs;
+    std::sort(u.begin(), u.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+    std::vector<Run> m;
+    for (const Run& r : u) {
+      if (!m.empty() && r.begin <= m.back().end) m.back().end = std::max(m.back().end, r.end);
+      else m.push_back(r);
+    }
+    int64_t t = 0;
+    for (const Run& r : m) t += r.end - r.begin;
+    staging[i].resize(static_cast<size_t>(t));
+    float* p = staging[i].data();
+    for (const Run& r : m) {
+      segs[i].push_back({r.begin, r.end, p});
+      p += r.end - r.begin;
+    }
+  }
+
+  // Checksums: each rank reads an equal share of every dataset; then the requests.
+  const int64_t k = round_elems();
+  Id dxpl = collective_dxpl(w);
+  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
+  std::vector<float> buf;
+  for (size_t i = 0; i < nd; ++i) {
+    const int64_t n = numel(expected[i].shape);
+    const auto dims = to_hsize(expected[i].shape);
+    const int64_t lo = rank_share_begin(n, rank, nranks), hi = rank_share_begin(n, rank + 1, nranks);
+    const int64_t most = (n + nranks - 1) / nranks;
+    const int64_t rounds = (most + k - 1) / k;
+    buf.resize(static_cast<size_t>(std::min(k, std::max<int64_t>(hi - lo, 1))));
+    for (int64_t r = 0; r < rounds; ++r) {
+      const int64_t b = std::min(hi, lo + r * k), e = std::min(hi, b + k);
+      std::vector<Seg<float*>> s;
+      if (e > b) s.push_back({b, e, buf.data()});
+      transfer(w, names[i], dsets[i], dims, dxpl, s, false);
+      part[i] += checksum_range(b, buf.data(), e - b);
+    }
+  }
+  MPI_Allreduce(part.data(), sums.data(), static_cast<int>(nd), MPI_UINT64_T, MPI_SUM, comm);
+  for (size_t i = 0; i < nd; ++i)
+    if (sums[i] != stored[i])
+      w.fail(names[i], "checksum mismatch (stored " + std::to_string(stored[i]) + ", computed " +
+                           std::to_string(sums[i]) + "): the data is damaged");
+
+  std::vector<int64_t> nr(nd), max_nr(nd);
+  std::vector<std::vector<std::vector<Seg<float*>>>> rounds(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    rounds[i] = split_rounds(segs[i], k);
+    nr[i] = static_cast<int64_t>(rounds[i].size());
+  }
+  MPI_Allreduce(nr.data(), max_nr.data(), static_cast<int>(nd), MPI_INT64_T, MPI_MAX, comm);
+  for (size_t i = 0; i < nd; ++i) {
+    const auto dims = to_hsize(expected[i].shape);
+    for (int64_t r = 0; r < max_nr[i]; ++r) {
+      static const std::vector<Seg<float*>> none;
+      transfer(w, names[i], dsets[i], dims, dxpl, r < nr[i] ? rounds[i][static_cast<size_t>(r)] : none, false);
+    }
+    Want& wa = want[i];
+    if (wa.runs.empty()) continue;
+    for (size_t j = 0; j < wa.runs.size(); ++j) {  // staged: copy each run out of the union
+      const Run& r = wa.runs[j];
+      auto it = std::upper_bound(segs[i].begin(), segs[i].end(), r.begin,
+                                 [](int64_t v, const Seg<float*>& s) { return v < s.b; });
+      --it;
+      std::memcpy(wa.outs[j], it->ptr + (r.begin - it->b), static_cast<size_t>(r.end - r.begin) * 4);
+    }
+  }
+  dsets.clear();
+  file.close();
+  return meta;
+}
+
+// ---- inspect ----------------------------------------------------------------------------------------------
+
+namespace {
+struct VisitCtx {
+  std::vector<std::string> datasets;
+};
+herr_t visit_cb(hid_t group, const char* name, const H5L_info_t* info, void* p) {
+  if (info->type != H5L_TYPE_HARD) return 0;
+  const hid_t obj = H5Oopen(group, name, H5P_DEFAULT);
+  if (obj < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return 0;
+  }
+  if (H5Iget_type(obj) == H5I_DATASET) static_cast<VisitCtx*>(p)->datasets.push_back("/" + std::string(name));
+  H5Oclose(obj);
+  return 0;
+}
+}  // namespace
+
+Inspection inspect(const std::string& path, bool verify) {
+  quiet_hdf5();
+  const Where w{path};
+  if (!fs::is_regular_file(path)) w.fail("no such file");
+  Inspection out;
+  out.bytes = static_cast<int64_t>(fs::file_size(path));
+  Id file = w.check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
+                    "cannot open (not an HDF5 file, truncated or damaged)");
+  out.meta = read_meta(w, file);
+  VisitCtx ctx;
+  w.check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, visit_cb, &ctx), "cannot list the datasets");
+  std::sort(ctx.datasets.begin(), ctx.datasets.end());
+  const int64_t k = round_elems();
+  std::vector<float> buf;
+  for (const std::string& name : ctx.datasets) {
+    Id d = open_dataset(w, file, name);
+    DatasetInfo info{name, dataset_shape(w, d, name), true};
+    if (verify) {
+      check_float32(w, d, name);
+      const uint64_t stored = read_attr<uint64_t>(w, d, "checksum", H5T_NATIVE_UINT64, name);
+      const int64_t n = numel(info.shape);
+      const auto dims = to_hsize(info.shape);
+      buf.resize(static_cast<size_t>(std::min(k, std::max<int64_t>(n, 1))));
+      uint64_t sum = 0;
+      for (int64_t b = 0; b < n; b += k) {
+        const int64_t e = std::min(n, b + k);
+        transfer(w, name, d, dims, H5P_DEFAULT, std::vector<Seg<float*>>{{b, e, buf.data()}}, false);
+        sum += checksum_range(b, buf.data(), e - b);
+      }
+      info.checksum_ok = sum == stored;
+    }
+    out.datasets.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace piper::checkpoint
