@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <filesystem>
+#include <stdexcept>
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
@@ -38,7 +39,23 @@ std::string strategy_text(const ir::Plan& plan) { return ir::directives_yaml(pla
 
 Checkpointer::Checkpointer(const config::Config& cfg, const ir::Plan& plan, model::Model& model, Executor& exec,
                            const MpiEnv& env)
-    : cfg_(cfg), plan_(plan), model_(model), exec_(exec), env_(env) {}
+    : cfg_(cfg), plan_(plan), model_(model), exec_(exec), env_(env) {
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+  MPI_Comm_free(&comm_);
+}
+
+void Checkpointer::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (!error_.empty()) {
+    const std::string e = error_;
+    error_.clear();
+    throw std::runtime_error("background checkpoint save failed: " + e);
+  }
+}
 
 // The buffer a piece's local offsets index: values, or one of the two moments.
 static float* base_of(model::ParamStore& ps, Executor& exec, const state::Piece& p) {
@@ -54,23 +71,23 @@ static float* base_of(model::ParamStore& ps, Executor& exec, const state::Piece&
 }
 
 std::string Checkpointer::save(int64_t steps_done) {
+  wait();  // one save at a time
   const std::string& dir = cfg_.checkpoint.dir;
   if (env_.rank() == 0) std::filesystem::create_directories(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
   model::ParamStore& ps = model_.params();
   const auto layout = state::layout_params(plan_);
-  // Pack this rank's owned elements, run after run, per dataset.
-  std::vector<std::vector<float>> packed;
-  std::vector<checkpoint::Piece> mine;
+  // Stage this rank's owned elements, run after run, per dataset.
   const auto owned = state::owned_for_write(plan_.model, layout, env_.rank());
-  packed.reserve(owned.size());
-  for (const state::Piece& p : owned) {
+  staged_.assign(owned.size(), {});
+  std::vector<checkpoint::Piece> mine;
+  for (size_t i = 0; i < owned.size(); ++i) {
+    const state::Piece& p = owned[i];
     const float* base = base_of(ps, exec_, p);
-    std::vector<float> data;
+    std::vector<float>& data = staged_[i];
+    data.reserve(static_cast<size_t>(state::total(p.runs)));
     for (size_t r = 0; r < p.runs.size(); ++r)
       data.insert(data.end(), base + p.local_offsets[r], base + p.local_offsets[r] + p.runs[r].size());
-    packed.push_back(std::move(data));
-    mine.push_back({state::dataset_name(p.kind, p.param), runs_of(p.runs), packed.back().data()});
+    mine.push_back({state::dataset_name(p.kind, p.param), runs_of(p.runs), data.data()});
   }
   checkpoint::Meta meta;
   meta.step = steps_done;
@@ -80,12 +97,27 @@ std::string Checkpointer::save(int64_t steps_done) {
   meta.config_yaml = cfg_.yaml_text;
   meta.strategy = strategy_text(plan_);
   const std::string path = checkpoint::checkpoint_path(dir, steps_done);
-  checkpoint::save(path, MPI_COMM_WORLD, meta, all_datasets(plan_.model), mine);
-  if (env_.rank() == 0) {
-    checkpoint::update_latest(dir, path);
-    checkpoint::keep_last(dir, static_cast<int>(cfg_.checkpoint.keep));
+  // The collective write, then (rank 0) the `latest` pointer and the clean-up.
+  auto write = [this, path, meta, mine = std::move(mine), all = all_datasets(plan_.model), dir]() {
+    MPI_Barrier(comm_);  // the folder exists
+    checkpoint::save(path, comm_, meta, all, mine);
+    if (env_.rank() == 0) {
+      checkpoint::update_latest(dir, path);
+      checkpoint::keep_last(dir, static_cast<int>(cfg_.checkpoint.keep));
+    }
+    MPI_Barrier(comm_);
+  };
+  if (!cfg_.checkpoint.async) {
+    write();
+    return path;
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  writer_ = std::thread([this, write = std::move(write)]() {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  });
   return path;
 }
 
@@ -108,7 +140,7 @@ int64_t Checkpointer::load(const std::string& where) {
   }
   checkpoint::Meta meta;
   try {
-    meta = checkpoint::load(path, MPI_COMM_WORLD, all_datasets(plan_.model), mine);
+    meta = checkpoint::load(path, comm_, all_datasets(plan_.model), mine);
   } catch (const checkpoint::CheckpointError& e) {
     throw UserError(std::string("--resume: ") + e.what());
   }

@@ -83,6 +83,8 @@ INSTANTIATE_TEST_SUITE_P(
     Pairs, Resume,
     ::testing::Values(
         Pair{"single_to_single", 1, "", 1, ""},
+        Pair{"async_dp2_zero2_to_single", 2, "--set parallel.dp=2 --set parallel.zero=2 --set checkpoint.async=true", 1,
+             ""},
         Pair{"single_to_dp2_zero3", 1, "", 2, "--set parallel.dp=2 --set parallel.zero=3"},
         Pair{"dp2_zero1_to_tp2_pp2", 2, "--set parallel.dp=2 --set parallel.zero=1", 4,
              "--set parallel.tp=2 --set parallel.pp=2 --set parallel.microbatches=2"},
