@@ -31,6 +31,7 @@ test: deps build corpus
 bench: deps build corpus
 	@scripts/bench.sh $(BUILD)
 	@scripts/bench-parallel.sh $(BUILD)
+	@scripts/bench-checkpoint.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

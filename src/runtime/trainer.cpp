@@ -234,12 +234,14 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   Checkpointer ckpt(cfg, plan, m, exec, env);
   int64_t first_step = 0;
   if (!opts.resume.empty()) {
+    const auto t_load = std::chrono::steady_clock::now();
     const int64_t done = ckpt.load(opts.resume);
+    const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
     if (done < 0) {
       if (lead) std::printf("piper: no checkpoint in '%s' yet; starting from step 0\n", cfg.checkpoint.dir.c_str());
     } else {
       first_step = done;
-      if (lead) std::printf("piper: resumed from %s at step %" PRId64 "\n", opts.resume.c_str(), done);
+      if (lead) std::printf("piper: resumed from %s at step %" PRId64 " (loaded in %.1f ms)\n", opts.resume.c_str(), done, load_ms);
     }
   }
   const bool saving = !cfg.checkpoint.dir.empty();
