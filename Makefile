@@ -22,7 +22,7 @@ corpus: build
 	@scripts/make-corpus.sh $(BUILD)
 
 run: deps build corpus
-	mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np $(NP) \
+	mpirun --oversubscribe --bind-to none $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np $(NP) \
 	  $(BUILD)/piper train $(CONFIG)
 
 test: deps build corpus
