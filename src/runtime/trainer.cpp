@@ -156,12 +156,11 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
 
 }  // namespace
 
-// Per-rank figures of a step, gathered on rank 0 for the metrics.
-struct RankFigures {
-  static constexpr int kCount = 12;
-  // compute, comm, idle ms; peak params, grads, optimizer, activations, buffers, total bytes;
-  // params, grads, optimizer bytes held after the step (the model state)
-};
+// Per-rank figures of a step, one slot of kRankFigures per rank, summed into
+// place over the world so rank 0 can write them: compute, comm, idle ms; peak
+// params, grads, optimizer, activations, buffers, total bytes; params, grads,
+// optimizer bytes held after the step (the model state).
+constexpr int kRankFigures = 12;
 
 void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) {
   const bool lead = env.rank() == 0;
@@ -265,8 +264,8 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     const double tps = static_cast<double>(tokens_per_step) / (ms / 1000.0);
     // Per-rank time split and memory, one slot per rank, summed into place.
     const auto mem = m.backend().memory();
-    std::vector<double> ranks(static_cast<size_t>(env.world_size() * RankFigures::kCount), 0.0);
-    double* mine = ranks.data() + env.rank() * RankFigures::kCount;
+    std::vector<double> ranks(static_cast<size_t>(env.world_size() * kRankFigures), 0.0);
+    double* mine = ranks.data() + env.rank() * kRankFigures;
     for (int c = 0; c < 3; ++c) mine[9 + c] = static_cast<double>(mem.current[static_cast<size_t>(c)]);
     mine[0] = st.compute_ms, mine[1] = st.comm_ms, mine[2] = st.idle_ms;
     for (int c = 0; c < backend::kMemCategoryCount; ++c) mine[3 + c] = static_cast<double>(mem.peak[static_cast<size_t>(c)]);
@@ -281,7 +280,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     if (metrics) {
       nlohmann::json per_rank = nlohmann::json::array();
       for (int r = 0; r < env.world_size(); ++r) {
-        const double* f = ranks.data() + r * RankFigures::kCount;
+        const double* f = ranks.data() + r * kRankFigures;
         per_rank.push_back({{"rank", r},
                             {"compute_ms", f[0]},
                             {"comm_ms", f[1]},
