@@ -82,7 +82,6 @@ bool is_compute(NodeKind k) {
   return k == NodeKind::FWD || k == NodeKind::BWD_I || k == NodeKind::BWD_W ||
          k == NodeKind::BWD || k == NodeKind::UPD;
 }
-bool is_comm(NodeKind k) { return !is_compute(k); }
 
 std::string describe(const Node& n, const std::vector<std::string>& unit_names) {
   std::string s = node_kind_name(n.kind);

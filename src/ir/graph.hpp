@@ -108,7 +108,6 @@ class Graph {
 const char* node_kind_name(NodeKind k);  // "FWD", "BWD_I", ...
 const char* pass_name(Pass p);           // "F", "B", "BI", "BW", "U", "C"
 bool is_compute(NodeKind k);             // FWD / BWD* / UPD
-bool is_comm(NodeKind k);
 
 // "FWD layers.3 mb1" — a node as users read it.
 std::string describe(const Node& n, const std::vector<std::string>& unit_names);

@@ -43,15 +43,12 @@ class Executor {
   // this rank's data-parallel replica.
   StepStats run_step(int64_t step, const std::vector<model::MicroBatch>& mbs);
 
-  const ir::Program& program() const { return program_; }
-
   // AdamW state, for checkpoints: moment 0 (exp_avg) or 1 (exp_avg_sq) of a
-  // unit (its data-parallel shard with ZeRO >= 1), and the step count.
+  // unit (its data-parallel shard with ZeRO >= 1); the step count on resume.
   float* moment(int unit, int which) {
     auto& mv = moments_.at(unit);
     return which == 0 ? mv.first.data() : mv.second.data();
   }
-  int64_t adam_steps() const { return adam_steps_; }
   void set_adam_steps(int64_t n) { adam_steps_ = n; }
 
  private:
