@@ -1,0 +1,550 @@
+// simulator.cpp — the executor's semantics on a clock instead of a machine.
+//
+// Each rank is a small state machine over its program (ir::lower, as the
+// runtime gets it): before a compute instruction it issues what
+// communication is ready (Executor::pump), waits for the instruction's inputs
+// one by one (Executor::complete), runs it for the cost model's time, and
+// issues again. A transfer completes when both sides have issued it, a
+// collective when every member of its group has, each after the cost
+// model's time. Ranks advance in turns until every program is done; one that
+// cannot advance waits for another's issue. Memory is a list of (time,
+// bytes) changes per rank, summed in time order at the end.
+#include "sim/simulator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "ir/grid.hpp"
+
+namespace piper::sim {
+
+using ir::Instr;
+using ir::NodeKind;
+using ir::Pass;
+using ir::Payload;
+
+const char* mem_name(Mem m) {
+  static const char* names[] = {"params", "grads", "optimizer", "activations", "buffers"};
+  return names[static_cast<int>(m)];
+}
+
+namespace {
+
+constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+// As the executor: receives and ZeRO-3 gathers are posted this many compute
+// instructions ahead of their first consumer.
+constexpr size_t kLookahead = 2;
+
+bool known(double t) { return !std::isnan(t); }
+bool p2p(NodeKind k) { return k == NodeKind::SEND || k == NodeKind::RECV; }
+bool zero3_gather(const Instr& c) { return c.kind == NodeKind::ALLGATHER && c.microbatch >= 0; }
+
+CommOp comm_op(NodeKind k) {
+  switch (k) {
+    case NodeKind::ALLREDUCE: return CommOp::COMM_ALLREDUCE;
+    case NodeKind::REDUCE_SCATTER: return CommOp::COMM_REDUCE_SCATTER;
+    case NodeKind::ALLGATHER: return CommOp::COMM_ALLGATHER;
+    case NodeKind::ALLTOALL: return CommOp::COMM_ALLTOALL;
+    default: return CommOp::COMM_P2P;
+  }
+}
+
+struct MemDelta {
+  double t;
+  int seq;  // insertion order breaks ties
+  Mem cat;
+  double bytes;
+};
+
+// Per-unit sizes on one rank: elements of the tp piece, the dp shard, the padded buffer.
+struct UnitSize {
+  int64_t numel = 0, shard = 0, padded = 0;
+};
+
+struct RankState {
+  ir::Program prog;
+  std::unordered_map<int, size_t> comm_of;     // node -> comm index
+  std::unordered_map<int, size_t> compute_of;  // node -> compute index
+  std::unordered_map<int, size_t> recv_of_tag; // SEND node id -> comm index of the RECV here
+  std::vector<double> issue, done;             // per comm index
+  std::vector<double> begin;                   // per comm index: when every party had issued it
+  std::vector<size_t> first_use;               // per comm index: first compute index waiting on it
+  size_t comm_next = 0;
+  size_t pc = 0;          // next compute instruction
+  bool pumped = false;    // pump() ran before instruction pc
+  bool pumped_after = false;  // pump() after instruction pc: it counts as done
+  size_t wait_i = 0;      // next of pc's waits to complete
+  bool norm_ready = false, norm_issued = false;
+  size_t norm_i = 0;      // next gradient reduction to complete before the norm
+  size_t drain_i = 0;
+  bool finished = false;
+  double t = 0;           // compute stream clock
+  double cursor = 0;      // time inside a wait
+  std::vector<int> dp_group, tp_group;
+  std::map<int, int> uses_left;  // ZeRO-3 gather node -> compute uses left
+  std::vector<char> grads_alive;  // per unit: ZeRO >= 2 full gradients allocated
+  std::map<std::pair<int, int>, int> alive;  // (stage, mb) -> units holding saved state
+  int alive_now = 0, alive_peak = 0;
+  std::vector<MemDelta> mem;
+  RankResult res;
+};
+
+class Sim {
+ public:
+  Sim(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts)
+      : plan_(plan), cost_(cost), opts_(opts), world_(plan.strategy.world_size),
+        grid_(world_, plan.strategy.grid_order,
+              {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp}, {"pp", plan.strategy.place.pp}}) {
+    const auto& s = plan.strategy;
+    tp_ = s.shard.tp;
+    dp_ = s.replicate.dp;
+    zero_ = s.replicate.zero;
+    rows_ = cfg.train.global_batch / std::max(1, dp_ * s.split.microbatches) * cfg.train.seq_len;
+    act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * 4);
+    last_unit_ = static_cast<int>(plan.model.units.size()) - 1;
+    for (const auto& u : plan.model.units) {
+      UnitSize us;
+      for (const auto& p : u.params) {
+        int64_t n = 1;
+        for (int64_t d : ir::tp_local_shape(p, tp_)) n *= d;
+        us.numel += n;
+      }
+      us.shard = (us.numel + dp_ - 1) / dp_;
+      us.padded = us.shard * dp_;
+      sizes_.push_back(us);
+      kind_.push_back(ir::unit_symbol(u.kind));
+      names_.push_back(u.name);
+    }
+    for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
+    ranks_.resize(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r) init_rank(r);
+  }
+
+  SimResult run() {
+    bool all = false;
+    while (!all) {
+      bool progress = false;
+      all = true;
+      for (int r = 0; r < world_; ++r) {
+        if (ranks_[static_cast<size_t>(r)].finished) continue;
+        progress |= advance(r);
+        all &= ranks_[static_cast<size_t>(r)].finished;
+      }
+      if (!all && !progress) deadlock();
+    }
+    return finish();
+  }
+
+ private:
+  RankState& R(int r) { return ranks_[static_cast<size_t>(r)]; }
+
+  void init_rank(int r) {
+    RankState& st = R(r);
+    st.prog = ir::lower(plan_.graph, r);
+    st.res.rank = r;
+    const auto& comm = st.prog.comm;
+    st.issue.assign(comm.size(), kUnknown);
+    st.done.assign(comm.size(), kUnknown);
+    st.begin.assign(comm.size(), kUnknown);
+    for (size_t k = 0; k < comm.size(); ++k) {
+      st.comm_of[comm[k].node] = k;
+      if (comm[k].kind == NodeKind::RECV) st.recv_of_tag[comm[k].tag] = k;
+    }
+    st.first_use.assign(comm.size(), st.prog.compute.size());
+    for (size_t i = 0; i < st.prog.compute.size(); ++i) {
+      st.compute_of[st.prog.compute[i].node] = i;
+      for (int w : st.prog.compute[i].waits) {
+        auto it = st.comm_of.find(w);
+        if (it == st.comm_of.end()) continue;
+        st.first_use[it->second] = std::min(st.first_use[it->second], i);
+        if (zero3_gather(comm[it->second])) ++st.uses_left[w];
+      }
+    }
+    st.dp_group = grid_.group(r, "dp");
+    st.tp_group = grid_.group(r, "tp");
+    st.grads_alive.assign(sizes_.size(), 0);
+    // State held between steps, as the parameter store and the optimiser allocate it.
+    std::vector<char> held(sizes_.size(), 0);
+    for (const Instr& in : st.prog.compute)
+      if (in.unit >= 0) held[static_cast<size_t>(in.unit)] = 1;
+    for (size_t u = 0; u < sizes_.size(); ++u) {
+      if (!held[u]) continue;
+      const UnitSize& z = sizes_[u];
+      st.res.state[0] += 4.0 * static_cast<double>(zero_ >= 3 ? z.shard : z.padded);
+      st.res.state[1] += 4.0 * static_cast<double>(zero_ >= 2 ? z.shard : z.padded);
+      st.res.state[2] += 8.0 * static_cast<double>(zero_ >= 1 ? z.shard : z.padded);
+    }
+    for (int c = 0; c < 3; ++c) add_mem(st, -1.0, static_cast<Mem>(c), st.res.state[static_cast<size_t>(c)]);
+    // The step starts after the batch is read.
+    st.t = cost_.step_overhead.at(plan_.strategy.split.microbatches);
+  }
+
+  void add_mem(RankState& st, double t, Mem c, double bytes) {
+    if (bytes != 0) st.mem.push_back({t, static_cast<int>(st.mem.size()), c, bytes});
+  }
+
+  bool ready(const RankState& st, const Instr& c) const {
+    return std::all_of(c.waits.begin(), c.waits.end(), [&](int w) {
+      auto it = st.compute_of.find(w);
+      return it != st.compute_of.end() && it->second < st.pc + (st.pumped_after ? 1 : 0);
+    });
+  }
+
+  // ---- communication ---------------------------------------------------------
+
+  void issue_at(int r, size_t k, double t) {
+    RankState& st = R(r);
+    st.issue[k] = t;
+    ++issued_count_;
+    while (st.comm_next < st.issue.size() && known(st.issue[st.comm_next])) ++st.comm_next;
+    const Instr& c = st.prog.comm[k];
+    if (c.kind == NodeKind::RECV)
+      add_mem(st, t, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, act_bytes_);
+    if (c.kind == NodeKind::ALLGATHER)
+      for (int u : c.units) {
+        const UnitSize& z = sizes_[static_cast<size_t>(u)];
+        if (zero3_gather(c)) add_mem(st, t, Mem::MEM_PARAMS, 4.0 * static_cast<double>(z.padded));
+        else add_mem(st, t, Mem::MEM_BUFFERS, 4.0 * static_cast<double>(z.shard));
+      }
+  }
+
+  // Executor::pump: issue every ready communication instruction at time t.
+  void pump(int r, double t) {
+    RankState& st = R(r);
+    bool collective_blocked = false;
+    for (size_t k = st.comm_next; k < st.prog.comm.size(); ++k) {
+      if (known(st.issue[k])) continue;
+      const Instr& c = st.prog.comm[k];
+      const bool pp = p2p(c.kind);
+      if (!pp && collective_blocked) continue;
+      const bool deferred = (c.kind == NodeKind::RECV || zero3_gather(c)) && st.first_use[k] > st.pc + kLookahead;
+      if (!ready(st, c) || deferred) {
+        collective_blocked |= !pp;
+        continue;
+      }
+      issue_at(r, k, t);
+    }
+  }
+
+  double bytes_of(const Instr& c) const {
+    if (p2p(c.kind)) return static_cast<double>(c.bytes);
+    double b = 0;
+    for (int u : c.units) b += 4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded);
+    return b;
+  }
+
+  // The completion time of comm instruction k of rank r, once every party has issued it.
+  double resolve(int r, size_t k) {
+    RankState& st = R(r);
+    if (known(st.done[k])) return st.done[k];
+    if (!known(st.issue[k])) return kUnknown;
+    const Instr& c = st.prog.comm[k];
+    std::vector<std::pair<int, size_t>> parties;
+    if (p2p(c.kind)) {
+      RankState& peer = R(c.peer);
+      const size_t pk = c.kind == NodeKind::SEND ? peer.recv_of_tag.at(c.tag) : peer.comm_of.at(c.tag);
+      parties = {{r, k}, {c.peer, pk}};
+    } else {
+      for (int m : c.group == ir::GroupDim::GROUP_TP ? st.tp_group : st.dp_group)
+        parties.emplace_back(m, R(m).comm_of.at(c.node));
+    }
+    double start = 0;
+    for (auto [m, mk] : parties) {
+      const double t = R(m).issue[mk];
+      if (!known(t)) return kUnknown;
+      start = std::max(start, t);
+    }
+    const int n = p2p(c.kind) ? 2 : static_cast<int>(parties.size());
+    const double end = start + cost_.comm_ms(comm_op(c.kind), n, static_cast<int64_t>(bytes_of(c)));
+    for (auto [m, mk] : parties) R(m).begin[mk] = start, completed(m, mk, end);
+    return end;
+  }
+
+  void completed(int r, size_t k, double end) {
+    RankState& st = R(r);
+    st.done[k] = end;
+    const Instr& c = st.prog.comm[k];
+    if (c.kind == NodeKind::SEND)
+      add_mem(st, end, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, -act_bytes_);
+    if (c.kind == NodeKind::REDUCE_SCATTER)
+      for (int u : c.units) release_grads(st, u, end);
+    if (c.kind == NodeKind::ALLGATHER && !zero3_gather(c))
+      for (int u : c.units) add_mem(st, end, Mem::MEM_BUFFERS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].shard));
+    if (opts_.timeline) {
+      trace::Event e;
+      e.rank = r;
+      e.lane = trace::Lane::LANE_COMM;
+      e.kind = ir::node_kind_name(c.kind);
+      e.name = ir::describe(plan_.graph.node(c.node), names_);
+      e.node = c.node;
+      e.microbatch = c.microbatch;
+      e.stage = stage_of_node_[static_cast<size_t>(c.node)];
+      e.unit = c.unit;
+      e.start_us = st.issue[k] * 1000.0;
+      e.end_us = end * 1000.0;
+      e.bytes = static_cast<int64_t>(bytes_of(c));
+      events_.push_back(std::move(e));
+    }
+  }
+
+  // Waiting from the cursor until `end` for an operation every party had
+  // issued at `begin`: before that the rank waits for another (bubble), after
+  // it for the transfer itself (exposed communication).
+  static void wait_until(RankState& st, double begin, double end) {
+    if (end <= st.cursor) return;
+    const double other = std::max(0.0, std::min(begin, end) - st.cursor);
+    st.res.bubble_ms += other;
+    st.res.comm_ms += end - st.cursor - other;
+    st.cursor = end;
+  }
+
+  // Executor::complete: force-issue what must go first, then wait. Returns
+  // false while another rank has not issued its side yet.
+  bool complete(int r, int node) {
+    RankState& st = R(r);
+    const size_t idx = st.comm_of.at(node);
+    if (!known(st.done[idx])) {
+      const bool pp = p2p(st.prog.comm[idx].kind);
+      for (size_t k = pp ? idx : st.comm_next; k <= idx; ++k) {
+        if (known(st.issue[k]) || (k != idx && p2p(st.prog.comm[k].kind))) continue;
+        issue_at(r, k, st.cursor);
+      }
+      if (!known(resolve(r, idx))) return false;
+    }
+    wait_until(st, st.begin[idx], st.done[idx]);
+    return true;
+  }
+
+  // ---- compute -------------------------------------------------------------
+
+  void release_grads(RankState& st, int u, double t) {
+    if (zero_ < 2 || !st.grads_alive[static_cast<size_t>(u)]) return;
+    st.grads_alive[static_cast<size_t>(u)] = 0;
+    add_mem(st, t, Mem::MEM_GRADS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
+  }
+
+  void touch_grads(RankState& st, int u, double t) {
+    if (zero_ < 2 || st.grads_alive[static_cast<size_t>(u)]) return;
+    st.grads_alive[static_cast<size_t>(u)] = 1;
+    add_mem(st, t, Mem::MEM_GRADS, 4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
+  }
+
+  void set_alive(RankState& st, int stage, int mb, int delta) {
+    int& n = st.alive[{stage, mb}];
+    const bool was = n > 0;
+    n += delta;
+    st.alive_now += (n > 0) - was;
+    st.alive_peak = std::max(st.alive_peak, st.alive_now);
+  }
+
+  // Runs compute instruction `in` from `start`: its time, memory and trace.
+  double run(int r, const Instr& in, double start) {
+    RankState& st = R(r);
+    const int u = in.unit;
+    const size_t us = static_cast<size_t>(std::max(0, u));
+    const int stage = stage_of_node_[static_cast<size_t>(in.node)];
+    double dur = 0;
+    if (in.kind == NodeKind::UPD) {
+      dur = cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel));
+    } else {
+      const Pass pass = in.kind == NodeKind::FWD ? Pass::PASS_F : in.kind == NodeKind::BWD ? Pass::PASS_B
+                        : in.kind == NodeKind::BWD_I ? Pass::PASS_BI : Pass::PASS_BW;
+      dur = cost_.compute_ms(kind_[us], pass, tp_, rows_);
+      const OpCost& oc = cost_.op(kind_[us], tp_);
+      const double rows = static_cast<double>(rows_);
+      const double saved = oc.saved.at(rows), kept = std::min(saved, oc.kept_for_w.at(rows));
+      const double transient = oc.transient.at(rows);
+      const double end = start + dur;
+      const bool embed_w = in.kind == NodeKind::BWD_W && u == 0;  // the embedding's whole backward
+      if (in.kind == NodeKind::FWD) {
+        if (u < last_unit_) add_mem(st, start, Mem::MEM_ACTIVATIONS, act_bytes_);
+        add_mem(st, start, Mem::MEM_ACTIVATIONS, saved);
+        set_alive(st, stage, in.microbatch, +1);
+      } else if (in.kind == NodeKind::BWD_W && !embed_w) {
+        touch_grads(st, u, start);
+        add_mem(st, end, Mem::MEM_ACTIVATIONS, -kept);
+        set_alive(st, stage, in.microbatch, -1);
+      } else {  // BWD, BWD_I, the embedding's BWD_W: input gradient in, output gradient and input freed
+        touch_grads(st, u, start);
+        if (u > 0) add_mem(st, start, Mem::MEM_BUFFERS, act_bytes_);
+        const bool fused = in.kind != NodeKind::BWD_I;
+        add_mem(st, end, Mem::MEM_ACTIVATIONS, -(fused ? saved : saved - kept));
+        if (u > 0) add_mem(st, end, Mem::MEM_ACTIVATIONS, -act_bytes_);   // the input activation
+        if (u < last_unit_) add_mem(st, end, Mem::MEM_BUFFERS, -act_bytes_);  // the output gradient
+        if (fused) set_alive(st, stage, in.microbatch, -1);
+      }
+      add_mem(st, start, Mem::MEM_BUFFERS, transient);
+      add_mem(st, end, Mem::MEM_BUFFERS, -transient);
+    }
+    st.res.compute_ms += dur;
+    if (opts_.timeline) {
+      trace::Event e;
+      e.rank = r;
+      e.kind = ir::node_kind_name(in.kind);
+      e.name = ir::describe(plan_.graph.node(in.node), names_);
+      e.node = in.node;
+      e.microbatch = in.microbatch;
+      e.stage = stage;
+      e.unit = u;
+      e.start_us = start * 1000.0;
+      e.end_us = (start + dur) * 1000.0;
+      events_.push_back(std::move(e));
+    }
+    return start + dur;
+  }
+
+  // Executor::prepare_norm before the first update: every gradient reduction
+  // completes, then the world sums the squares.
+  bool norm(int r) {
+    RankState& st = R(r);
+    for (; st.norm_i < st.prog.comm.size(); ++st.norm_i) {
+      const Instr& c = st.prog.comm[st.norm_i];
+      if (c.payload == Payload::PAYLOAD_WGRAD && !complete(r, c.node)) return false;
+    }
+    if (world_ > 1) {
+      if (!st.norm_issued) {
+        st.norm_issued = true;
+        norm_issue_.push_back(st.cursor);
+        ++issued_count_;
+      }
+      if (static_cast<int>(norm_issue_.size()) < world_) return false;
+      const double begin = *std::max_element(norm_issue_.begin(), norm_issue_.end());
+      wait_until(st, begin, begin + cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8));
+    }
+    st.norm_ready = true;
+    return true;
+  }
+
+  // Advances rank r as far as it can; false when it could not move at all.
+  bool advance(int r) {
+    RankState& st = R(r);
+    const int64_t issued_before = issued_count_;
+    bool moved = false;
+    while (st.pc < st.prog.compute.size()) {
+      const Instr& in = st.prog.compute[st.pc];
+      if (!st.pumped) {
+        pump(r, st.t);
+        st.pumped = true;
+        st.cursor = st.t;
+        st.wait_i = 0;
+        moved = true;
+      }
+      for (; st.wait_i < in.waits.size(); ++st.wait_i) {
+        const int w = in.waits[st.wait_i];
+        if (!st.comm_of.count(w)) continue;  // a compute node of this rank: already done
+        if (!complete(r, w)) return moved || issued_count_ != issued_before;
+        moved = true;
+      }
+      if (in.kind == NodeKind::UPD && !st.norm_ready) {
+        if (!norm(r)) return moved || issued_count_ != issued_before;
+      }
+      const double end = run(r, in, st.cursor);
+      for (int w : in.waits) {
+        auto it = st.uses_left.find(w);
+        if (it != st.uses_left.end() && --it->second == 0)
+          for (int u : st.prog.comm[st.comm_of.at(w)].units)
+            add_mem(st, end, Mem::MEM_PARAMS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
+      }
+      if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
+      st.t = end;
+      st.pumped_after = true;
+      pump(r, st.t);
+      st.pumped_after = false;
+      ++st.pc;
+      st.pumped = false;
+      moved = true;
+    }
+    // Executor::drain: every communication instruction completes.
+    if (st.drain_i == 0) st.cursor = st.t;
+    for (; st.drain_i < st.prog.comm.size(); ++st.drain_i) {
+      if (!complete(r, st.prog.comm[st.drain_i].node)) return moved || issued_count_ != issued_before;
+      moved = true;
+    }
+    st.res.finish_ms = st.cursor;
+    st.finished = true;
+    return true;
+  }
+
+  [[noreturn]] void deadlock() {
+    std::string msg = "the simulated programs cannot complete; blocked ranks:";
+    for (int r = 0; r < world_ && msg.size() < 2000; ++r) {
+      const RankState& st = R(r);
+      if (st.finished) continue;
+      msg += "\n  rank " + std::to_string(r) + ": ";
+      if (st.pc < st.prog.compute.size())
+        msg += ir::describe(plan_.graph.node(st.prog.compute[st.pc].node), names_);
+      else
+        msg += "draining communication";
+    }
+    throw std::logic_error(msg);
+  }
+
+  SimResult finish() {
+    SimResult out;
+    double slowest = 0;
+    for (const RankState& st : ranks_) slowest = std::max(slowest, st.res.finish_ms);
+    out.step_ms = slowest + (world_ > 1 ? cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8) : 0.0);
+    double idle = 0;
+    for (RankState& st : ranks_) {
+      RankResult res = st.res;
+      res.bubble_ms += out.step_ms - st.res.finish_ms;  // waiting for the slowest rank
+      idle += res.bubble_ms;
+      res.peak_microbatches = st.alive_peak;
+      std::stable_sort(st.mem.begin(), st.mem.end(), [](const MemDelta& a, const MemDelta& b) {
+        return a.t < b.t || (a.t == b.t && a.seq < b.seq);
+      });
+      std::array<double, kMemCount> cur{};
+      double total = 0;
+      for (const MemDelta& d : st.mem) {
+        double& c = cur[static_cast<size_t>(d.cat)];
+        c += d.bytes;
+        total += d.bytes;
+        res.peak[static_cast<size_t>(d.cat)] = std::max(res.peak[static_cast<size_t>(d.cat)], c);
+        res.peak_total = std::max(res.peak_total, total);
+      }
+      out.nodes += static_cast<int64_t>(st.prog.compute.size() + st.prog.comm.size());
+      out.ranks.push_back(res);
+    }
+    out.bubble = out.step_ms > 0 ? idle / (world_ * out.step_ms) : 0.0;
+    if (opts_.timeline) {
+      out.trace.title = opts_.title;
+      out.trace.ranks = world_;
+      out.trace.events = std::move(events_);
+      std::stable_sort(out.trace.events.begin(), out.trace.events.end(),
+                       [](const trace::Event& a, const trace::Event& b) {
+                         return a.rank < b.rank || (a.rank == b.rank && a.start_us < b.start_us);
+                       });
+    }
+    return out;
+  }
+
+  const ir::Plan& plan_;
+  const CostModel& cost_;
+  SimOptions opts_;
+  int world_;
+  ir::RankGrid grid_;
+  int tp_ = 1, dp_ = 1, zero_ = 0, last_unit_ = 0;
+  int64_t rows_ = 0;
+  double act_bytes_ = 0;
+  std::vector<UnitSize> sizes_;
+  std::vector<char> kind_;
+  std::vector<std::string> names_;
+  std::vector<int> stage_of_node_;
+  std::vector<RankState> ranks_;
+  std::vector<double> norm_issue_;
+  int64_t issued_count_ = 0;  // issues so far: a blocked rank that issued something made progress
+  std::vector<trace::Event> events_;
+};
+
+}  // namespace
+
+SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts) {
+  Sim s(plan, cfg, cost, opts);
+  return s.run();
+}
+
+}  // namespace piper::sim

@@ -1,0 +1,59 @@
+// simulator.hpp — plays the global training DAG on a cost model: every rank's
+// program runs as the runtime's executor runs it (compute in program order,
+// communication issued ahead with the same look-ahead, collectives completing
+// when every member of the group has issued them, the clipping norm summed
+// over the world before the first update), giving each rank's timeline, the
+// step time, the compute / exposed communication / bubble split and the peak
+// memory by category. Depends on ir and cost data only.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "ir/compile.hpp"
+#include "sim/cost_model.hpp"
+#include "trace/trace.hpp"
+
+namespace piper::sim {
+
+// Memory categories, as the backend accounts them (backend::MemCategory).
+enum class Mem : uint8_t { MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_BUFFERS };
+constexpr int kMemCount = 5;
+const char* mem_name(Mem m);  // "params", "grads", "optimizer", "activations", "buffers"
+
+struct RankResult {
+  int rank = 0;
+  double finish_ms = 0;   // end of the rank's program (its last communication included)
+  double compute_ms = 0;  // sum of compute node times
+  double comm_ms = 0;     // exposed: waiting for collectives and sends
+  double bubble_ms = 0;   // waiting for another stage's data, and for the slowest rank at the step's end
+  std::array<double, kMemCount> peak{};  // bytes, each category's own peak
+  double peak_total = 0;                 // bytes, peak of the sum
+  std::array<double, kMemCount> state{};  // bytes held between steps (params, grads, optimiser)
+  int peak_microbatches = 0;  // most microbatches with activations alive at once
+};
+
+struct SimResult {
+  double step_ms = 0;      // predicted step time: slowest rank, step overhead and the loss sum
+  double bubble = 0;       // idle fraction over all ranks: sum(bubble) / (ranks * step)
+  std::vector<RankResult> ranks;
+  trace::Trace trace;      // the predicted timeline (when asked for)
+  int64_t nodes = 0;       // instructions played
+};
+
+struct SimOptions {
+  bool timeline = false;   // fill SimResult::trace
+  std::string title;       // the trace's title
+};
+
+// Simulates one training step of `plan` (compiled from `cfg`) on `cost`.
+// Throws std::out_of_range when the cost model lacks an entry the plan needs,
+// std::logic_error when the programs cannot complete (a deadlock; the
+// verifier rejects those first).
+SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost,
+                   const SimOptions& opts = {});
+
+}  // namespace piper::sim
