@@ -1,0 +1,93 @@
+// flops.hpp — the work of one call of a model unit, op by op: floating-point
+// operations and a lower bound of memory traffic per tensor-parallel rank,
+// following spec/MODEL.md and the kernels piper runs; the activation memory a
+// unit holds, counted as the CPU runtime allocates it; AdamW's traffic per
+// element. hardware.hpp turns these into times. docs/hardware.md derives every
+// formula.
+//
+// Conventions:
+//   - rows M = batch x seq_len tokens of the microbatch; seq_len T is fixed, so
+//     every count is linear in rows.
+//   - A matrix product [m, k] x [k, n] is 2 m n k FLOPs ("matmul" FLOPs).
+//   - Causal products (attention scores, the SSD's intra-chunk matrix) count
+//     the lower triangle with its diagonal: n (n + 1) / 2 entries of n x n.
+//   - Elementwise ops, norms, softmax, exp and the conv1d are "other" FLOPs
+//     with nominal per-element counts; their time is their memory traffic.
+//   - Traffic: every operand read once, every result written once (an
+//     accumulated result read and written), weights read once per call, at
+//     `elem_bytes` per element. Kernels' private scratch that stays in cache
+//     is not counted; materialised intermediates (the SSD's C B^T) are.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "ir/graph.hpp"
+#include "sim/cost_model.hpp"
+
+namespace piper::sim {
+
+// One kernel-sized piece of a unit call.
+struct OpWork {
+  std::string name;           // "q_proj", "attention", "rmsnorm", "ssd_scan", ...
+  double matmul_flops = 0.0;  // in matrix products (tensor cores on GPUs)
+  double other_flops = 0.0;   // elementwise, reductions, exp (vector units)
+  double bytes = 0.0;         // memory traffic lower bound
+  double flops() const { return matmul_flops + other_flops; }
+};
+
+// A collective a unit issues over its tensor-parallel group inside the call
+// (Megatron's all-reduces, the vocab-parallel loss). `bytes` has the meaning
+// of a collective node's bytes in ir/build.cpp: the whole buffer each rank
+// reduces or gathers, not its shard.
+struct TpCollective {
+  CommOp op = CommOp::COMM_ALLREDUCE;
+  double bytes = 0.0;
+};
+
+// One call of a unit in one pass on one tensor-parallel rank.
+struct Work {
+  std::vector<OpWork> ops;
+  std::vector<TpCollective> tp_comm;  // empty at tp 1
+  double flops() const;
+  double matmul_flops() const;
+  double other_flops() const;
+  double bytes() const;
+  const OpWork* op(const std::string& name) const;  // nullptr when the call has no such op
+  void append(const Work& w);
+};
+
+// The work of one call of unit kind `kind` ('e' embedding, 'M' Mamba-2,
+// '*' attention, '-' MLP, 'h' head: final norm, lm_head, cross-entropy) in
+// pass `pass` (F forward; BI input gradients and the scan's backward; BW
+// weight-gradient products; B = BI then BW) over `rows` rows of sequences of
+// `seq_len` tokens, on one of `tp` tensor-parallel ranks, at `elem_bytes`
+// bytes per tensor element (4: piper's fp32; 2: bf16).
+// Throws std::invalid_argument for 'E' (the spec defines MoE but ModelConfig
+// has no expert sizes), an unknown kind, pass U or C, rows, seq_len or tp < 1,
+// and a size the kind splits over tp that does not divide by it.
+Work unit_work(const config::ModelConfig& m, char kind, ir::Pass pass, int64_t rows, int64_t seq_len,
+               int tp = 1, int elem_bytes = 4);
+
+// Activation memory of one call, in bytes, as the CPU runtime allocates it
+// (MemCategory ACTIVATIONS and BUFFERS of src/model/*.cpp, fp32), beyond the
+// unit's output (the simulator counts that: rows x d_model floats) and the
+// input gradient the executor allocates.
+struct UnitMemory {
+  double saved = 0.0;       // held from the forward until the backward ends
+  double kept_for_w = 0.0;  // held between BWD_I and BWD_W: all of `saved` (released only by
+                            // the weight half) plus the weight-gradient stash BWD_I keeps
+  double transient = 0.0;   // at the peak inside a pass, above `saved` (BWD_I counts its stash)
+};
+UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp = 1);
+
+// AdamW update of one parameter element: reads p, g, m, v and writes p, m, v,
+// each `state_bytes` wide (4: fp32 master weights and moments): 7 x state_bytes.
+double adamw_bytes_per_element(int state_bytes = 4);
+// Nominal arithmetic of the same update (decay, two moments, bias
+// corrections, square root, division).
+double adamw_flops_per_element();
+
+}  // namespace piper::sim
