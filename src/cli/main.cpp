@@ -9,12 +9,14 @@
 #include "comm/comm.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/files.hpp"
+#include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "data/prepare.hpp"
 #include "data/token_file.hpp"
 #include "ir/compile.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
+#include "trace/trace.hpp"
 
 namespace {
 
@@ -27,7 +29,8 @@ using namespace piper;
 bool is_user_error(const std::exception& e) {
   return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
          dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
-         dynamic_cast<const ir::VerifyError*>(&e) || dynamic_cast<const checkpoint::CheckpointError*>(&e);
+         dynamic_cast<const ir::VerifyError*>(&e) || dynamic_cast<const checkpoint::CheckpointError*>(&e) ||
+         dynamic_cast<const trace::TraceError*>(&e);
 }
 
 int run_plan(const std::string& path, const std::vector<std::string>& sets, int world,
@@ -112,6 +115,9 @@ int main(int argc, char** argv) {
   train->add_option("--dump-final", topts.dump_final_path,
                     "Write the parameters after the last step to PATH (PIPERPRM format)");
   train->add_flag("--quiet", topts.quiet, "No per-step progress lines");
+  train->add_option("--trace", topts.trace_path,
+                    "Write a Chrome trace (Perfetto) of every rank's instructions to PATH (docs/trace.md)");
+  train->add_option("--trace-steps", topts.trace_steps, "With --trace: record only steps A..B, as A:B (0-based)");
   auto* resume = train->add_option("--resume", topts.resume,
                                    "Resume from a checkpoint: PATH (a .h5 file or a folder), or latest in "
                                    "checkpoint.dir (the default when no value is given)")
@@ -133,6 +139,35 @@ int main(int argc, char** argv) {
   plan->add_option("--world", world, "World size to compile for")->check(CLI::PositiveNumber);
   plan->add_flag("--directives", directives, "Print the directives the parallel shorthand expands to");
 
+  cli::SimulateArgs sim_args;
+  auto* simulate = app.add_subcommand("simulate", "Predict each rank's timeline, step time, bubble and memory");
+  simulate->add_option("config", sim_args.config, "YAML config")->required();
+  simulate->add_option("--set", sim_args.sets, "Override a config key (repeatable)");
+  simulate->add_option("--world", sim_args.world, "World size (default: tp x dp x pp of the config)")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--cost", sim_args.cost, "Cost file: from piper calibrate, or written by hand");
+  simulate->add_option("--hardware", sim_args.hardware, "Analytic cost model: a hardware name or JSON file");
+  simulate->add_flag("--json", sim_args.json, "Print one JSON object (step_ms, per-rank figures)");
+  simulate->add_option("--svg", sim_args.svg, "Draw the predicted schedule to PATH (SVG)");
+  simulate->add_option("--trace", sim_args.trace, "Write the predicted timeline as a Chrome trace to PATH");
+
+  cli::PlotArgs plot_args;
+  auto* plot_cmd = app.add_subcommand("plot", "Draw a metrics JSONL (loss, throughput) or a Chrome trace (schedule) as SVG");
+  plot_cmd->add_option("input", plot_args.input, "Metrics JSONL (train --metrics) or Chrome trace (--trace)")->required();
+  plot_cmd->add_option("-o,--output", plot_args.output, "SVG file to write")->required();
+  plot_cmd->add_option("--step", plot_args.step, "Trace: the step to draw (default: the last)")->check(CLI::NonNegativeNumber);
+  plot_cmd->add_option("--width", plot_args.width, "Picture width in pixels")->check(CLI::Range(320, 20000));
+  plot_cmd->add_flag("--no-comm", plot_args.no_comm, "Trace: leave out the communication lanes");
+  plot_cmd->add_flag("--time-units", plot_args.time_units, "Trace: abstract costs; label the axis \"time units\"");
+
+  cli::CalibrateArgs cal_args;
+  auto* calibrate = app.add_subcommand("calibrate", "Measure this machine's cost model for piper simulate");
+  calibrate->add_option("config", cal_args.config, "YAML config: the model, microbatch size and tp to measure")->required();
+  calibrate->add_option("--set", cal_args.sets, "Override a config key (repeatable)");
+  calibrate->add_option("-o,--output", cal_args.output, "Cost file to write (JSON, docs/calibration.md)")->required();
+  calibrate->add_flag("--quick", cal_args.quick, "Fewer sizes and repetitions (tests)");
+  calibrate->add_flag("--quiet", cal_args.quiet, "No table of measurements");
+
   std::string out_path;
   std::vector<std::string> inputs;
   auto* prepare = app.add_subcommand("prepare", "Tokenize text files (bytes, vocab 256) into a token file");
@@ -149,8 +184,11 @@ int main(int argc, char** argv) {
     if (resume->count() > 0 && topts.resume.empty()) topts.resume = "latest";
     return run_train(&argc, &argv, config_path, sets, topts);
   }
+  if (*calibrate) return cli::run_calibrate(&argc, &argv, cal_args);
   try {
     if (*plan) return run_plan(config_path, sets, world, directives);
+    if (*simulate) return cli::run_simulate(sim_args);
+    if (*plot_cmd) return cli::run_plot(plot_args);
     if (*ckpt) return run_ckpt(ckpt_path, verify->parsed());
     if (*prepare) {
       const int64_t n = data::prepare(inputs, out_path);

@@ -182,6 +182,7 @@ bool Executor::ready(const ir::Instr& c) const {
 // in program order (every member of a group issues them alike). Receives and
 // ZeRO-3 gathers wait until their consumer is near.
 void Executor::pump(size_t compute_index) {
+  if (step_trace_) poll_traced();
   bool collective_blocked = false;
   for (size_t k = comm_next_; k < program_.comm.size(); ++k) {
     if (issued_[k]) continue;
@@ -198,6 +199,7 @@ void Executor::pump(size_t compute_index) {
 }
 
 void Executor::issue_at(size_t k) {
+  if (step_trace_) issued_at_[k] = TraceClock::now();
   issue(program_.comm[k]);
   issued_[k] = 1;
   while (comm_next_ < issued_.size() && issued_[comm_next_]) ++comm_next_;
@@ -273,11 +275,30 @@ void Executor::complete(int node, StepStats& st) {
   const auto t0 = std::chrono::steady_clock::now();
   comm::wait_all(inflight_[node]);
   (c.kind == NodeKind::RECV ? st.idle_ms : st.comm_ms) += ms_since(t0);
+  if (step_trace_) trace_comm_end(idx);
   inflight_.erase(node);
   if (c.kind == NodeKind::REDUCE_SCATTER)
     for (int u : c.units) model_.params().release_full_grads(u);
   if (!zero3_gather(c)) held_.erase(node);
   done_.insert(node);
+}
+
+// While tracing: ends the event of every in-flight communication now complete.
+// Request::test only polls; waiting stays with complete().
+void Executor::poll_traced() {
+  for (auto& [node, reqs] : inflight_) {
+    const size_t k = comm_index_.at(node);
+    if (comm_traced_[k]) continue;
+    bool all = true;
+    for (comm::Request& r : reqs) all = r.test() && all;
+    if (all) trace_comm_end(k);
+  }
+}
+
+void Executor::trace_comm_end(size_t k) {
+  if (comm_traced_[k]) return;
+  comm_traced_[k] = 1;
+  step_trace_->add(program_.comm[k].node, step_, issued_at_[k], TraceClock::now());
 }
 
 void Executor::drain(StepStats& st) {
@@ -291,6 +312,12 @@ StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>&
   comm_next_ = 0;
   issued_.assign(program_.comm.size(), 0);
   uses_left_.clear();
+  step_ = step;
+  step_trace_ = recorder_ && recorder_->traces(step) ? recorder_ : nullptr;
+  if (step_trace_) {
+    issued_at_.assign(program_.comm.size(), TraceClock::time_point{});
+    comm_traced_.assign(program_.comm.size(), 0);
+  }
   for (const ir::Instr& in : program_.compute)
     for (int w : in.waits)
       if (comm_index_.count(w) && zero3_gather(program_.comm[comm_index_.at(w)])) ++uses_left_[w];
@@ -304,6 +331,9 @@ StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>&
       if (uses_left_.count(w)) gathers.push_back(w);
     }
     for (int w : gathers) ps.bind_full_values(in.unit, held_.at(w).front().data());
+    // The first update's wait for every reduction and the norm's all-reduce
+    // count as communication, not as the update's compute.
+    if (in.kind == NodeKind::UPD && !norm_ready_) prepare_norm(step, st);
     const auto t0 = std::chrono::steady_clock::now();
     switch (in.kind) {
       case NodeKind::FWD:
@@ -321,7 +351,9 @@ StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>&
         throw std::logic_error(std::string("communication instruction ") + ir::node_kind_name(in.kind) +
                                " on the compute stream");
     }
-    st.compute_ms += ms_since(t0);
+    const auto t1 = std::chrono::steady_clock::now();
+    st.compute_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+    if (step_trace_) step_trace_->add(in.node, step, t0, t1);
     for (int w : gathers) {
       ps.unbind_full_values(in.unit);
       if (--uses_left_[w] == 0) held_.erase(w);

@@ -16,6 +16,7 @@
 #include "config/config.hpp"
 #include "ir/program.hpp"
 #include "model/model.hpp"
+#include "runtime/tracing.hpp"
 
 namespace piper::runtime {
 
@@ -51,6 +52,12 @@ class Executor {
   }
   void set_adam_steps(int64_t n) { adam_steps_ = n; }
 
+  // --trace: record every instruction of the steps `rec` traces (null: off,
+  // which costs one pointer test per instruction). Compute instructions from
+  // start to end; communication from issue to the first moment the executor
+  // sees it complete (it polls between compute instructions while tracing).
+  void set_recorder(TraceRecorder* rec) { recorder_ = rec; }
+
  private:
   using Key = std::pair<int, int>;  // (unit, microbatch)
   void forward(const ir::Instr& in, const model::MicroBatch& mb, StepStats& st);
@@ -67,6 +74,8 @@ class Executor {
   void complete(int node, StepStats& st);
   void drain(StepStats& st);
   bool ready(const ir::Instr& c) const;
+  void poll_traced();
+  void trace_comm_end(size_t k);
 
   backend::Tensor take(std::map<Key, backend::Tensor>& m, Key k);
   float* get(std::map<Key, backend::Tensor>& m, Key k, const char* what);
@@ -93,6 +102,14 @@ class Executor {
   std::map<int, std::vector<comm::Request>> inflight_;
   std::map<int, std::vector<backend::Tensor>> held_;  // buffers a request reads or writes (sends, gathers)
   std::map<int, int> uses_left_;                     // ZeRO-3 gather node -> compute uses left this step
+
+  // Tracing: the recorder (null when off), the one of this step (null when
+  // the step is not traced), issue times and whether an end was recorded.
+  TraceRecorder* recorder_ = nullptr;
+  TraceRecorder* step_trace_ = nullptr;
+  int64_t step_ = 0;
+  std::vector<TraceClock::time_point> issued_at_;    // per communication instruction
+  std::vector<char> comm_traced_;                    // per communication instruction
 };
 
 }  // namespace piper::runtime

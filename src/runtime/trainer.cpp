@@ -24,6 +24,7 @@
 #include "model/model.hpp"
 #include "runtime/checkpointing.hpp"
 #include "runtime/executor.hpp"
+#include "runtime/tracing.hpp"
 
 namespace piper::runtime {
 
@@ -165,6 +166,9 @@ constexpr int kRankFigures = 12;
 void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) {
   const bool lead = env.rank() == 0;
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
+  const TraceSteps trace_steps = parse_trace_steps(opts.trace_steps);
+  if (!opts.trace_steps.empty() && opts.trace_path.empty())
+    throw UserError("--trace-steps " + opts.trace_steps + " needs --trace PATH, the file to write the trace to");
 
   // Every rank reads the token file; all stop if any cannot.
   std::unique_ptr<data::TokenFile> tokens;
@@ -208,6 +212,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
                  tp.get());
   m.params().init(cfg.train.seed);
   if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, grid, groups, env);
+  const size_t instrs_per_step = program.compute.size() + program.comm.size();
   Executor exec(m, std::move(program), cfg.train, groups);
 
   // Rank 0 writes the metrics; every rank learns whether it can, so a bad
@@ -216,6 +221,9 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   if (!opts.metrics_path.empty() && lead) metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::trunc);
   if (env.any(metrics && !*metrics))
     throw UserError("--metrics: cannot write '" + opts.metrics_path + "' (on rank 0, " + env.host() + ")");
+  // Appending does not spoil an existing file before the run has a trace to replace it with.
+  if (env.any(lead && !opts.trace_path.empty() && !std::ofstream(opts.trace_path, std::ios::app)))
+    throw UserError("--trace: cannot write '" + opts.trace_path + "' (on rank 0, " + env.host() + ")");
   const bool can_sample = held.size() == plan.model.units.size();
   const int64_t tokens_per_step = cfg.train.global_batch * cfg.train.seq_len;
   if (lead) {
@@ -250,6 +258,17 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   StepBatch batch;
   std::vector<double> step_ms;
   double first_loss = 0.0, last_loss = 0.0;
+  // --trace: one time origin, taken as the ranks leave one barrier (on one
+  // host exactly the same; across hosts, each host's barrier exit).
+  std::unique_ptr<TraceRecorder> recorder;
+  if (!opts.trace_path.empty()) {
+    recorder = std::make_unique<TraceRecorder>(trace_steps, first_step, cfg.train.steps - 1, instrs_per_step);
+    exec.set_recorder(recorder.get());
+    recorder->set_origin(trace_origin(*world));
+  }
+  auto finish_trace = [&] {
+    if (recorder) write_trace(*recorder, plan, cfg.source, opts.trace_path, env.rank(), env.world_size());
+  };
   const auto t_start = std::chrono::steady_clock::now();
   int64_t saved_at = first_step;
   for (int64_t step = first_step; step < cfg.train.steps; ++step) {
@@ -318,6 +337,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
                            : "piper: stopped at step %" PRId64 " after signal (no checkpoint.dir)\n",
                     step + 1);
       std::fflush(stdout);
+      finish_trace();
       return;
     }
   }
@@ -326,6 +346,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     if (lead) std::printf("piper: saved %s\n", path.c_str());
   }
   ckpt.wait();  // a background save finishes before the job does
+  finish_trace();
   if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, grid, groups, env);
   if (!lead) return;
   if (step_ms.empty()) {

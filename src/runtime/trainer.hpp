@@ -16,6 +16,8 @@ struct TrainOptions {
   std::string dump_final_path;   // parameters after the last step, same format
   bool quiet = false;            // no progress lines
   std::string resume;            // checkpoint to resume from: a file, a folder or "latest" ("" = start fresh)
+  std::string trace_path;        // Chrome trace of every rank's instructions, written by rank 0 ("" = none)
+  std::string trace_steps;       // "A:B": trace steps A..B only, 0-based inclusive ("" = every step)
 };
 
 // A problem with what the user gave (a file, a size): printed without a

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""sim_accuracy.py — the simulator against reality: calibrate this machine once, then for each
+strategy (dp, tp, pp, ZeRO and every schedule, on 1-4 ranks) train for a few steps, take the median
+measured step time and the peak memory of the largest rank, simulate the same config on the
+calibrated costs, and print (and write into docs/benchmarks.md, region `simulator`) the table of
+predicted, measured and error.
+
+Usage: bench/sim_accuracy.py BUILD_DIR [--config FILE] [--steps N] [--skip N] [--cost FILE]
+                             [--only NAME,...] [--out FILE] [--no-doc]
+Standard library only. Environment: MPIRUN (default "mpirun --oversubscribe", plus
+--allow-run-as-root as root).
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name, ranks, --set overrides (on top of COMMON)
+STRATEGIES = [
+    ("1 rank, 2 microbatches", 1, ["parallel.microbatches=2"]),
+    ("dp 2", 2, ["parallel.dp=2"]),
+    ("dp 2, ZeRO-1", 2, ["parallel.dp=2", "parallel.zero=1"]),
+    ("dp 2, ZeRO-3", 2, ["parallel.dp=2", "parallel.zero=3"]),
+    ("tp 2", 2, ["parallel.tp=2"]),
+    ("pp 2, gpipe, m 4", 2, ["parallel.pp=2", "parallel.schedule=gpipe", "parallel.microbatches=4"]),
+    ("pp 2, 1f1b, m 4", 2, ["parallel.pp=2", "parallel.schedule=1f1b", "parallel.microbatches=4"]),
+    ("pp 2, interleaved v 2, m 4", 2, ["parallel.pp=2", "parallel.schedule=interleaved",
+                                       "parallel.virtual_stages=2", "parallel.microbatches=4"]),
+    ("pp 2, zbh1, m 4", 2, ["parallel.pp=2", "parallel.schedule=zbh1", "parallel.split_backward=true",
+                            "parallel.microbatches=4"]),
+    ("pp 2, dualpipev, m 4", 2, ["parallel.pp=2", "parallel.schedule=dualpipev", "parallel.split_backward=true",
+                                 "parallel.virtual_stages=2", "parallel.microbatches=4"]),
+    ("dp 2 x pp 2, 1f1b, m 4, ZeRO-1", 4, ["parallel.dp=2", "parallel.pp=2", "parallel.microbatches=4",
+                                           "parallel.zero=1"]),
+    ("tp 2 x pp 2, 1f1b, m 4", 4, ["parallel.tp=2", "parallel.pp=2", "parallel.microbatches=4"]),
+]
+# TP 2 needs n_groups divisible by 2; every run (and the calibration) uses the same model.
+COMMON = ["model.n_groups=2", "train.threads=1"]
+
+
+def mpirun():
+    cmd = shlex.split(os.environ.get("MPIRUN", "mpirun --oversubscribe"))
+    if os.geteuid() == 0 and "--allow-run-as-root" not in cmd:
+        cmd.append("--allow-run-as-root")
+    return cmd + ["--bind-to", "none"]
+
+
+def sets(extra):
+    out = []
+    for s in COMMON + extra:
+        out += ["--set", s]
+    return out
+
+
+def run(cmd, **kw):
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        sys.exit(f"sim_accuracy.py: {' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def measure(piper, config, ranks, extra, steps, skip, data, work):
+    metrics = os.path.join(work, "metrics.jsonl")
+    run(mpirun() + ["-np", str(ranks), piper, "train", config, "--quiet", "--metrics", metrics,
+                    "--set", f"train.steps={steps}", "--set", f"data.path={data}"] + sets(extra))
+    rows = [json.loads(line) for line in open(metrics)][skip:]
+    step = statistics.median(r["step_ms"] for r in rows)
+    peak = statistics.median(max(x["peak_mem_bytes"] for x in r["ranks"]) for r in rows)
+    return step, peak
+
+
+def simulate(piper, config, ranks, extra, cost, data):
+    out = run([piper, "simulate", config, "--world", str(ranks), "--cost", cost, "--json",
+               "--set", f"data.path={data}"] + sets(extra))
+    j = json.loads(out)
+    return j["step_ms"], max(r["peak_mem_bytes"] for r in j["ranks"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--config", default=os.path.join(ROOT, "config/bench-parallel.yaml"))
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--skip", type=int, default=3)
+    ap.add_argument("--cost", help="use this cost file instead of calibrating")
+    ap.add_argument("--only", help="comma-separated strategy names")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
+    ap.add_argument("--no-doc", action="store_true")
+    a = ap.parse_args()
+    piper = os.path.join(a.build, "piper")
+    data = os.path.join(a.build, "data/corpus.tok")
+    work = tempfile.mkdtemp(prefix="piper-sim-accuracy.")
+    cost = a.cost
+    if not cost:
+        cost = os.path.join(work, "cost.json")
+        print("sim_accuracy.py: calibrating on 2 ranks", file=sys.stderr)
+        run(mpirun() + ["-np", "2", piper, "calibrate", a.config, "--quiet", "-o", cost,
+                        "--set", f"data.path={data}"] + sets([]))
+    chosen = [s for s in STRATEGIES if not a.only or s[0] in a.only.split(",")]
+    rows = []
+    for name, ranks, extra in chosen:
+        print(f"sim_accuracy.py: {name}", file=sys.stderr)
+        m_step, m_peak = measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work)
+        s_step, s_peak = simulate(piper, a.config, ranks, extra, cost, data)
+        rows.append((name, ranks, s_step, m_step, s_step / m_step - 1, s_peak, m_peak, s_peak / m_peak - 1))
+    cores = os.cpu_count()
+    lines = [
+        "<!-- bench:simulator:begin -->",
+        "## Simulator against measured runs",
+        "",
+        f"Measured {datetime.date.today()} by `bench/sim_accuracy.py` (part of `make bench`) on {cores} CPUs:",
+        f"`{os.path.relpath(a.config, ROOT)}` with {' '.join('`' + c + '`' for c in COMMON)}, one calibration",
+        "(`piper calibrate`, 2 ranks) for every row; measured = median step time over steps",
+        f"{a.skip}..{a.steps - 1} and the median per-step peak memory of the largest rank (allocator",
+        "accounting); predicted = `piper simulate --cost` of the same config.",
+        "",
+        "| strategy | ranks | predicted ms | measured ms | error | predicted peak MiB | measured peak MiB | error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, ranks, ss, ms, se, sp, mp, pe in rows:
+        lines.append(f"| {name} | {ranks} | {ss:.1f} | {ms:.1f} | {100 * se:+.1f}% | {sp / 2**20:.2f} | "
+                     f"{mp / 2**20:.2f} | {100 * pe:+.1f}% |")
+    worst_t = max(abs(r[4]) for r in rows)
+    worst_m = max(abs(r[7]) for r in rows)
+    lines += ["", f"Worst step-time error {100 * worst_t:.1f}%, worst peak-memory error {100 * worst_m:.1f}%.",
+              "<!-- bench:simulator:end -->"]
+    block = "\n".join(lines)
+    print(block)
+    if not a.no_doc:
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts/doc-region.py"), a.out, "simulator"],
+                       input=block, text=True, check=True)
+
+
+if __name__ == "__main__":
+    main()

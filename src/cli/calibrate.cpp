@@ -1,0 +1,72 @@
+// calibrate.cpp — `piper calibrate CONFIG -o FILE`: measures the cost model
+// (runtime::calibrate) under mpirun like train, and rank 0 writes it.
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+
+#include "cli/commands.hpp"
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "data/token_file.hpp"
+#include "ir/compile.hpp"
+#include "runtime/calibrate.hpp"
+#include "runtime/mpi_env.hpp"
+#include "runtime/trainer.hpp"
+#include "sim/cost_model.hpp"
+
+namespace piper::cli {
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+bool is_user_error(const std::exception& e) {
+  return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
+         dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
+         dynamic_cast<const ir::VerifyError*>(&e);
+}
+
+}  // namespace
+
+int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a) {
+  runtime::MpiEnv env(argc, argv);
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    const config::Config cfg = config::load(a.config, a.sets);
+    // Refuse an unwritable output before measuring for minutes.
+    bool bad_output = false;
+    if (env.rank() == 0) {
+      const bool existed = std::filesystem::exists(a.output);
+      bad_output = !std::ofstream(a.output, std::ios::app);
+      if (!existed && !bad_output) std::filesystem::remove(a.output);
+    }
+    if (env.any(bad_output)) throw runtime::UserError("-o: cannot write the cost file '" + a.output + "'");
+    runtime::CalibrateOptions opts;
+    opts.quick = a.quick;
+    opts.quiet = a.quiet;
+    const sim::CostModel m = runtime::calibrate(cfg, opts, env);
+    if (env.rank() == 0) {
+      sim::save_cost(m, a.output);
+      std::printf("piper calibrate: wrote %s (%zu unit costs, %zu communication costs) in %.1f s\n", a.output.c_str(),
+                  m.ops.size(), m.comm.size(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    // Every rank parses the same input and fails the same way: one prints.
+    if (is_user_error(e)) {
+      if (env.rank() == 0) std::fprintf(stderr, "piper: error: %s\n", e.what());
+      return kExitUsage;
+    }
+    const bool comm_error = dynamic_cast<const comm::CommError*>(&e) != nullptr;
+    std::fprintf(stderr, "piper: %s on rank %d (%s): %s\n", comm_error ? "communication failure" : "internal error",
+                 env.rank(), env.host().c_str(), e.what());
+    std::fflush(stderr);
+    if (env.world_size() > 1) env.abort(comm_error ? 3 : 1);
+    return comm_error ? 3 : 1;
+  }
+}
+
+}  // namespace piper::cli

@@ -1,0 +1,48 @@
+// commands.hpp — the piper subcommands that live outside main.cpp. Each
+// returns the process exit code; user errors throw (main prints them, exit 2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace piper::cli {
+
+// piper simulate CONFIG: predicted per-rank timeline, step time, bubble and memory.
+struct SimulateArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  int world = 0;              // 0: the config's tp x dp x pp
+  std::string cost;           // cost file (piper calibrate, or written by hand)
+  std::string hardware;       // analytic model: a table name or a hardware JSON file
+  bool json = false;          // one JSON object on stdout
+  std::string svg;            // schedule picture
+  std::string trace;          // Chrome trace of the predicted step
+};
+int run_simulate(const SimulateArgs& a);
+
+// piper calibrate CONFIG -o FILE: measures this machine's cost model
+// (docs/calibration.md). Runs under mpirun like train and reports its own
+// errors (rank 0 prints; exit 2 for bad input).
+struct CalibrateArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  std::string output;         // cost file to write (rank 0)
+  bool quick = false;         // fewer sizes and repetitions
+  bool quiet = false;         // no table of measurements
+};
+int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a);
+
+// piper plot INPUT -o OUT.svg: a metrics JSONL (train --metrics) as loss and
+// throughput plots, or a Chrome trace (train/simulate --trace) as the schedule
+// of one step (docs/trace.md). Bad input throws trace::TraceError.
+struct PlotArgs {
+  std::string input;
+  std::string output;         // the SVG to write
+  int step = -1;              // trace: the step to draw; -1: the last one
+  int width = 0;              // picture width in pixels; 0: the default
+  bool no_comm = false;       // trace: leave out the communication lanes
+  bool time_units = false;    // trace: abstract costs, the axis reads "time units"
+};
+int run_plot(const PlotArgs& a);
+
+}  // namespace piper::cli

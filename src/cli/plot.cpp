@@ -1,0 +1,68 @@
+// plot.cpp — `piper plot INPUT -o OUT.svg`: a metrics JSONL (piper train
+// --metrics) as loss and throughput plots, or a Chrome trace written by piper
+// (train --trace, simulate --trace) as the schedule picture of one step.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "trace/plot.hpp"
+#include "trace/svg.hpp"
+#include "trace/trace.hpp"
+
+namespace piper::cli {
+
+namespace {
+
+// A Chrome trace holds a "traceEvents" key; a metrics line never does.
+bool looks_like_trace(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw trace::TraceError("cannot read " + path + ": " + std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return text.find("\"traceEvents\"") != std::string::npos;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw trace::TraceError("cannot write " + path);
+  f << text;
+  f.close();
+  if (!f) throw trace::TraceError("writing " + path + " failed (disk full?)");
+}
+
+}  // namespace
+
+int run_plot(const PlotArgs& a) {
+  if (looks_like_trace(a.input)) {
+    const trace::Trace t = trace::read_chrome(a.input);
+    trace::SvgOptions o;
+    o.step = a.step;
+    o.comm_lane = !a.no_comm;
+    o.abstract_time = a.time_units;
+    if (a.width > 0) o.width_px = a.width;
+    std::string svg;
+    try {
+      svg = trace::schedule_svg(t, o);
+    } catch (const trace::TraceError& e) {
+      throw trace::TraceError(a.input + ": " + e.what());
+    }
+    write_file(a.output, svg);
+    std::printf("piper plot: wrote the schedule of %s (%d ranks, %zu events) to %s\n", a.input.c_str(), t.ranks,
+                t.events.size(), a.output.c_str());
+    return 0;
+  }
+  if (a.step >= 0) throw trace::TraceError(a.input + ": --step picks a step of a trace; this is a metrics file");
+  const std::vector<trace::MetricsRow> rows = trace::read_metrics(a.input);
+  trace::PlotOptions o;
+  o.title = a.input;
+  if (a.width > 0) o.width_px = a.width;
+  write_file(a.output, trace::metrics_svg(rows, o));
+  std::printf("piper plot: wrote loss and throughput of %zu steps of %s to %s\n", rows.size(), a.input.c_str(),
+              a.output.c_str());
+  return 0;
+}
+
+}  // namespace piper::cli

@@ -1,0 +1,124 @@
+// simulate.cpp — `piper simulate`: the plan played on a cost model.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "config/config.hpp"
+#include "ir/compile.hpp"
+#include "sim/cost_model.hpp"
+#include "sim/hardware.hpp"
+#include "sim/simulator.hpp"
+#include "trace/svg.hpp"
+#include "trace/trace.hpp"
+
+namespace piper::cli {
+
+namespace {
+
+std::string mib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", bytes / (1 << 20));
+  return b;
+}
+
+sim::CostModel cost_for(const SimulateArgs& a, const config::Config& cfg, int world) {
+  if (!a.cost.empty() && !a.hardware.empty())
+    throw config::ConfigError("simulate: give --cost FILE or --hardware NAME, not both");
+  if (!a.cost.empty()) {
+    try {
+      return sim::load_cost(a.cost);
+    } catch (const std::invalid_argument& e) {
+      throw config::ConfigError(e.what());
+    }
+  }
+  if (!a.hardware.empty()) {
+    try {
+      const sim::Hardware hw = sim::resolve_hardware(a.hardware);
+      const auto& p = cfg.parallel;
+      std::vector<int> tps = {1};
+      if (p.tp > 1) tps.push_back(static_cast<int>(p.tp));
+      std::vector<int> groups = {2};
+      for (int n : {static_cast<int>(p.dp), static_cast<int>(p.tp), world})
+        if (n > 2 && std::find(groups.begin(), groups.end(), n) == groups.end()) groups.push_back(n);
+      return sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, tps, groups);
+    } catch (const std::invalid_argument& e) {
+      throw config::ConfigError(std::string("simulate: ") + e.what());
+    }
+  }
+  throw config::ConfigError(
+      "simulate: no cost model; give --cost FILE (from `piper calibrate CONFIG -o FILE`, or written by hand, "
+      "docs/calibration.md) or --hardware NAME (an analytic model, docs/hardware.md)");
+}
+
+}  // namespace
+
+int run_simulate(const SimulateArgs& a) {
+  if (a.hardware == "help") {
+    std::fputs(sim::hardware_help().c_str(), stdout);
+    return 0;
+  }
+  config::Config cfg = config::load(a.config, a.sets);
+  const auto& p = cfg.parallel;
+  const int world = a.world > 0 ? a.world : p.tp * p.dp * p.pp;
+  config::validate(cfg, world);
+  const sim::CostModel cost = cost_for(a, cfg, world);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ir::Plan plan = ir::compile(cfg, world);
+  sim::SimOptions opts;
+  opts.timeline = !a.svg.empty() || !a.trace.empty();
+  opts.title = "simulated: " + a.config + " (" + std::to_string(world) + " ranks, " + cost.source + " costs)";
+  sim::SimResult r;
+  try {
+    r = sim::simulate(plan, cfg, cost, opts);
+  } catch (const std::out_of_range& e) {
+    throw config::ConfigError(std::string("simulate: ") + e.what());
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.trace.empty()) trace::write_chrome(r.trace, a.trace);
+  if (!a.svg.empty()) {
+    trace::SvgOptions so;
+    std::ofstream(a.svg) << trace::schedule_svg(r.trace, so);
+  }
+  if (a.json) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& rr : r.ranks) {
+      nlohmann::json mem;
+      for (int c = 0; c < sim::kMemCount; ++c) mem[sim::mem_name(static_cast<sim::Mem>(c))] = rr.peak[static_cast<size_t>(c)];
+      ranks.push_back({{"rank", rr.rank},
+                       {"finish_ms", rr.finish_ms},
+                       {"compute_ms", rr.compute_ms},
+                       {"comm_ms", rr.comm_ms},
+                       {"bubble_ms", rr.bubble_ms},
+                       {"peak_mem_bytes", rr.peak_total},
+                       {"mem_bytes", mem},
+                       {"peak_microbatches", rr.peak_microbatches}});
+    }
+    const nlohmann::json j = {{"step_ms", r.step_ms}, {"bubble", r.bubble}, {"world", world},
+                              {"cost_source", cost.source}, {"simulated_in_s", took}, {"nodes", r.nodes},
+                              {"ranks", ranks}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("piper simulate: %s on %d ranks, %s costs (%s)\n", a.config.c_str(), world, cost.source.c_str(),
+              cost.hardware.c_str());
+  std::printf("step %.2f ms, bubble %.1f%%, %lld instructions simulated in %.2f s\n", r.step_ms, 100 * r.bubble,
+              static_cast<long long>(r.nodes), took);
+  std::printf("%6s %10s %10s %10s %10s  %10s %8s %8s %8s %8s %8s %4s\n", "rank", "finish ms", "compute", "comm",
+              "bubble", "peak MiB", "params", "grads", "optim", "acts", "buffers", "mbs");
+  const size_t shown = std::min<size_t>(r.ranks.size(), 64);
+  for (size_t i = 0; i < shown; ++i) {
+    const auto& rr = r.ranks[i];
+    std::printf("%6d %10.2f %10.2f %10.2f %10.2f  %10s %8s %8s %8s %8s %8s %4d\n", rr.rank, rr.finish_ms, rr.compute_ms,
+                rr.comm_ms, rr.bubble_ms, mib(rr.peak_total).c_str(), mib(rr.peak[0]).c_str(), mib(rr.peak[1]).c_str(),
+                mib(rr.peak[2]).c_str(), mib(rr.peak[3]).c_str(), mib(rr.peak[4]).c_str(), rr.peak_microbatches);
+  }
+  if (shown < r.ranks.size()) std::printf("  ... %zu more ranks (--json prints all)\n", r.ranks.size() - shown);
+  return 0;
+}
+
+}  // namespace piper::cli
