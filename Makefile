@@ -32,6 +32,7 @@ bench: deps build corpus
 	@scripts/bench.sh $(BUILD)
 	@scripts/bench-parallel.sh $(BUILD)
 	@scripts/bench-checkpoint.sh $(BUILD)
+	@bench/sim_accuracy.py $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

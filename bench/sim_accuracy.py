@@ -6,7 +6,7 @@ calibrated costs, and print (and write into docs/benchmarks.md, region `simulato
 predicted, measured and error.
 
 Usage: bench/sim_accuracy.py BUILD_DIR [--config FILE] [--steps N] [--skip N] [--cost FILE]
-                             [--only NAME,...] [--out FILE] [--no-doc]
+                             [--only "NAME;NAME..."] [--out FILE] [--no-doc]
 Standard library only. Environment: MPIRUN (default "mpirun --oversubscribe", plus
 --allow-run-as-root as root).
 """
@@ -90,7 +90,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=3)
     ap.add_argument("--cost", help="use this cost file instead of calibrating")
-    ap.add_argument("--only", help="comma-separated strategy names")
+    ap.add_argument("--only", help="strategy names separated by ;")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     ap.add_argument("--no-doc", action="store_true")
     a = ap.parse_args()
@@ -101,9 +101,10 @@ def main():
     if not cost:
         cost = os.path.join(work, "cost.json")
         print("sim_accuracy.py: calibrating on 2 ranks", file=sys.stderr)
+        # tp 2 on 2 ranks: the units are measured at tp 1 and at tp 2, the collectives over 2 ranks.
         run(mpirun() + ["-np", "2", piper, "calibrate", a.config, "--quiet", "-o", cost,
-                        "--set", f"data.path={data}"] + sets([]))
-    chosen = [s for s in STRATEGIES if not a.only or s[0] in a.only.split(",")]
+                        "--set", f"data.path={data}"] + sets(["parallel.tp=2"]))
+    chosen = [s for s in STRATEGIES if not a.only or s[0] in a.only.split(";")]
     rows = []
     for name, ranks, extra in chosen:
         print(f"sim_accuracy.py: {name}", file=sys.stderr)
@@ -117,7 +118,7 @@ def main():
         "",
         f"Measured {datetime.date.today()} by `bench/sim_accuracy.py` (part of `make bench`) on {cores} CPUs:",
         f"`{os.path.relpath(a.config, ROOT)}` with {' '.join('`' + c + '`' for c in COMMON)}, one calibration",
-        "(`piper calibrate`, 2 ranks) for every row; measured = median step time over steps",
+        "(`piper calibrate --set parallel.tp=2`, 2 ranks: units at tp 1 and 2) for every row; measured = median step time over steps",
         f"{a.skip}..{a.steps - 1} and the median per-step peak memory of the largest rank (allocator",
         "accounting); predicted = `piper simulate --cost` of the same config.",
         "",

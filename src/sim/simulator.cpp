@@ -355,30 +355,35 @@ class Sim {
                         : in.kind == NodeKind::BWD_I ? Pass::PASS_BI : Pass::PASS_BW;
       dur = cost_.compute_ms(kind_[us], pass, tp_, rows_);
       const OpCost& oc = cost_.op(kind_[us], tp_);
-      const double rows = static_cast<double>(rows_);
-      const double saved = oc.saved.at(rows), kept = std::min(saved, oc.kept_for_w.at(rows));
-      const double transient = oc.transient.at(rows);
+      // Bytes as calibrate measures them (docs/calibration.md): `saved` is the rise over the
+      // forward, `kept_for_w` the level between BI and BW above the level before the forward,
+      // `transient` the peak inside a pass above the level before it. An entry taken at another
+      // tp degree has its row-proportional part scaled as the work splits.
+      const double rows = static_cast<double>(rows_) * (oc.tp == tp_ ? 1.0 : static_cast<double>(oc.tp) / tp_);
+      const double saved = oc.saved.at(rows), kept = oc.kept_for_w.at(rows), transient = oc.transient.at(rows);
       const double end = start + dur;
       const bool embed_w = in.kind == NodeKind::BWD_W && u == 0;  // the embedding's whole backward
+      add_mem(st, start, Mem::MEM_BUFFERS, transient);
       if (in.kind == NodeKind::FWD) {
         if (u < last_unit_) add_mem(st, start, Mem::MEM_ACTIVATIONS, act_bytes_);
-        add_mem(st, start, Mem::MEM_ACTIVATIONS, saved);
+        add_mem(st, end, Mem::MEM_BUFFERS, -transient);
+        add_mem(st, end, Mem::MEM_ACTIVATIONS, saved);
         set_alive(st, stage, in.microbatch, +1);
       } else if (in.kind == NodeKind::BWD_W && !embed_w) {
         touch_grads(st, u, start);
+        add_mem(st, end, Mem::MEM_BUFFERS, -transient);
         add_mem(st, end, Mem::MEM_ACTIVATIONS, -kept);
         set_alive(st, stage, in.microbatch, -1);
       } else {  // BWD, BWD_I, the embedding's BWD_W: input gradient in, output gradient and input freed
         touch_grads(st, u, start);
         if (u > 0) add_mem(st, start, Mem::MEM_BUFFERS, act_bytes_);
         const bool fused = in.kind != NodeKind::BWD_I;
-        add_mem(st, end, Mem::MEM_ACTIVATIONS, -(fused ? saved : saved - kept));
+        add_mem(st, end, Mem::MEM_BUFFERS, -transient);
+        add_mem(st, end, Mem::MEM_ACTIVATIONS, fused ? -saved : kept - saved);
         if (u > 0) add_mem(st, end, Mem::MEM_ACTIVATIONS, -act_bytes_);   // the input activation
         if (u < last_unit_) add_mem(st, end, Mem::MEM_BUFFERS, -act_bytes_);  // the output gradient
         if (fused) set_alive(st, stage, in.microbatch, -1);
       }
-      add_mem(st, start, Mem::MEM_BUFFERS, transient);
-      add_mem(st, end, Mem::MEM_BUFFERS, -transient);
     }
     st.res.compute_ms += dur;
     if (opts_.timeline) {
