@@ -14,6 +14,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -66,18 +67,47 @@ def run(cmd, **kw):
     return p.stdout
 
 
-def measure(piper, config, ranks, extra, steps, skip, data, work):
+def cpu_busy_s():
+    """Seconds of CPU time all processes of the machine have used (user + nice + system)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    return (int(fields[0]) + int(fields[1]) + int(fields[2])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_once(piper, config, ranks, extra, steps, skip, data, work):
+    """(median step ms, median peak bytes of the largest rank, share of the CPUs others used)."""
     metrics = os.path.join(work, "metrics.jsonl")
+    busy0, own0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = datetime.datetime.now()
     run(mpirun() + ["-np", str(ranks), piper, "train", config, "--quiet", "--metrics", metrics,
                     "--set", f"train.steps={steps}", "--set", f"data.path={data}"] + sets(extra))
+    wall = (datetime.datetime.now() - t0).total_seconds()
+    own1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
+    other = max(0.0, cpu_busy_s() - busy0 - own) / (wall * os.cpu_count())
     rows = [json.loads(line) for line in open(metrics)][skip:]
     step = statistics.median(r["step_ms"] for r in rows)
     peak = statistics.median(max(x["peak_mem_bytes"] for x in r["ranks"]) for r in rows)
-    return step, peak
+    return step, peak, other
+
+
+def measure(piper, config, ranks, extra, steps, skip, data, work, retries, max_other):
+    """Reruns while other processes took more than max_other of the CPUs; keeps the quietest run."""
+    best = None
+    for attempt in range(retries + 1):
+        m = measure_once(piper, config, ranks, extra, steps, skip, data, work)
+        if best is None or m[2] < best[2]:
+            best = m
+        if m[2] <= max_other:
+            break
+        print(f"sim_accuracy.py:   other processes used {100 * m[2]:.0f}% of the CPUs; measuring again",
+              file=sys.stderr)
+    return best
 
 
 def simulate(piper, config, ranks, extra, cost, data):
-    out = run([piper, "simulate", config, "--world", str(ranks), "--cost", cost, "--json",
+    # Every rank runs on this host: they share its cores.
+    out = run([piper, "simulate", config, "--world", str(ranks), "--ranks-per-host", str(ranks), "--cost", cost, "--json",
                "--set", f"data.path={data}"] + sets(extra))
     j = json.loads(out)
     return j["step_ms"], max(r["peak_mem_bytes"] for r in j["ranks"])
@@ -93,6 +123,8 @@ def main():
     ap.add_argument("--only", help="strategy names separated by ;")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--retries", type=int, default=3)
+    ap.add_argument("--max-other", type=float, default=0.10)
     a = ap.parse_args()
     piper = os.path.join(a.build, "piper")
     data = os.path.join(a.build, "data/corpus.tok")
@@ -108,9 +140,10 @@ def main():
     rows = []
     for name, ranks, extra in chosen:
         print(f"sim_accuracy.py: {name}", file=sys.stderr)
-        m_step, m_peak = measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work)
+        m_step, m_peak, other = measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work,
+                                        a.retries, a.max_other)
         s_step, s_peak = simulate(piper, a.config, ranks, extra, cost, data)
-        rows.append((name, ranks, s_step, m_step, s_step / m_step - 1, s_peak, m_peak, s_peak / m_peak - 1))
+        rows.append((name, ranks, s_step, m_step, s_step / m_step - 1, s_peak, m_peak, s_peak / m_peak - 1, other))
     cores = os.cpu_count()
     lines = [
         "<!-- bench:simulator:begin -->",
@@ -120,14 +153,16 @@ def main():
         f"`{os.path.relpath(a.config, ROOT)}` with {' '.join('`' + c + '`' for c in COMMON)}, one calibration",
         "(`piper calibrate --set parallel.tp=2`, 2 ranks: units at tp 1 and 2) for every row; measured = median step time over steps",
         f"{a.skip}..{a.steps - 1} and the median per-step peak memory of the largest rank (allocator",
-        "accounting); predicted = `piper simulate --cost` of the same config.",
+        "accounting); predicted = `piper simulate --cost --ranks-per-host N` of the same config (all ranks",
+        "on this host). A run during which other processes used more than 10% of the CPUs is repeated",
+        "(up to 3 times, the quietest kept; the last column says how much they used).",
         "",
-        "| strategy | ranks | predicted ms | measured ms | error | predicted peak MiB | measured peak MiB | error |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| strategy | ranks | predicted ms | measured ms | error | predicted peak MiB | measured peak MiB | error | others' CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, ranks, ss, ms, se, sp, mp, pe in rows:
+    for name, ranks, ss, ms, se, sp, mp, pe, other in rows:
         lines.append(f"| {name} | {ranks} | {ss:.1f} | {ms:.1f} | {100 * se:+.1f}% | {sp / 2**20:.2f} | "
-                     f"{mp / 2**20:.2f} | {100 * pe:+.1f}% |")
+                     f"{mp / 2**20:.2f} | {100 * pe:+.1f}% | {100 * other:.0f}% |")
     worst_t = max(abs(r[4]) for r in rows)
     worst_m = max(abs(r[7]) for r in rows)
     lines += ["", f"Worst step-time error {100 * worst_t:.1f}%, worst peak-memory error {100 * worst_m:.1f}%.",

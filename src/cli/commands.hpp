@@ -17,6 +17,7 @@ struct SimulateArgs {
   bool json = false;          // one JSON object on stdout
   std::string svg;            // schedule picture
   std::string trace;          // Chrome trace of the predicted step
+  int ranks_per_host = 0;     // ranks sharing one host's cores (0: each rank has its own)
 };
 int run_simulate(const SimulateArgs& a);
 

@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
   simulate->add_flag("--json", sim_args.json, "Print one JSON object (step_ms, per-rank figures)");
   simulate->add_option("--svg", sim_args.svg, "Draw the predicted schedule to PATH (SVG)");
   simulate->add_option("--trace", sim_args.trace, "Write the predicted timeline as a Chrome trace to PATH");
+  simulate->add_option("--ranks-per-host", sim_args.ranks_per_host,
+                       "Ranks sharing one host's cores (host_cores of the cost file); default: one rank per core")
+      ->check(CLI::NonNegativeNumber);
 
   cli::PlotArgs plot_args;
   auto* plot_cmd = app.add_subcommand("plot", "Draw a metrics JSONL (loss, throughput) or a Chrome trace (schedule) as SVG");

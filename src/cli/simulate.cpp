@@ -71,6 +71,7 @@ int run_simulate(const SimulateArgs& a) {
   const ir::Plan plan = ir::compile(cfg, world);
   sim::SimOptions opts;
   opts.timeline = !a.svg.empty() || !a.trace.empty();
+  opts.ranks_per_host = a.ranks_per_host;
   opts.title = "simulated: " + a.config + " (" + std::to_string(world) + " ranks, " + cost.source + " costs)";
   sim::SimResult r;
   try {

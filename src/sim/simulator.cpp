@@ -90,13 +90,15 @@ struct RankState {
   std::map<std::pair<int, int>, int> alive;  // (stage, mb) -> units holding saved state
   int alive_now = 0, alive_peak = 0;
   std::vector<MemDelta> mem;
+  std::vector<std::pair<double, double>> busy;  // per compute instruction: start, end
   RankResult res;
 };
 
 class Sim {
  public:
-  Sim(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts)
-      : plan_(plan), cost_(cost), opts_(opts), world_(plan.strategy.world_size),
+  Sim(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts,
+      const std::vector<std::vector<double>>* stretch = nullptr)
+      : plan_(plan), cost_(cost), opts_(opts), stretch_(stretch), world_(plan.strategy.world_size),
         grid_(world_, plan.strategy.grid_order,
               {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp}, {"pp", plan.strategy.place.pp}}) {
     const auto& s = plan.strategy;
@@ -123,6 +125,9 @@ class Sim {
     ranks_.resize(static_cast<size_t>(world_));
     for (int r = 0; r < world_; ++r) init_rank(r);
   }
+
+  // Per rank, each compute instruction's (start, end) of the last run.
+  std::vector<std::vector<std::pair<double, double>>> busy_;
 
   SimResult run() {
     bool all = false;
@@ -385,7 +390,9 @@ class Sim {
         if (fused) set_alive(st, stage, in.microbatch, -1);
       }
     }
+    if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][st.pc];
     st.res.compute_ms += dur;
+    st.busy.push_back({start, start + dur});
     if (opts_.timeline) {
       trace::Event e;
       e.rank = r;
@@ -512,6 +519,7 @@ class Sim {
         res.peak_total = std::max(res.peak_total, total);
       }
       out.nodes += static_cast<int64_t>(st.prog.compute.size() + st.prog.comm.size());
+      busy_.push_back(std::move(st.busy));
       out.ranks.push_back(res);
     }
     out.bubble = out.step_ms > 0 ? idle / (world_ * out.step_ms) : 0.0;
@@ -530,6 +538,7 @@ class Sim {
   const ir::Plan& plan_;
   const CostModel& cost_;
   SimOptions opts_;
+  const std::vector<std::vector<double>>* stretch_;  // per rank and compute instruction: time factor
   int world_;
   ir::RankGrid grid_;
   int tp_ = 1, dp_ = 1, zero_ = 0, last_unit_ = 0;
@@ -547,9 +556,80 @@ class Sim {
 
 }  // namespace
 
+namespace {
+
+// Processor sharing on hosts with fewer cores than busy threads: for each
+// compute instruction, the time-averaged number of ranks of its host
+// computing during it (itself included), times the threads per rank, over
+// the host's cores — at least 1.
+std::vector<std::vector<double>> sharing(const std::vector<std::vector<std::pair<double, double>>>& busy,
+                                         int ranks_per_host, int threads, int cores) {
+  std::vector<std::vector<double>> out(busy.size());
+  const int world = static_cast<int>(busy.size());
+  for (int h0 = 0; h0 < world; h0 += ranks_per_host) {
+    const int h1 = std::min(world, h0 + ranks_per_host);
+    std::vector<std::pair<double, int>> edges;  // +1 at a start, -1 at an end
+    for (int r = h0; r < h1; ++r)
+      for (auto [a, b] : busy[static_cast<size_t>(r)]) edges.push_back({a, +1}), edges.push_back({b, -1});
+    std::sort(edges.begin(), edges.end());
+    // Piecewise-constant busy count and its running integral at each edge.
+    std::vector<double> t, integral;  // at each edge: its time, the integral up to it
+    int count = 0;
+    double acc = 0, last = edges.empty() ? 0 : edges.front().first;
+    for (auto [x, d] : edges) {
+      acc += count * (x - last);
+      last = x;
+      count += d;
+      t.push_back(x);
+      integral.push_back(acc);
+    }
+    // Running counts after each edge, for O(log n) lookups.
+    std::vector<int> after(edges.size());
+    int c = 0;
+    for (size_t k = 0; k < edges.size(); ++k) after[k] = c += edges[k].second;
+    auto integral_to = [&](double x) {
+      const size_t i = static_cast<size_t>(std::upper_bound(t.begin(), t.end(), x) - t.begin());
+      return i == 0 ? 0.0 : integral[i - 1] + after[i - 1] * (x - t[i - 1]);
+    };
+    for (int r = h0; r < h1; ++r) {
+      auto& f = out[static_cast<size_t>(r)];
+      for (auto [a, b] : busy[static_cast<size_t>(r)]) {
+        const double avg = b > a ? (integral_to(b) - integral_to(a)) / (b - a) : 1.0;
+        f.push_back(std::max(1.0, avg * threads / cores));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts) {
-  Sim s(plan, cfg, cost, opts);
-  return s.run();
+  const int world = plan.strategy.world_size;
+  const int rph = std::min(world, opts.ranks_per_host);
+  const int threads = std::max(1, cost.threads_per_rank);
+  if (rph <= 0 || cost.host_cores <= 0 || rph * threads <= cost.host_cores) {
+    Sim s(plan, cfg, cost, opts);
+    return s.run();
+  }
+  // More busy threads than cores: iterate the stretch factors to a fixed point (damped).
+  std::vector<std::vector<double>> stretch;
+  for (int it = 0;; ++it) {
+    Sim s(plan, cfg, cost, opts, stretch.empty() ? nullptr : &stretch);
+    SimResult res = s.run();
+    // The factors apply to the base times: divide the stretched intervals' lengths back out.
+    auto next = sharing(s.busy_, rph, threads, cost.host_cores);
+    double change = 0;
+    if (!stretch.empty())
+      for (size_t r = 0; r < next.size(); ++r)
+        for (size_t i = 0; i < next[r].size(); ++i) {
+          const double v = 0.5 * (stretch[r][i] + next[r][i]);
+          change = std::max(change, std::abs(v - stretch[r][i]));
+          next[r][i] = v;
+        }
+    if ((!stretch.empty() && change < 1e-3) || it == 30) return res;
+    stretch = std::move(next);
+  }
 }
 
 }  // namespace piper::sim

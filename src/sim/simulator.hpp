@@ -47,6 +47,12 @@ struct SimResult {
 struct SimOptions {
   bool timeline = false;   // fill SimResult::trace
   std::string title;       // the trace's title
+  // Ranks placed on each host, consecutive ranks together (mpirun's and
+  // Slurm's default block placement). When ranks_per_host x the cost model's
+  // threads_per_rank exceeds its host_cores, the ranks of a host share its
+  // cores: a compute instruction stretches by the average number of busy
+  // threads on its host during it over the cores. 0: every rank has its own.
+  int ranks_per_host = 0;
 };
 
 // Simulates one training step of `plan` (compiled from `cfg`) on `cost`.

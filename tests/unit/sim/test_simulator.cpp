@@ -116,3 +116,47 @@ TEST(Simulator, PeakActivationsPerStageFollowThePublishedCounts) {
 
 }  // namespace
 }  // namespace piper::sim
+
+namespace piper::sim {
+namespace {
+
+// Four data-parallel ranks always compute together: on a host of 2 cores every instruction takes
+// twice its time; with a core each (2 ranks per host) nothing changes.
+TEST(SimulatorHosts, RanksSharingCoresStretchTheirCompute) {
+  config::Config cfg;
+  cfg.model = testing::small_model("M-");
+  cfg.train.global_batch = 4;
+  cfg.train.seq_len = 4;
+  cfg.parallel.dp = 4;
+  CostModel cost = abstract_costs();
+  cost.host_cores = 2;
+  cost.threads_per_rank = 1;
+  const ir::Plan plan = ir::compile(cfg, 4);
+  SimOptions own, shared;
+  own.ranks_per_host = 2;
+  shared.ranks_per_host = 4;
+  const SimResult a = simulate(plan, cfg, cost, own), b = simulate(plan, cfg, cost, shared);
+  ASSERT_EQ(a.ranks.size(), 4u);
+  for (size_t r = 0; r < 4; ++r)
+    EXPECT_NEAR(b.ranks[r].compute_ms, 2 * a.ranks[r].compute_ms, 1e-2) << "rank " << r;
+  EXPECT_NEAR(b.step_ms, 2 * a.step_ms, 1e-2);
+}
+
+// Two pipeline stages on one core: they only slow each other where both compute, so the step is
+// longer than with a core each, and about all the work done one after the other (the averaged
+// sharing factors are an approximation of processor sharing: within 2% of it).
+TEST(SimulatorHosts, PipelineStagesOnOneCoreShareOnlyWhereTheyOverlap) {
+  const config::Config cfg = pipeline_config(ir::ScheduleKind::SCHEDULE_1F1B, 2, 1, 4);
+  const ir::Plan plan = one_block_per_stage(cfg);
+  CostModel cost = abstract_costs();
+  cost.host_cores = 1;
+  SimOptions shared;
+  shared.ranks_per_host = 2;
+  const SimResult own = simulate(plan, cfg, cost), one = simulate(plan, cfg, cost, shared);
+  const double work = 2 * 3.0 * 4;  // both ranks' F + B of 4 microbatches
+  EXPECT_GT(one.step_ms, own.step_ms + 1);
+  EXPECT_NEAR(one.step_ms, work, 0.02 * work) << "one core does all the work in a row";
+}
+
+}  // namespace
+}  // namespace piper::sim
