@@ -44,6 +44,7 @@ STRATEGIES = [
 ]
 # TP 2 needs n_groups divisible by 2; every run (and the calibration) uses the same model.
 COMMON = ["model.n_groups=2", "train.threads=1"]
+WAIT_IDLE_S = 30  # before each run and the calibration: wait this long at most for a quiet machine
 
 
 def mpirun():
@@ -74,6 +75,16 @@ def cpu_busy_s():
     return (int(fields[0]) + int(fields[1]) + int(fields[2])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_idle(max_s):
+    """Waits up to max_s seconds for a second in which the CPUs are less than 10% busy."""
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=max_s)
+    while datetime.datetime.now() < deadline:
+        b0 = cpu_busy_s()
+        subprocess.run(["sleep", "1"])
+        if (cpu_busy_s() - b0) / os.cpu_count() < 0.10:
+            return
+
+
 def measure_once(piper, config, ranks, extra, steps, skip, data, work):
     """(median step ms, median peak bytes of the largest rank, share of the CPUs others used)."""
     metrics = os.path.join(work, "metrics.jsonl")
@@ -95,6 +106,7 @@ def measure(piper, config, ranks, extra, steps, skip, data, work, retries, max_o
     """Reruns while other processes took more than max_other of the CPUs; keeps the quietest run."""
     best = None
     for attempt in range(retries + 1):
+        wait_idle(WAIT_IDLE_S)
         m = measure_once(piper, config, ranks, extra, steps, skip, data, work)
         if best is None or m[2] < best[2]:
             best = m
@@ -132,9 +144,11 @@ def main():
     cost = a.cost
     if not cost:
         cost = os.path.join(work, "cost.json")
-        print("sim_accuracy.py: calibrating on 2 ranks", file=sys.stderr)
-        # tp 2 on 2 ranks: the units are measured at tp 1 and at tp 2, the collectives over 2 ranks.
-        run(mpirun() + ["-np", "2", piper, "calibrate", a.config, "--quiet", "-o", cost,
+        print("sim_accuracy.py: calibrating on 4 ranks", file=sys.stderr)
+        wait_idle(WAIT_IDLE_S)
+        # 4 ranks with tp 2: units at tp 1 and tp 2, collectives over 2 and 4 ranks, the slowdown of
+        # 1 to 4 ranks computing at once on this host.
+        run(mpirun() + ["-np", "4", piper, "calibrate", a.config, "--quiet", "-o", cost,
                         "--set", f"data.path={data}"] + sets(["parallel.tp=2"]))
     chosen = [s for s in STRATEGIES if not a.only or s[0] in a.only.split(";")]
     rows = []
@@ -151,7 +165,7 @@ def main():
         "",
         f"Measured {datetime.date.today()} by `bench/sim_accuracy.py` (part of `make bench`) on {cores} CPUs:",
         f"`{os.path.relpath(a.config, ROOT)}` with {' '.join('`' + c + '`' for c in COMMON)}, one calibration",
-        "(`piper calibrate --set parallel.tp=2`, 2 ranks: units at tp 1 and 2) for every row; measured = median step time over steps",
+        "(`piper calibrate --set parallel.tp=2` on 4 ranks: units at tp 1 and 2, host sharing 1-4) for every row; measured = median step time over steps",
         f"{a.skip}..{a.steps - 1} and the median per-step peak memory of the largest rank (allocator",
         "accounting); predicted = `piper simulate --cost --ranks-per-host N` of the same config (all ranks",
         "on this host). A run during which other processes used more than 10% of the CPUs is repeated",

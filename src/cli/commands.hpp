@@ -43,6 +43,7 @@ struct PlotArgs {
   int width = 0;              // picture width in pixels; 0: the default
   bool no_comm = false;       // trace: leave out the communication lanes
   bool time_units = false;    // trace: abstract costs, the axis reads "time units"
+  std::string compare;        // trace: a second trace (e.g. simulated) below the first, one time axis
 };
 int run_plot(const PlotArgs& a);
 

@@ -160,6 +160,8 @@ int main(int argc, char** argv) {
   plot_cmd->add_option("-o,--output", plot_args.output, "SVG file to write")->required();
   plot_cmd->add_option("--step", plot_args.step, "Trace: the step to draw (default: the last)")->check(CLI::NonNegativeNumber);
   plot_cmd->add_option("--width", plot_args.width, "Picture width in pixels")->check(CLI::Range(320, 20000));
+  plot_cmd->add_option("--compare", plot_args.compare,
+                       "Trace: a second trace (e.g. simulate --trace) drawn below the first, same time axis");
   plot_cmd->add_flag("--no-comm", plot_args.no_comm, "Trace: leave out the communication lanes");
   plot_cmd->add_flag("--time-units", plot_args.time_units, "Trace: abstract costs; label the axis \"time units\"");
 

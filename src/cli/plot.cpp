@@ -36,10 +36,17 @@ void write_file(const std::string& path, const std::string& text) {
 }  // namespace
 
 int run_plot(const PlotArgs& a) {
+  if (!a.compare.empty() && !looks_like_trace(a.input))
+    throw trace::TraceError(a.input + ": --compare lays two traces side by side; this is a metrics file");
   if (looks_like_trace(a.input)) {
-    const trace::Trace t = trace::read_chrome(a.input);
+    trace::Trace t = trace::read_chrome(a.input);
     trace::SvgOptions o;
     o.step = a.step;
+    if (!a.compare.empty()) {
+      if (!looks_like_trace(a.compare)) throw trace::TraceError(a.compare + ": not a Chrome trace written by piper");
+      t = trace::stack(t, a.step, trace::read_chrome(a.compare), -1, o.row_labels);
+      o.step = 0;
+    }
     o.comm_lane = !a.no_comm;
     o.abstract_time = a.time_units;
     if (a.width > 0) o.width_px = a.width;

@@ -3,6 +3,7 @@
 // linear costs of sim::CostModel (docs/calibration.md says what and how).
 #include "runtime/calibrate.hpp"
 
+#include <mpi.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -483,6 +484,76 @@ double measure_step_fixed(comm::Communicator& world, const MpiEnv& env, int reps
   return median_of_max(world, ts);
 }
 
+// ---- ranks sharing a host ----------------------------------------------------------
+
+// How much slower a rank computes while k ranks of its host compute at once
+// (shared cores, caches, memory bandwidth, hyperthread siblings): the mean
+// over the k ranks of the median time of one block's forward and fused
+// backward at the strategy's microbatch, over that time on one rank alone,
+// for k = 1 .. the ranks of rank 0's host. Ranks not computing wait in a
+// sleeping barrier. Collective over the world; the result is rank 0's host's.
+std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::ModelGraph& g, int64_t per_mb,
+                                         const Tokens& tok, comm::Communicator& world, bool quick, bool print) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_size = 1, node_rank = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_rank(node, &node_rank);
+  std::vector<int> members(static_cast<size_t>(node_size));
+  int me = world.rank();
+  MPI_Allgather(&me, 1, MPI_INT, members.data(), 1, MPI_INT, node);
+  MPI_Comm_free(&node);
+  std::unique_ptr<comm::Communicator> host = world.split(members, "calibrate host");
+
+  // The block with the most parameters: the heaviest compute of the model.
+  int u = 1;
+  for (int v = 1; v + 1 < static_cast<int>(g.units.size()); ++v)
+    if (g.units[static_cast<size_t>(v)].param_count() > g.units[static_cast<size_t>(u)].param_count()) u = v;
+  backend::Backend& be = backend::cpu();
+  model::ParamStore ps(g, {u}, be, {});
+  ps.init(cfg.train.seed);
+  std::unique_ptr<model::Unit> unit = model::make_unit(g.units[static_cast<size_t>(u)], cfg.model, ps, be);
+  const int64_t T = cfg.train.seq_len, D = cfg.model.d_model, rows = per_mb * T;
+  std::vector<float> x(static_cast<size_t>(rows * D)), dy(x.size()), y(x.size()), dx(x.size());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = normal(rng);
+  for (auto& v : dy) v = normal(rng);
+  Batch batch;
+  assemble(tok, 0, per_mb, 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)), batch);
+  const model::MicroBatch mb = batch.mbs.front();
+  auto once = [&] {
+    const auto t0 = Clock::now();
+    unit->forward(0, mb, x.data(), y.data());
+    unit->backward(0, x.data(), dy.data(), dx.data());
+    return ms_since(t0);
+  };
+  double reps_d = std::clamp(std::ceil((quick ? 60.0 : 300.0) / std::max(1e-3, (once(), once()))), 3.0, 15.0);
+  host->allreduce_double(&reps_d, 1);  // the same count everywhere: the sum over the host
+  const int reps = static_cast<int>(reps_d / host->size());
+
+  std::vector<double> slowdown;
+  double alone = 0;
+  for (int k = 1; k <= host->size(); ++k) {
+    host->barrier();
+    double med = 0;
+    if (host->rank() < k) {
+      std::vector<double> ts;
+      for (int r = 0; r < reps; ++r) ts.push_back(once());
+      med = median(ts);
+    }
+    host->allreduce_double(&med, 1);
+    const double mean = med / k;
+    if (k == 1) alone = mean;
+    slowdown.push_back(mean / alone);
+    if (print)
+      std::printf("  %d rank(s) computing at once: %s %.2f ms per forward + backward, %.3f x alone\n", k,
+                  g.units[static_cast<size_t>(u)].name.c_str(), mean, slowdown.back());
+  }
+  ps.zero_grads();
+  return slowdown;
+}
+
 // ---- communication ----------------------------------------------------------------
 
 struct CommSample {
@@ -704,6 +775,11 @@ sim::CostModel calibrate(const config::Config& cfg, const CalibrateOptions& opts
     std::printf("piper calibrate: the strategy has tp %d but the job %d rank(s); measured tp 1 only\n", tp,
                 env.world_size());
   }
+
+  // Ranks of one host computing at once.
+  if (print) std::printf("ranks of this host computing at once (the simulator's --ranks-per-host):\n");
+  const std::vector<double> sharing = measure_host_sharing(cfg, graph, per_mb, tokens, *world, opts.quick, print);
+  if (lead) m.host_slowdown = sharing;
 
   // What every step costs besides the batch: on every rank, with the world.
   const double fixed = measure_step_fixed(*world, env, opts.quick ? 3 : 15);

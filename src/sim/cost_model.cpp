@@ -119,6 +119,17 @@ double CostModel::comm_ms(CommOp op, int ranks, int64_t bytes) const {
   return std::max(0.0, lat + bw * static_cast<double>(bytes));
 }
 
+double CostModel::sharing(double busy) const {
+  if (host_slowdown.empty())
+    return host_cores > 0 ? std::max(1.0, busy * std::max(1, threads_per_rank) / host_cores) : 1.0;
+  if (busy <= 1) return host_slowdown.front();
+  const double n = static_cast<double>(host_slowdown.size());
+  if (busy >= n) return host_slowdown.back() * busy / n;
+  const size_t i = static_cast<size_t>(busy);  // between k = i and i + 1
+  const double f = busy - static_cast<double>(i);
+  return host_slowdown[i - 1] * (1 - f) + host_slowdown[i] * f;
+}
+
 std::string to_json(const CostModel& m) {
   json ops = json::array();
   for (const OpCost& o : m.ops)
@@ -138,6 +149,7 @@ std::string to_json(const CostModel& m) {
             {"hardware", m.hardware},
             {"threads_per_rank", m.threads_per_rank},
             {"host_cores", m.host_cores},
+            {"host_slowdown", m.host_slowdown},
             {"ops", ops},
             {"update", linear_to(m.update)},
             {"step_overhead", linear_to(m.step_overhead)},
@@ -154,13 +166,14 @@ CostModel parse_cost(const std::string& text, const std::string& where) {
     throw std::invalid_argument(where + ": not JSON: " + e.what());
   }
   if (!j.is_object()) throw std::invalid_argument(where + ": a cost file is a JSON object (docs/calibration.md)");
-  static const char* known[] = {"format", "source", "hardware", "threads_per_rank", "host_cores", "ops",
+  static const char* known[] = {"format", "source", "hardware", "threads_per_rank", "host_cores", "host_slowdown", "ops",
                                 "update", "step_overhead", "free_comm", "comm", "comment"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) ==
         std::end(known))
       throw std::invalid_argument(where + ": unknown key \"" + it.key() +
-                                  "\"; a cost file has format, source, hardware, threads_per_rank, host_cores, ops, "
+                                  "\"; a cost file has format, source, hardware, threads_per_rank, host_cores, "
+                                  "host_slowdown, ops, "
                                   "update, step_overhead, free_comm, comm");
   CostModel m;
   try {
@@ -170,6 +183,9 @@ CostModel parse_cost(const std::string& text, const std::string& where) {
     m.hardware = j.value("hardware", "");
     m.threads_per_rank = j.value("threads_per_rank", 1);
     m.host_cores = j.value("host_cores", 0);
+    m.host_slowdown = j.value("host_slowdown", std::vector<double>{});
+    for (double v : m.host_slowdown)
+      if (!(v > 0)) throw std::invalid_argument(where + ": host_slowdown: every factor must be > 0");
     m.free_comm = j.value("free_comm", false);
     if (j.contains("update")) m.update = linear_from(j["update"], where + ": update");
     if (j.contains("step_overhead")) m.step_overhead = linear_from(j["step_overhead"], where + ": step_overhead");

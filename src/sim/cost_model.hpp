@@ -60,6 +60,9 @@ struct CostModel {
   std::string hardware;           // what the numbers describe, for people
   int threads_per_rank = 1;       // compute threads per rank when measured
   int host_cores = 0;             // cores of the measuring host (0 = unknown)
+  // [k-1]: how many times longer compute takes while k ranks of one host
+  // compute at once (k = 1: 1). Empty: max(1, k x threads_per_rank / host_cores).
+  std::vector<double> host_slowdown;
   std::vector<OpCost> ops;
   Linear update;                  // UPD: ms as a function of the parameter elements the rank updates
   Linear step_overhead;           // ms per step outside the program, as a function of the rank's microbatches
@@ -78,6 +81,10 @@ struct CostModel {
   // algorithm scales ((n-1)/n of the bytes per step). 0 when free_comm or
   // ranks == 1.
   double comm_ms(CommOp op, int ranks, int64_t bytes) const;
+  // The slowdown at an average of `busy` ranks of a host computing at once:
+  // host_slowdown interpolated, extended beyond its end as the cores are
+  // shared (proportional to busy); max(1, busy x threads / cores) without it.
+  double sharing(double busy) const;
 };
 
 // JSON text <-> CostModel. parse_cost throws std::invalid_argument naming

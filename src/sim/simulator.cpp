@@ -558,12 +558,11 @@ class Sim {
 
 namespace {
 
-// Processor sharing on hosts with fewer cores than busy threads: for each
-// compute instruction, the time-averaged number of ranks of its host
-// computing during it (itself included), times the threads per rank, over
-// the host's cores — at least 1.
+// Ranks sharing a host: each compute instruction is stretched by the cost
+// model's slowdown at the time-averaged number of ranks of its host computing
+// during it (itself included).
 std::vector<std::vector<double>> sharing(const std::vector<std::vector<std::pair<double, double>>>& busy,
-                                         int ranks_per_host, int threads, int cores) {
+                                         int ranks_per_host, const CostModel& cost) {
   std::vector<std::vector<double>> out(busy.size());
   const int world = static_cast<int>(busy.size());
   for (int h0 = 0; h0 < world; h0 += ranks_per_host) {
@@ -595,7 +594,7 @@ std::vector<std::vector<double>> sharing(const std::vector<std::vector<std::pair
       auto& f = out[static_cast<size_t>(r)];
       for (auto [a, b] : busy[static_cast<size_t>(r)]) {
         const double avg = b > a ? (integral_to(b) - integral_to(a)) / (b - a) : 1.0;
-        f.push_back(std::max(1.0, avg * threads / cores));
+        f.push_back(cost.sharing(avg));
       }
     }
   }
@@ -607,18 +606,17 @@ std::vector<std::vector<double>> sharing(const std::vector<std::vector<std::pair
 SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts) {
   const int world = plan.strategy.world_size;
   const int rph = std::min(world, opts.ranks_per_host);
-  const int threads = std::max(1, cost.threads_per_rank);
-  if (rph <= 0 || cost.host_cores <= 0 || rph * threads <= cost.host_cores) {
+  if (rph <= 1 || cost.sharing(rph) <= 1.0) {
     Sim s(plan, cfg, cost, opts);
     return s.run();
   }
-  // More busy threads than cores: iterate the stretch factors to a fixed point (damped).
+  // Ranks slow each other down: iterate the stretch factors to a fixed point (damped).
   std::vector<std::vector<double>> stretch;
   for (int it = 0;; ++it) {
     Sim s(plan, cfg, cost, opts, stretch.empty() ? nullptr : &stretch);
     SimResult res = s.run();
     // The factors apply to the base times: divide the stretched intervals' lengths back out.
-    auto next = sharing(s.busy_, rph, threads, cost.host_cores);
+    auto next = sharing(s.busy_, rph, cost);
     double change = 0;
     if (!stretch.empty())
       for (size_t r = 0; r < next.size(); ++r)

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iterator>
 #include <map>
+#include <limits>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -80,7 +81,7 @@ std::string kind_words(const std::string& kind) {
 
 // ---- layout ----------------------------------------------------------------------
 
-constexpr double kLeft = 74;        // rank labels
+constexpr double kLeft = 96;        // rank labels
 constexpr double kRight = 76;       // idle share per rank
 constexpr double kTop = 62;         // title and subtitle
 constexpr double kComputeH = 26;    // the compute lane
@@ -350,7 +351,8 @@ std::string schedule_svg(const Trace& t, const SvgOptions& o) {
   for (size_t r = 0; r < rows.size(); ++r) {
     const Row& row = rows[r];
     const double y = kTop + row_h * static_cast<double>(r);
-    append_text(body, kLeft - 10, y + kComputeH / 2 + 4.5, "rank " + std::to_string(r),
+    append_text(body, kLeft - 10, y + kComputeH / 2 + 4.5,
+                r < o.row_labels.size() ? fit_text(o.row_labels[r], 16) : "rank " + std::to_string(r),
                 "class=\"row-label\" text-anchor=\"end\" font-size=\"13\" fill=\"#222222\"");
     body += "<rect x=\"" + svg_num(x0) + "\" y=\"" + svg_num(y) + "\" width=\"" + svg_num(x1 - x0) + "\" height=\"" +
             svg_num(kComputeH) + "\" fill=\"#ffffff\" stroke=\"#bbbbbb\" stroke-width=\"0.6\"/>\n";
@@ -473,6 +475,34 @@ std::string svg_num(double v) {
   while (!s.empty() && s.back() == '0') s.pop_back();
   if (!s.empty() && s.back() == '.') s.pop_back();
   return s;
+}
+
+Trace stack(const Trace& a, int step_a, const Trace& b, int step_b, std::vector<std::string>& row_labels) {
+  Trace out;
+  out.title = a.title + "  vs  " + b.title;
+  row_labels.clear();
+  int offset = 0;
+  for (auto [t, wanted] : {std::pair<const Trace*, int>{&a, step_a}, std::pair<const Trace*, int>{&b, step_b}}) {
+    const int step = pick_step(*t, wanted);
+    double t0 = std::numeric_limits<double>::infinity();
+    int ranks = t->ranks;
+    for (const Event& e : t->events)
+      if (e.step == step) t0 = std::min(t0, e.start_us), ranks = std::max(ranks, e.rank + 1);
+    for (const Event& e : t->events) {
+      if (e.step != step) continue;
+      Event m = e;
+      m.rank += offset;
+      m.step = 0;
+      m.start_us -= t0;
+      m.end_us -= t0;
+      out.events.push_back(std::move(m));
+    }
+    const std::string word = t->title.substr(0, t->title.find_first_of(": "));
+    for (int r = 0; r < ranks; ++r) row_labels.push_back((word.empty() ? "trace" : word) + " r" + std::to_string(r));
+    offset += ranks;
+  }
+  out.ranks = offset;
+  return out;
 }
 
 }  // namespace piper::trace

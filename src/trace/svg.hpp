@@ -19,7 +19,15 @@ struct SvgOptions {
   bool comm_lane = true;       // draw the thinner communication lane under each rank's compute lane
   bool abstract_time = false;  // costs are abstract (a simulator's F = 1): the axis reads the
                                // start_us/end_us values as "time units", not microseconds
+  std::vector<std::string> row_labels;  // one per rank row; empty: "rank 0", "rank 1", ...
 };
+
+// Two traces on one time axis, for laying a predicted step beside a measured
+// one: step `step_a` of `a` (-1: its last) and step `step_b` of `b`, each
+// moved to start at 0, b's ranks below a's. Rows are labelled with each
+// title's first word ("measured", "simulated") and the rank. The result's
+// events are all step 0. Throws TraceError when a step is missing.
+Trace stack(const Trace& a, int step_a, const Trace& b, int step_b, std::vector<std::string>& row_labels);
 
 // The picture of step o.step of `t`: time runs across from the step's earliest
 // event, ranks down. Throws TraceError when the trace has no events or lacks
