@@ -1,7 +1,9 @@
 // checkpoint.cpp — parallel HDF5 checkpoints (checkpoint.hpp, docs/checkpoint.md).
 #include "checkpoint/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
@@ -239,9 +241,11 @@ std::vector<std::vector<Seg<P>>> split_rounds(const std::vector<Seg<P>>& segs, i
   return rounds;
 }
 
-// One collective (or independent, dxpl H5P_DEFAULT) read or write of sorted, disjoint segments.
+// One independent read or write of sorted, disjoint segments: on the file side the union of their runs, in
+// memory one contiguous block (the segments' own when they lie back to back, else a packed copy). Nothing to
+// do for no segments: no rank waits for another here.
 template <class P>
-void transfer(const Where& w, const std::string& name, hid_t dset, const std::vector<hsize_t>& dims, hid_t dxpl,
+void transfer(const Where& w, const std::string& name, hid_t dset, const std::vector<hsize_t>& dims,
               const std::vector<Seg<P>>& segs, bool write) {
   std::vector<Run> runs;
   int64_t total = 0;
@@ -251,35 +255,30 @@ void transfer(const Where& w, const std::string& name, hid_t dset, const std::ve
     if (i && segs[i].ptr != segs[i - 1].ptr + (segs[i - 1].e - segs[i - 1].b)) contiguous = false;
     total += segs[i].e - segs[i].b;
   }
+  if (total == 0) return;
   Id fspace = w.check(H5Dget_space(dset), H5Sclose, name, "cannot get its dataspace");
   Selector sel(fspace, dims);
   w.check(sel.select(runs), name, "cannot select runs");
-  const hsize_t mdim = static_cast<hsize_t>(std::max<int64_t>(total, 1));
+  const hsize_t mdim = static_cast<hsize_t>(total);
   Id mspace = w.check(H5Screate_simple(1, &mdim, nullptr), H5Sclose, name, "cannot create a memory space");
-  if (total == 0) w.check(H5Sselect_none(mspace), name, "cannot select none");
   std::vector<float> pack;
-  float dummy = 0;
-  float* buf = &dummy;
-  if (total > 0) {
-    if (contiguous) {
-      buf = const_cast<float*>(segs[0].ptr);
-    } else {
-      pack.resize(static_cast<size_t>(total));
-      buf = pack.data();
-      if (write) {
-        int64_t o = 0;
-        for (const auto& s : segs) {
-          std::memcpy(pack.data() + o, s.ptr, static_cast<size_t>(s.e - s.b) * 4);
-          o += s.e - s.b;
-        }
+  float* buf = const_cast<float*>(segs[0].ptr);
+  if (!contiguous) {
+    pack.resize(static_cast<size_t>(total));
+    buf = pack.data();
+    if (write) {
+      int64_t o = 0;
+      for (const auto& s : segs) {
+        std::memcpy(pack.data() + o, s.ptr, static_cast<size_t>(s.e - s.b) * 4);
+        o += s.e - s.b;
       }
     }
   }
   if (write) {
-    w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf), name, "write failed");
+    w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, buf), name, "write failed");
   } else {
-    w.check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf), name, "read failed");
-    if (total > 0 && !contiguous) {
+    w.check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, buf), name, "read failed");
+    if (!contiguous) {
       int64_t o = 0;
       for (const auto& s : segs) {
         std::memcpy(const_cast<float*>(s.ptr), pack.data() + o, static_cast<size_t>(s.e - s.b) * 4);
@@ -288,6 +287,29 @@ void transfer(const Where& w, const std::string& name, hid_t dset, const std::ve
     }
   }
 }
+
+// Starts the disk writing byte ranges this rank has written (Linux sync_file_range, SYNC_FILE_RANGE_WRITE: no
+// waiting), so that the disk works while the ranks still copy and the final fsync finds little left. Only a
+// hint: if the file cannot be opened or the call fails, the fsync does it all.
+class Writeback {
+ public:
+  explicit Writeback(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  Writeback(const Writeback&) = delete;
+  Writeback& operator=(const Writeback&) = delete;
+  ~Writeback() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void start(int64_t offset, int64_t bytes) {
+#ifdef __linux__
+    if (fd_ >= 0 && bytes > 0) ::sync_file_range(fd_, offset, bytes, SYNC_FILE_RANGE_WRITE);
+#else
+    (void)offset, (void)bytes;
+#endif
+  }
+
+ private:
+  int fd_;
+};
 
 // ---- attributes -----------------------------------------------------------------------------------------
 
@@ -406,16 +428,6 @@ Id mpio_fapl(const Where& w, MPI_Comm comm) {
   return fapl;
 }
 
-Id collective_dxpl(const Where& w) {
-  Id dxpl = w.check(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "transfer properties");
-  w.check(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE), "collective transfer");
-  // Every rank takes part in each collective call, but writes and reads its
-  // own contiguous pieces itself: MPI-IO's two-phase aggregation only adds
-  // copies and synchronisation for pieces this large.
-  w.check(H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO), "collective transfer, individual I/O");
-  return dxpl;
-}
-
 // Opens dataset `name`, distinguishing a missing one (any missing group on the way) from other failures.
 Id open_dataset(const Where& w, hid_t file, const std::string& name) {
   size_t pos = 1;
@@ -447,7 +459,110 @@ void check_float32(const Where& w, hid_t dset, const std::string& name) {
   if (H5Tget_class(t) != H5T_FLOAT || H5Tget_size(t) != 4) w.fail(name, "not fp32");
 }
 
-int64_t rank_share_begin(int64_t n, int r, int p) { return n * r / p; }
+// ---- runs -------------------------------------------------------------------------------------------------
+
+// Sorted, with overlapping and adjacent runs merged.
+std::vector<Run> merged(std::vector<Run> v) {
+  std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+  std::vector<Run> m;
+  for (const Run& r : v) {
+    if (r.end <= r.begin) continue;
+    if (!m.empty() && r.begin <= m.back().end) m.back().end = std::max(m.back().end, r.end);
+    else m.push_back(r);
+  }
+  return m;
+}
+
+int64_t count_of(const std::vector<Run>& runs) {
+  int64_t c = 0;
+  for (const Run& r : runs) c += r.end - r.begin;
+  return c;
+}
+
+// [0, n) less the sorted, disjoint `runs`.
+std::vector<Run> complement(const std::vector<Run>& runs, int64_t n) {
+  std::vector<Run> out;
+  int64_t at = 0;
+  for (const Run& r : runs) {
+    if (r.begin > at) out.push_back({at, r.begin});
+    at = std::max(at, r.end);
+  }
+  if (at < n) out.push_back({at, n});
+  return out;
+}
+
+// Rank r's part of sorted runs when their elements, in order, are shared out evenly over p ranks.
+std::vector<Run> share_of(const std::vector<Run>& runs, int r, int p) {
+  const int64_t n = count_of(runs), lo = n * r / p, hi = n * (r + 1) / p;
+  std::vector<Run> out;
+  int64_t seen = 0;
+  for (const Run& run : runs) {
+    const int64_t len = run.end - run.begin;
+    const int64_t b = std::max(lo, seen), e = std::min(hi, seen + len);
+    if (e > b) out.push_back({run.begin + (b - seen), run.begin + (e - seen)});
+    seen += len;
+  }
+  return out;
+}
+
+template <class P>
+std::vector<Run> runs_of(const std::vector<Seg<P>>& segs) {
+  std::vector<Run> runs;
+  for (const auto& s : segs) runs.push_back({s.b, s.e});
+  return runs;
+}
+
+// Sorted, disjoint segments less the sorted, disjoint runs `cut` (each kept piece keeps its place in memory).
+template <class P>
+std::vector<Seg<P>> minus(const std::vector<Seg<P>>& segs, const std::vector<Run>& cut) {
+  std::vector<Seg<P>> kept;
+  size_t j = 0;
+  for (auto s : segs) {
+    while (j < cut.size() && cut[j].end <= s.b) ++j;
+    for (size_t l = j; s.b < s.e; ++l) {
+      if (l >= cut.size() || cut[l].begin >= s.e) {
+        kept.push_back(s);
+        break;
+      }
+      if (cut[l].begin > s.b) kept.push_back({s.b, cut[l].begin, s.ptr});
+      const int64_t nb = std::max(s.b, std::min(s.e, cut[l].end));
+      s.ptr += nb - s.b;
+      s.b = nb;
+    }
+  }
+  return kept;
+}
+
+// Every rank's runs of the datasets `which`, on every rank: result[j][r] = rank r's runs of dataset which[j]
+// (mine[d]: this rank's runs of dataset d). One MPI_Allgatherv of (dataset, begin, end) triples.
+std::vector<std::vector<std::vector<Run>>> gather_runs(MPI_Comm comm, const std::vector<size_t>& which,
+                                                       const std::vector<std::vector<Run>>& mine) {
+  int nranks = 1;
+  MPI_Comm_size(comm, &nranks);
+  std::vector<int64_t> local;
+  for (size_t j = 0; j < which.size(); ++j)
+    for (const Run& r : mine[which[j]]) local.insert(local.end(), {static_cast<int64_t>(j), r.begin, r.end});
+  int n = static_cast<int>(local.size());
+  std::vector<int> counts(static_cast<size_t>(nranks)), displs(static_cast<size_t>(nranks), 0);
+  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
+  for (int r = 1; r < nranks; ++r) displs[r] = displs[r - 1] + counts[r - 1];
+  std::vector<int64_t> every(static_cast<size_t>(displs.back() + counts.back()));
+  MPI_Allgatherv(local.data(), n, MPI_INT64_T, every.data(), counts.data(), displs.data(), MPI_INT64_T, comm);
+  std::vector<std::vector<std::vector<Run>>> out(which.size(), std::vector<std::vector<Run>>(nranks));
+  for (int r = 0; r < nranks; ++r)
+    for (int k = displs[r]; k < displs[r] + counts[r]; k += 3) out[every[k]][r].push_back({every[k + 1], every[k + 2]});
+  return out;
+}
+
+// The runs of ranks below `rank` and those of all ranks, each merged.
+std::pair<std::vector<Run>, std::vector<Run>> lower_and_all(const std::vector<std::vector<Run>>& per_rank, int rank) {
+  std::vector<Run> lower, everyone;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    everyone.insert(everyone.end(), per_rank[r].begin(), per_rank[r].end());
+    if (static_cast<int>(r) < rank) lower.insert(lower.end(), per_rank[r].begin(), per_rank[r].end());
+  }
+  return {merged(std::move(lower)), merged(std::move(everyone))};
+}
 
 }  // namespace
 
@@ -510,60 +625,17 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
   for (size_t i = 0; i < nd; ++i)
     if (total[i] > sizes[i]) shared.push_back(i);
   if (!shared.empty()) {
-    std::vector<int64_t> mine_runs;  // (dataset, begin, end) triples
-    for (size_t i : shared)
-      for (const auto& s : segs[i]) mine_runs.insert(mine_runs.end(), {static_cast<int64_t>(i), s.b, s.e});
-    int n = static_cast<int>(mine_runs.size());
-    std::vector<int> counts(static_cast<size_t>(nranks)), displs(static_cast<size_t>(nranks), 0);
-    MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
-    for (int r = 1; r < nranks; ++r) displs[r] = displs[r - 1] + counts[r - 1];
-    std::vector<int64_t> every(static_cast<size_t>(displs.back() + counts.back()));
-    MPI_Allgatherv(mine_runs.data(), n, MPI_INT64_T, every.data(), counts.data(), displs.data(), MPI_INT64_T, comm);
-    for (size_t i : shared) {
-      std::vector<Run> lower, everyone;  // runs of ranks below this one; of all ranks
-      for (int r = 0; r < nranks; ++r)
-        for (int k = displs[r]; k < displs[r] + counts[r]; k += 3)
-          if (every[k] == static_cast<int64_t>(i)) {
-            everyone.push_back({every[k + 1], every[k + 2]});
-            if (r < rank) lower.push_back({every[k + 1], every[k + 2]});
-          }
-      auto merge = [](std::vector<Run>& v) {
-        std::sort(v.begin(), v.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
-        std::vector<Run> m;
-        for (const Run& r : v) {
-          if (!m.empty() && r.begin <= m.back().end) m.back().end = std::max(m.back().end, r.end);
-          else m.push_back(r);
-        }
-        v = std::move(m);
-      };
-      merge(lower);
-      merge(everyone);
-      int64_t covered = 0;
-      for (const Run& r : everyone) covered += r.end - r.begin;
+    std::vector<std::vector<Run>> my_runs(nd);
+    for (size_t i : shared) my_runs[i] = runs_of(segs[i]);
+    const auto every = gather_runs(comm, shared, my_runs);
+    for (size_t j = 0; j < shared.size(); ++j) {
+      const size_t i = shared[j];
+      const auto [lower, everyone] = lower_and_all(every[j], rank);
+      const int64_t covered = count_of(everyone);
       if (covered != sizes[i])
         w.fail(names[i], "the pieces of all ranks cover " + std::to_string(covered) + " of its " +
                              std::to_string(sizes[i]) + " elements");
-      // Subtract `lower` from this rank's segments.
-      std::vector<Seg<const float*>> kept;
-      size_t j = 0;
-      for (auto s : segs[i]) {
-        while (j < lower.size() && lower[j].end <= s.b) ++j;
-        size_t l = j;
-        while (s.b < s.e) {
-          if (l >= lower.size() || lower[l].begin >= s.e) {
-            kept.push_back(s);
-            break;
-          }
-          if (lower[l].begin > s.b) {
-            kept.push_back({s.b, lower[l].begin, s.ptr});
-          }
-          const int64_t nb = std::min(s.e, lower[l].end);
-          s.ptr += nb - s.b;
-          s.b = nb;
-          ++l;
-        }
-      }
-      segs[i] = std::move(kept);
+      segs[i] = minus(segs[i], lower);
     }
   }
 
@@ -572,16 +644,6 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
   for (size_t i = 0; i < nd; ++i)
     for (const auto& s : segs[i]) part[i] += checksum_range(s.b, s.ptr, s.e - s.b);
   MPI_Allreduce(part.data(), sums.data(), static_cast<int>(nd), MPI_UINT64_T, MPI_SUM, comm);
-
-  // Rounds of collective writes per dataset: the most any rank needs.
-  const int64_t k = round_elems();
-  std::vector<std::vector<std::vector<Seg<const float*>>>> rounds(nd);
-  std::vector<int64_t> nr(nd), max_nr(nd);
-  for (size_t i = 0; i < nd; ++i) {
-    rounds[i] = split_rounds(segs[i], k);
-    nr[i] = static_cast<int64_t>(rounds[i].size());
-  }
-  MPI_Allreduce(nr.data(), max_nr.data(), static_cast<int>(nd), MPI_INT64_T, MPI_MAX, comm);
 
   const std::string tmp = temp_path(path);
   local_step(comm, [&] {
@@ -605,22 +667,35 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
     Id dcpl = wt.check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "dataset properties");
     wt.check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "dataset properties");
     wt.check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "dataset properties");
-    Id dxpl = collective_dxpl(wt);
+    // The structure first, by all ranks together (metadata operations are collective): every dataset, its
+    // storage allocated now (never filled), its checksum; the root attributes.
+    std::vector<Id> dsets(nd);
     for (size_t i = 0; i < nd; ++i) {
       const auto dims = to_hsize(all[i].shape);
       Id space = dims.empty() ? wt.check(H5Screate(H5S_SCALAR), H5Sclose, names[i], "dataspace")
                               : wt.check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                                          H5Sclose, names[i], "dataspace");
-      Id dset = wt.check(H5Dcreate2(file, names[i].c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT),
-                         H5Dclose, names[i], "cannot create");
-      for (int64_t r = 0; r < max_nr[i]; ++r) {
-        static const std::vector<Seg<const float*>> none;
-        transfer(wt, names[i], dset, dims, dxpl, r < nr[i] ? rounds[i][static_cast<size_t>(r)] : none, true);
-      }
-      write_attr(wt, dset, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sums[i]);
+      dsets[i] = wt.check(H5Dcreate2(file, names[i].c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT),
+                          H5Dclose, names[i], "cannot create");
+      write_attr(wt, dsets[i], "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sums[i]);
     }
     write_meta(wt, file, meta);
-    wt.check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flush failed");
+    // Then the data: each rank writes its own elements with independent I/O, in rounds of at most k elements,
+    // waiting for no other rank until all have written; the disk starts on each round as soon as it is written.
+    const int64_t k = round_elems();
+    local_step(comm, [&] {
+      Writeback wb(tmp);
+      for (size_t i = 0; i < nd; ++i) {
+        const auto dims = to_hsize(all[i].shape);
+        const haddr_t at = H5Dget_offset(dsets[i]);  // contiguous storage: element j at byte at + 4 j
+        for (const auto& round : split_rounds(segs[i], k)) {
+          transfer(wt, names[i], dsets[i], dims, round, true);
+          if (at != HADDR_UNDEF)
+            wb.start(static_cast<int64_t>(at) + round.front().b * 4, (round.back().e - round.front().b) * 4);
+        }
+      }
+    });
+    dsets.clear();
     if (file.close() < 0) wt.fail("close failed: " + h5_error());
   }
   MPI_Barrier(comm);
@@ -676,9 +751,8 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
   // This rank's reads: per dataset the union of its runs (sorted, disjoint); requests not already in that
   // form are read into a staging buffer and copied out.
   struct Want {
-    std::vector<Seg<float*>> direct;      // sorted, disjoint runs read straight into the requests' buffers
-    std::vector<Run> runs;                // otherwise: the requested runs...
-    std::vector<float*> outs;             // ...and where each goes
+    std::vector<Run> runs;     // the requested runs...
+    std::vector<float*> outs;  // ...and where each goes
   };
   std::vector<Want> want(nd);
   local_step(comm, [&] {
@@ -712,16 +786,8 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
       wa.runs.clear();
       continue;
     }
-    std::vector<Run> u = wa.runs;
-    std::sort(u.begin(), u.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
-    std::vector<Run> m;
-    for (const Run& r : u) {
-      if (!m.empty() && r.begin <= m.back().end) m.back().end = std::max(m.back().end, r.end);
-      else m.push_back(r);
-    }
-    int64_t t = 0;
-    for (const Run& r : m) t += r.end - r.begin;
-    staging[i].resize(static_cast<size_t>(t));
+    const std::vector<Run> m = merged(wa.runs);
+    staging[i].resize(static_cast<size_t>(count_of(m)));
     float* p = staging[i].data();
     for (const Run& r : m) {
       segs[i].push_back({r.begin, r.end, p});
@@ -729,55 +795,78 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
     }
   }
 
-  // Checksums: each rank reads an equal share of every dataset; then the requests.
-  const int64_t k = round_elems();
-  Id dxpl = collective_dxpl(w);
-  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
-  std::vector<float> buf;
+  // Checksums in the same pass: each element is summed by the lowest rank that reads it; elements no rank
+  // reads are shared out evenly and read for that alone.
+  std::vector<int64_t> reading(2 * nd, 0), readers(2 * nd, 0);  // per dataset: ranks reading, elements read
+  for (size_t i = 0; i < nd; ++i) {
+    reading[2 * i] = segs[i].empty() ? 0 : 1;
+    for (const auto& sg : segs[i]) reading[2 * i + 1] += sg.e - sg.b;
+  }
+  MPI_Allreduce(reading.data(), readers.data(), static_cast<int>(2 * nd), MPI_INT64_T, MPI_SUM, comm);
+  std::vector<std::vector<Seg<float*>>> sum_segs(nd);  // what this rank sums of what it reads
+  std::vector<std::vector<Run>> extra(nd);              // what this rank reads only to sum it
+  std::vector<size_t> several;                          // datasets read by several ranks
+  std::vector<std::vector<Run>> my_runs(nd);
   for (size_t i = 0; i < nd; ++i) {
     const int64_t n = numel(expected[i].shape);
-    const auto dims = to_hsize(expected[i].shape);
-    const int64_t lo = rank_share_begin(n, rank, nranks), hi = rank_share_begin(n, rank + 1, nranks);
-    const int64_t most = (n + nranks - 1) / nranks;
-    const int64_t rounds = (most + k - 1) / k;
-    buf.resize(static_cast<size_t>(std::min(k, std::max<int64_t>(hi - lo, 1))));
-    for (int64_t r = 0; r < rounds; ++r) {
-      const int64_t b = std::min(hi, lo + r * k), e = std::min(hi, b + k);
-      std::vector<Seg<float*>> s;
-      if (e > b) s.push_back({b, e, buf.data()});
-      transfer(w, names[i], dsets[i], dims, dxpl, s, false);
-      part[i] += checksum_range(b, buf.data(), e - b);
+    if (readers[2 * i] >= 2) {
+      several.push_back(i);
+      my_runs[i] = runs_of(segs[i]);
+    } else if (readers[2 * i] == 1) {  // its only reader sums all of it, reading what nobody asked for
+      sum_segs[i] = segs[i];
+      if (!segs[i].empty() && readers[2 * i + 1] < n) extra[i] = complement(runs_of(segs[i]), n);
+    } else {
+      extra[i] = share_of({{0, n}}, rank, nranks);
     }
   }
+  if (!several.empty()) {
+    const auto every = gather_runs(comm, several, my_runs);
+    for (size_t j = 0; j < several.size(); ++j) {
+      const size_t i = several[j];
+      const auto [lower, everyone] = lower_and_all(every[j], rank);
+      sum_segs[i] = minus(segs[i], lower);
+      extra[i] = share_of(complement(everyone, numel(expected[i].shape)), rank, nranks);
+    }
+  }
+
+  // The reads, each rank on its own, in rounds of at most k elements; the staged requests copied out.
+  const int64_t k = round_elems();
+  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
+  local_step(comm, [&] {
+    std::vector<float> buf;
+    for (size_t i = 0; i < nd; ++i) {
+      const auto dims = to_hsize(expected[i].shape);
+      for (const auto& round : split_rounds(segs[i], k)) transfer(w, names[i], dsets[i], dims, round, false);
+      for (const auto& sg : sum_segs[i]) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
+      if (!extra[i].empty()) {
+        buf.resize(static_cast<size_t>(std::min(k, count_of(extra[i]))));
+        std::vector<Seg<float*>> es;
+        for (const Run& r : extra[i]) es.push_back({r.begin, r.end, nullptr});
+        for (auto round : split_rounds(es, k)) {
+          float* p = buf.data();
+          for (auto& sg : round) {
+            sg.ptr = p;
+            p += sg.e - sg.b;
+          }
+          transfer(w, names[i], dsets[i], dims, round, false);
+          for (const auto& sg : round) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
+        }
+      }
+      const Want& wa = want[i];
+      for (size_t j = 0; j < wa.runs.size(); ++j) {  // staged: copy each run out of the union
+        const Run& r = wa.runs[j];
+        auto it = std::upper_bound(segs[i].begin(), segs[i].end(), r.begin,
+                                   [](int64_t v, const Seg<float*>& sg) { return v < sg.b; });
+        --it;
+        std::memcpy(wa.outs[j], it->ptr + (r.begin - it->b), static_cast<size_t>(r.end - r.begin) * 4);
+      }
+    }
+  });
   MPI_Allreduce(part.data(), sums.data(), static_cast<int>(nd), MPI_UINT64_T, MPI_SUM, comm);
   for (size_t i = 0; i < nd; ++i)
     if (sums[i] != stored[i])
       w.fail(names[i], "checksum mismatch (stored " + std::to_string(stored[i]) + ", computed " +
                            std::to_string(sums[i]) + "): the data is damaged");
-
-  std::vector<int64_t> nr(nd), max_nr(nd);
-  std::vector<std::vector<std::vector<Seg<float*>>>> rounds(nd);
-  for (size_t i = 0; i < nd; ++i) {
-    rounds[i] = split_rounds(segs[i], k);
-    nr[i] = static_cast<int64_t>(rounds[i].size());
-  }
-  MPI_Allreduce(nr.data(), max_nr.data(), static_cast<int>(nd), MPI_INT64_T, MPI_MAX, comm);
-  for (size_t i = 0; i < nd; ++i) {
-    const auto dims = to_hsize(expected[i].shape);
-    for (int64_t r = 0; r < max_nr[i]; ++r) {
-      static const std::vector<Seg<float*>> none;
-      transfer(w, names[i], dsets[i], dims, dxpl, r < nr[i] ? rounds[i][static_cast<size_t>(r)] : none, false);
-    }
-    Want& wa = want[i];
-    if (wa.runs.empty()) continue;
-    for (size_t j = 0; j < wa.runs.size(); ++j) {  // staged: copy each run out of the union
-      const Run& r = wa.runs[j];
-      auto it = std::upper_bound(segs[i].begin(), segs[i].end(), r.begin,
-                                 [](int64_t v, const Seg<float*>& s) { return v < s.b; });
-      --it;
-      std::memcpy(wa.outs[j], it->ptr + (r.begin - it->b), static_cast<size_t>(r.end - r.begin) * 4);
-    }
-  }
   dsets.clear();
   file.close();
   return meta;
@@ -828,7 +917,7 @@ Inspection inspect(const std::string& path, bool verify) {
       uint64_t sum = 0;
       for (int64_t b = 0; b < n; b += k) {
         const int64_t e = std::min(n, b + k);
-        transfer(w, name, d, dims, H5P_DEFAULT, std::vector<Seg<float*>>{{b, e, buf.data()}}, false);
+        transfer(w, name, d, dims, std::vector<Seg<float*>>{{b, e, buf.data()}}, false);
         sum += checksum_range(b, buf.data(), e - b);
       }
       info.checksum_ok = sum == stored;

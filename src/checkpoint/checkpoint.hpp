@@ -4,7 +4,7 @@
 // Every dataset is fp32 with its global shape; a rank writes and reads only its elements, named as runs of
 // global flat (row-major) indices. An element offered by several ranks (a replicated tensor) is written once,
 // by the lowest of them. Each dataset carries a uint64 attribute `checksum` (see checksum_term) that load
-// verifies, each rank checksumming an equal share of the dataset.
+// verifies in the same pass as it reads: each element summed by the lowest rank that reads it.
 #pragma once
 
 #include <mpi.h>
@@ -53,14 +53,16 @@ struct Meta {
 inline constexpr int kFormatVersion = 1;
 
 // Collective over comm: writes PATH through a temporary name (.NAME.tmp in the same directory; rank 0 fsyncs
-// and renames it after every rank has closed it), all datasets, every rank's pieces (collective hyperslab
-// writes; a rank with nothing for a dataset takes part with an empty selection), each dataset's checksum.
-// The pieces of all ranks together must cover every element of every dataset.
+// and renames it after every rank has closed it): all datasets and their checksums (collective metadata),
+// then every rank's pieces (independent hyperslab writes). The pieces of all ranks together must cover every
+// element of every dataset.
 void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::vector<DatasetSpec>& all,
           const std::vector<Piece>& mine);
 
-// Collective: opens PATH, checks each expected dataset exists with the expected shape, verifies their
-// checksums, reads this rank's requests, returns the root attributes.
+// Collective: opens PATH, checks each expected dataset exists with the expected shape, reads this rank's
+// requests (independent hyperslab reads) and verifies every checksum in the same pass (elements no rank
+// requests are read for that alone), returns the root attributes. On a failure the requests' buffers may
+// already hold part of the file.
 Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>& expected,
           const std::vector<Request>& mine);
 

@@ -27,13 +27,25 @@ std::vector<checkpoint::DatasetSpec> all_datasets(const ir::ModelGraph& g) {
   return all;
 }
 
-std::vector<checkpoint::Run> runs_of(const std::vector<state::Run>& runs) {
-  std::vector<checkpoint::Run> out;
-  for (const auto& r : runs) out.push_back({r.begin, r.end});
-  return out;
+std::string strategy_text(const ir::Plan& plan) { return ir::directives_yaml(plan.strategy); }
+
+// Calls f(first run, end run, local offset) for each stretch of a piece's runs that lies back to back in its
+// local buffer: one checkpoint piece or request each, read or written in place.
+template <class F>
+void for_each_stretch(const state::Piece& p, F&& f) {
+  size_t a = 0;
+  for (size_t r = 1; r <= p.runs.size(); ++r)
+    if (r == p.runs.size() || p.local_offsets[r] != p.local_offsets[r - 1] + p.runs[r - 1].size()) {
+      f(a, r, p.local_offsets[a]);
+      a = r;
+    }
 }
 
-std::string strategy_text(const ir::Plan& plan) { return ir::directives_yaml(plan.strategy); }
+std::vector<checkpoint::Run> runs_of(const std::vector<state::Run>& runs, size_t a, size_t b) {
+  std::vector<checkpoint::Run> out;
+  for (size_t r = a; r < b; ++r) out.push_back({runs[r].begin, runs[r].end});
+  return out;
+}
 
 }  // namespace
 
@@ -76,18 +88,28 @@ std::string Checkpointer::save(int64_t steps_done) {
   if (env_.rank() == 0) std::filesystem::create_directories(dir);
   model::ParamStore& ps = model_.params();
   const auto layout = state::layout_params(plan_);
-  // Stage this rank's owned elements, run after run, per dataset.
+  // This rank's owned elements. A synchronous save writes them straight from the live buffers (nothing
+  // changes them before it returns); a background one from a copy, run after run per dataset, in staging
+  // buffers kept from one save to the next.
   const auto owned = state::owned_for_write(plan_.model, layout, env_.rank());
-  staged_.assign(owned.size(), {});
   std::vector<checkpoint::Piece> mine;
+  if (cfg_.checkpoint.async) staged_.resize(owned.size());
   for (size_t i = 0; i < owned.size(); ++i) {
     const state::Piece& p = owned[i];
     const float* base = base_of(ps, exec_, p);
+    const std::string name = state::dataset_name(p.kind, p.param);
+    if (!cfg_.checkpoint.async) {
+      for_each_stretch(p, [&](size_t a, size_t b, int64_t at) {
+        mine.push_back({name, runs_of(p.runs, a, b), base + at});
+      });
+      continue;
+    }
     std::vector<float>& data = staged_[i];
+    data.clear();
     data.reserve(static_cast<size_t>(state::total(p.runs)));
     for (size_t r = 0; r < p.runs.size(); ++r)
       data.insert(data.end(), base + p.local_offsets[r], base + p.local_offsets[r] + p.runs[r].size());
-    mine.push_back({state::dataset_name(p.kind, p.param), runs_of(p.runs), data.data()});
+    mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), data.data()});
   }
   checkpoint::Meta meta;
   meta.step = steps_done;
@@ -131,26 +153,21 @@ int64_t Checkpointer::load(const std::string& where) {
   }
   model::ParamStore& ps = model_.params();
   const auto layout = state::layout_params(plan_);
+  // Read straight into the model's and the optimiser's buffers (a failed load ends the run).
   const auto held = state::held(plan_.model, layout, env_.rank());
-  std::vector<std::vector<float>> packed(held.size());
   std::vector<checkpoint::Request> mine;
-  for (size_t i = 0; i < held.size(); ++i) {
-    packed[i].resize(static_cast<size_t>(state::total(held[i].runs)));
-    mine.push_back({state::dataset_name(held[i].kind, held[i].param), runs_of(held[i].runs), packed[i].data()});
+  for (const state::Piece& p : held) {
+    float* base = base_of(ps, exec_, p);
+    const std::string name = state::dataset_name(p.kind, p.param);
+    for_each_stretch(p, [&](size_t a, size_t b, int64_t at) {
+      mine.push_back({name, runs_of(p.runs, a, b), base + at});
+    });
   }
   checkpoint::Meta meta;
   try {
     meta = checkpoint::load(path, comm_, all_datasets(plan_.model), mine);
   } catch (const checkpoint::CheckpointError& e) {
     throw UserError(std::string("--resume: ") + e.what());
-  }
-  for (size_t i = 0; i < held.size(); ++i) {
-    float* base = base_of(ps, exec_, held[i]);
-    const float* src = packed[i].data();
-    for (size_t r = 0; r < held[i].runs.size(); ++r) {
-      std::copy(src, src + held[i].runs[r].size(), base + held[i].local_offsets[r]);
-      src += held[i].runs[r].size();
-    }
   }
   exec_.set_adam_steps(meta.step);  // one AdamW step per optimiser step
   return meta.step;

@@ -1,7 +1,7 @@
 // test_checkpoint_mpi.cpp — checkpoints written and read by 2 and 4 ranks together (run under mpirun):
 // disjoint irregular pieces (hashed elements, column shards, row blocks), a replicated tensor written once,
-// partially overlapping pieces, reads of different runs on each rank, damage found on every rank, and a bad
-// piece on one rank failing every rank.
+// partially overlapping pieces, reads of different runs on each rank, damage found on every rank whichever
+// ranks read the damaged part, and a bad piece on one rank failing every rank.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <mpi.h>
@@ -205,6 +205,81 @@ TEST(CheckpointMpi, DamageFoundOnEveryRank) {
   }
   EXPECT_NE(err.find(target), std::string::npos) << "rank " << g_rank << ": " << err;
   EXPECT_NE(err.find("checksum"), std::string::npos) << err;
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// Flips the lowest bit of element `at` of dataset `name` in the file (rank 0), then waits for it.
+void flip_element(const std::string& path, const std::string& name, int64_t at) {
+  if (g_rank == 0) {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+    const haddr_t off = H5Dget_offset(d) + static_cast<haddr_t>(at) * 4;
+    H5Dclose(d);
+    H5Fclose(f);
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(off));
+    char c = 0;
+    io.read(&c, 1);
+    c = static_cast<char>(c ^ 1);
+    io.seekp(static_cast<std::streamoff>(off));
+    io.write(&c, 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+using Runs = std::vector<Run>;  // (inside a TEST, `Run` is gtest's)
+
+// Load verifies every element exactly once in one pass, whoever reads it: damage in a part read by several
+// ranks, by one, or by none (next to parts read by several) fails every rank, and the undamaged file loads.
+TEST(CheckpointMpi, DamageFoundWhoeverReadsIt) {
+  const std::string dir = scratch("duty");
+  const std::string path = dir + "/c.h5";
+  Owned o = mine();
+  save(path, MPI_COMM_WORLD, meta(), kSpecs, o.pieces);
+  const std::string target = kSpecs[1].name;  // 13 x 17 = 221 elements; element 100 is damaged
+  const int last = g_size - 1;
+  const std::vector<std::pair<std::string, Runs>> patterns = {
+      {"nobody", {}},
+      {"rank 0 elsewhere", g_rank == 0 ? Runs{{0, 50}, {150, 160}} : Runs{}},
+      {"the last rank only", g_rank == last ? Runs{{90, 120}} : Runs{}},
+      {"everyone", {{0, 221}}},
+      {"all but rank 0", g_rank == 0 ? Runs{} : Runs{{80, 120}, {130, 140}}},
+      {"overlaps around a gap", {{std::max<int64_t>(0, 221 * g_rank / g_size - 10), 95},
+                                 {105, std::min<int64_t>(221, 221 * (g_rank + 1) / g_size + 10)}}},
+  };
+  auto load_with = [&](const Runs& runs, std::vector<float>& out) {
+    Runs rs;
+    int64_t t = 0;
+    for (const auto& r : runs)
+      if (r.end > r.begin) {
+        rs.push_back(r);
+        t += r.end - r.begin;
+      }
+    out.assign(static_cast<size_t>(t), -1.f);
+    std::string err;
+    try {
+      load(path, MPI_COMM_WORLD, kSpecs, {{target, rs, out.data()}});
+    } catch (const CheckpointError& e) {
+      err = e.what();
+    }
+    return std::make_pair(rs, err);
+  };
+  for (const auto& [what, runs] : patterns) {
+    std::vector<float> out;
+    const auto [rs, err] = load_with(runs, out);
+    EXPECT_EQ(err, "") << what << ", rank " << g_rank;
+    size_t k = 0, bad = 0;
+    for (const auto& r : rs)
+      for (int64_t i = r.begin; i < r.end; ++i) bad += out[k++] != value(1, i);
+    EXPECT_EQ(bad, 0u) << what << ", rank " << g_rank;
+  }
+  flip_element(path, target, 100);
+  for (const auto& [what, runs] : patterns) {
+    std::vector<float> out;
+    const std::string err = load_with(runs, out).second;
+    EXPECT_NE(err.find(target), std::string::npos) << what << ", rank " << g_rank << ": " << err;
+    EXPECT_NE(err.find("checksum mismatch"), std::string::npos) << what << ", rank " << g_rank << ": " << err;
+  }
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
