@@ -25,8 +25,8 @@ std::string launch(int np) {
 // (allocator accounting is not noisy).
 TEST(SimulateAccuracy, PredictsMeasuredStepTimeAndPeakMemory) {
   TempDir dir("sim-acc");
-  const std::string common = " --set data.path=" + corpus() + " --set train.threads=1";
-  const std::string cfg = source("config/tiny.yaml");
+  const std::string common = " --set data.path=" + corpus() + " --set train.threads=1 --set model.n_groups=2";
+  const std::string cfg = source("config/bench-parallel.yaml");
   const RunResult cal =
       run(launch(2) + piper() + " calibrate " + cfg + common + " --quick --quiet -o " + dir.file("cost.json"));
   ASSERT_EQ(cal.code, 0) << cal.output;
@@ -44,7 +44,7 @@ TEST(SimulateAccuracy, PredictsMeasuredStepTimeAndPeakMemory) {
     SCOPED_TRACE(c.name);
     const std::string metrics = dir.file("m.jsonl");
     const RunResult tr = run(launch(c.np) + piper() + " train " + cfg + common + c.sets +
-                             " --set train.steps=10 --quiet --metrics " + metrics);
+                             " --set train.steps=8 --quiet --metrics " + metrics);
     ASSERT_EQ(tr.code, 0) << tr.output;
     const auto rows = read_metrics(metrics);
     std::vector<double> ms, peak;
@@ -58,7 +58,7 @@ TEST(SimulateAccuracy, PredictsMeasuredStepTimeAndPeakMemory) {
     std::sort(peak.begin(), peak.end());
     const double measured = ms[ms.size() / 2], measured_peak = peak[peak.size() / 2];
     const RunResult sim = run(piper() + " simulate " + cfg + common + c.sets + " --world " + std::to_string(c.np) +
-                              " --cost " + dir.file("cost.json") + " --json");
+                              " --ranks-per-host " + std::to_string(c.np) + " --cost " + dir.file("cost.json") + " --json");
     ASSERT_EQ(sim.code, 0) << sim.output;
     const nlohmann::json j = nlohmann::json::parse(sim.output);
     double predicted_peak = 0;
