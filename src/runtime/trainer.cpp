@@ -241,9 +241,17 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   Checkpointer ckpt(cfg, plan, m, exec, env);
   int64_t first_step = 0;
   if (!opts.resume.empty()) {
+    // Timed from when every rank has arrived to when the slowest is done.
+    if (world->size() > 1) world->barrier();
     const auto t_load = std::chrono::steady_clock::now();
     const int64_t done = ckpt.load(opts.resume);
-    const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+    double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+    if (world->size() > 1) {
+      std::vector<double> all(static_cast<size_t>(world->size()), 0.0);
+      all[static_cast<size_t>(env.rank())] = load_ms;
+      world->allreduce_double(all.data(), all.size());
+      load_ms = *std::max_element(all.begin(), all.end());
+    }
     if (done < 0) {
       if (lead) std::printf("piper: no checkpoint in '%s' yet; starting from step 0\n", cfg.checkpoint.dir.c_str());
     } else {
