@@ -8,6 +8,7 @@
 
 #include "ir/build.hpp"
 #include "ir/compile.hpp"
+#include "ir/grid.hpp"
 #include "ir/verify.hpp"
 #include "sim/cost_model.hpp"
 #include "sim/simulator.hpp"
@@ -156,6 +157,68 @@ TEST(SimulatorHosts, PipelineStagesOnOneCoreShareOnlyWhereTheyOverlap) {
   const double work = 2 * 3.0 * 4;  // both ranks' F + B of 4 microbatches
   EXPECT_GT(one.step_ms, own.step_ms + 1);
   EXPECT_NEAR(one.step_ms, work, 0.02 * work) << "one core does all the work in a row";
+}
+
+}  // namespace
+}  // namespace piper::sim
+
+namespace piper::sim {
+namespace {
+
+// Model state per rank at dp 4 against ZeRO-0: params + grads + both moments = 16 bytes per element;
+// ZeRO-1 shards the moments (4 + 4 + 8/4 = 10/16), ZeRO-2 also the gradients (4 + 1 + 2 = 7/16),
+// ZeRO-3 everything (4/16). Padding to the dp group makes the shards a hair larger.
+TEST(SimulatorMemory, ZeroStagesShardTheModelStateAsPublished) {
+  config::Config cfg;
+  cfg.model = testing::small_model("M*-M-");
+  cfg.train.global_batch = 8;
+  cfg.train.seq_len = 8;
+  cfg.parallel.dp = 4;
+  double base = 0;
+  for (int zero : {0, 1, 2, 3}) {
+    cfg.parallel.zero = zero;
+    const SimResult r = simulate(ir::compile(cfg, 4), cfg, abstract_costs());
+    const double state = r.ranks[0].state[0] + r.ranks[0].state[1] + r.ranks[0].state[2];
+    if (zero == 0) base = state;
+    const double expected[] = {1.0, 10.0 / 16, 7.0 / 16, 4.0 / 16};
+    EXPECT_NEAR(state / base, expected[zero], 2e-3) << "ZeRO-" << zero << ": " << state << " of " << base << " bytes";
+    EXPECT_GE(r.ranks[0].peak_total, state) << "the peak holds the state and more";
+  }
+}
+
+// A 1024-rank strategy (pp 8 x dp 64 x tp 2): every rank is played, ranks of one pipeline stage
+// finish together, and every stage holds its 1F1B count of microbatches. (How fast: printed, and
+// quoted in docs/simulator.md; not asserted.)
+TEST(SimulatorScale, A1024RankStrategyPlaysEveryRank) {
+  config::Config cfg;
+  cfg.model = testing::small_model("M-M*M-M-M-M*M-M-");
+  cfg.train.global_batch = 1024;
+  cfg.train.seq_len = 4;
+  cfg.parallel.pp = 8;
+  cfg.parallel.dp = 64;
+  cfg.parallel.tp = 2;
+  cfg.parallel.zero = 1;
+  cfg.parallel.microbatches = 16;
+  CostModel cost = abstract_costs();
+  cost.free_comm = false;
+  for (CommOp op : {CommOp::COMM_P2P, CommOp::COMM_ALLREDUCE, CommOp::COMM_ALLGATHER})
+    cost.comm.push_back({op, 2, {0.01, 1e-7}});
+  const auto t0 = std::chrono::steady_clock::now();
+  const ir::Plan plan = ir::compile(cfg, 1024);
+  const SimResult r = simulate(plan, cfg, cost);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("  1024 ranks: %lld instructions compiled and simulated in %.2f s, step %.1f\n",
+              static_cast<long long>(r.nodes), s, r.step_ms);
+  ASSERT_EQ(r.ranks.size(), 1024u);
+  const ir::RankGrid grid(1024, plan.strategy.grid_order, {{"tp", 2}, {"dp", 64}, {"pp", 8}});
+  std::vector<double> finish(8, -1);
+  for (const RankResult& rr : r.ranks) {
+    const int stage = grid.coord(rr.rank, "pp");
+    if (finish[static_cast<size_t>(stage)] < 0) finish[static_cast<size_t>(stage)] = rr.finish_ms;
+    EXPECT_NEAR(rr.finish_ms, finish[static_cast<size_t>(stage)], 1e-9) << "rank " << rr.rank;
+    EXPECT_EQ(rr.peak_microbatches, 8 - stage) << "rank " << rr.rank;
+  }
+  EXPECT_GT(r.step_ms, 3.0 * 16) << "at least one stage's 16 microbatches of F + B";
 }
 
 }  // namespace
