@@ -256,8 +256,38 @@ TEST(SvgHelpers, TicksAndLabels) {
   narrow.width_px = 320;
   Trace long_title = small_trace();
   long_title.title = std::string(200, 'x');
-  EXPECT_NE(schedule_svg(long_title, narrow).find(std::string(20, 'x') + "..."), std::string::npos);
+  EXPECT_NE(schedule_svg(long_title, narrow).find(std::string(10, 'x') + "..."), std::string::npos);
+  EXPECT_EQ(schedule_svg(long_title, narrow).find(std::string(100, 'x')), std::string::npos);
   EXPECT_EQ(svg_num(12.5), "12.5");
+}
+
+// A measured and a simulated trace on one axis: the first's last step and the second's only step,
+// each from 0, the second's ranks below, rows named after each title's first word.
+TEST(ScheduleSvg, StackLaysTwoTracesOnOneTimeAxis) {
+  Trace measured = small_trace();
+  measured.title = "measured: run.yaml (2 ranks)";
+  Trace simulated;
+  simulated.title = "simulated: run.yaml (2 ranks, calibrate costs)";
+  simulated.ranks = 2;
+  simulated.events.push_back({0, Lane::LANE_COMPUTE, "FWD", "FWD mb0", -1, 0, 0, 0, -1, 500, 600, 0});
+  simulated.events.push_back({1, Lane::LANE_COMPUTE, "FWD", "FWD mb0", -1, 0, 0, 1, -1, 600, 700, 0});
+  std::vector<std::string> labels;
+  const Trace both = stack(measured, -1, simulated, -1, labels);
+  EXPECT_EQ(both.ranks, 4);
+  EXPECT_EQ(labels, (std::vector<std::string>{"measured r0", "measured r1", "simulated r0", "simulated r1"}));
+  size_t from_measured = 0;
+  for (const Event& e : both.events) {
+    EXPECT_EQ(e.step, 0);
+    EXPECT_GE(e.start_us, 0.0);
+    from_measured += e.rank < 2;
+  }
+  EXPECT_EQ(from_measured, 14u) << "step 1 of the measured trace only: the decoy step 0 is left out";
+  EXPECT_DOUBLE_EQ(both.events.back().start_us, 100.0) << "the simulated step moved to start at 0";
+  SvgOptions o;
+  o.row_labels = labels;
+  const std::string svg = schedule_svg(both, o);
+  EXPECT_NE(svg.find(">simulated r1<"), std::string::npos);
+  EXPECT_THROW(stack(measured, 7, simulated, -1, labels), TraceError);
 }
 
 }  // namespace
