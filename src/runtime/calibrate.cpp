@@ -488,8 +488,8 @@ double measure_step_fixed(comm::Communicator& world, const MpiEnv& env, int reps
 
 // How much slower a rank computes while k ranks of its host compute at once
 // (shared cores, caches, memory bandwidth, hyperthread siblings): the mean
-// over the k ranks of the median time of one block's forward and fused
-// backward at the strategy's microbatch, over that time on one rank alone,
+// over the k ranks of the median time of a forward and fused backward of one
+// unit of each kind at the strategy's microbatch, over that time on one rank alone,
 // for k = 1 .. the ranks of rank 0's host. Ranks not computing wait in a
 // sleeping barrier. Collective over the world; the result is rank 0's host's.
 std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::ModelGraph& g, int64_t per_mb,
@@ -505,14 +505,14 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   MPI_Comm_free(&node);
   std::unique_ptr<comm::Communicator> host = world.split(members, "calibrate host");
 
-  // The block with the most parameters: the heaviest compute of the model.
-  int u = 1;
-  for (int v = 1; v + 1 < static_cast<int>(g.units.size()); ++v)
-    if (g.units[static_cast<size_t>(v)].param_count() > g.units[static_cast<size_t>(u)].param_count()) u = v;
+  // One unit of each kind (embedding, each block kind, head), forward then
+  // backward in reverse: the mix of work training does.
+  const std::vector<int> units = representatives(g);
   backend::Backend& be = backend::cpu();
-  model::ParamStore ps(g, {u}, be, {});
+  model::ParamStore ps(g, units, be, {});
   ps.init(cfg.train.seed);
-  std::unique_ptr<model::Unit> unit = model::make_unit(g.units[static_cast<size_t>(u)], cfg.model, ps, be);
+  std::vector<std::unique_ptr<model::Unit>> made;
+  for (int u : units) made.push_back(model::make_unit(g.units[static_cast<size_t>(u)], cfg.model, ps, be));
   const int64_t T = cfg.train.seq_len, D = cfg.model.d_model, rows = per_mb * T;
   std::vector<float> x(static_cast<size_t>(rows * D)), dy(x.size()), y(x.size()), dx(x.size());
   std::mt19937 rng(11);
@@ -522,10 +522,13 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   Batch batch;
   assemble(tok, 0, per_mb, 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)), batch);
   const model::MicroBatch mb = batch.mbs.front();
+  const size_t last = made.size() - 1;
   auto once = [&] {
     const auto t0 = Clock::now();
-    unit->forward(0, mb, x.data(), y.data());
-    unit->backward(0, x.data(), dy.data(), dx.data());
+    for (size_t i = 0; i < made.size(); ++i)
+      made[i]->forward(0, mb, i ? x.data() : nullptr, i < last ? y.data() : nullptr);
+    for (size_t i = made.size(); i-- > 0;)
+      made[i]->backward(0, i ? x.data() : nullptr, i < last ? dy.data() : nullptr, i ? dx.data() : nullptr);
     return ms_since(t0);
   };
   double reps_d = std::clamp(std::ceil((quick ? 60.0 : 300.0) / std::max(1e-3, (once(), once()))), 3.0, 15.0);
@@ -547,8 +550,8 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
     if (k == 1) alone = mean;
     slowdown.push_back(mean / alone);
     if (print)
-      std::printf("  %d rank(s) computing at once: %s %.2f ms per forward + backward, %.3f x alone\n", k,
-                  g.units[static_cast<size_t>(u)].name.c_str(), mean, slowdown.back());
+      std::printf("  %d rank(s) computing at once: %.2f ms per forward + backward of one unit of each kind, %.3f x alone\n",
+                  k, mean, slowdown.back());
   }
   ps.zero_grads();
   return slowdown;
@@ -621,7 +624,7 @@ std::vector<sim::CommCost> fit_comm(const std::vector<CommSample>& samples, bool
     Points p;
     for (; j < samples.size() && samples[j].op == samples[i].op && samples[j].ranks == samples[i].ranks; ++j)
       p.emplace_back(static_cast<double>(samples[j].bytes), samples[j].ms);
-    sim::CommCost c{samples[i].op, samples[i].ranks, fit_minimax(p)};
+    sim::CommCost c{samples[i].op, samples[i].ranks, fit_minimax(p), p};
     if (print) {
       double at = 0.0;
       const double e = worst_error(c.t, p, &at);

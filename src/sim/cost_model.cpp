@@ -73,6 +73,16 @@ double ring_factor(CommOp op, int n) {
 
 }  // namespace
 
+double CommCost::at(double bytes) const {
+  if (points.size() < 2 || bytes < points.front().first || bytes > points.back().first) return t.at(bytes);
+  auto hi = std::lower_bound(points.begin(), points.end(), bytes,
+                             [](const std::pair<double, double>& p, double b) { return p.first < b; });
+  if (hi == points.begin()) return hi->second;
+  const auto lo = hi - 1;
+  const double f = (bytes - lo->first) / (hi->first - lo->first);
+  return lo->second + f * (hi->second - lo->second);
+}
+
 const OpCost& CostModel::op(char kind, int tp) const {
   const OpCost* base = nullptr;
   for (const OpCost& o : ops) {
@@ -107,7 +117,7 @@ double CostModel::comm_ms(CommOp op, int ranks, int64_t bytes) const {
   const CommCost* best = nullptr;
   for (const CommCost& c : comm) {
     if (c.op != op) continue;
-    if (c.ranks == ranks) return std::max(0.0, c.t.at(static_cast<double>(bytes)));
+    if (c.ranks == ranks) return std::max(0.0, c.at(static_cast<double>(bytes)));
     if (!best || std::abs(c.ranks - ranks) < std::abs(best->ranks - ranks)) best = &c;
   }
   if (!best)
@@ -143,7 +153,11 @@ std::string to_json(const CostModel& m) {
                    {"kept_for_w", linear_to(o.kept_for_w)},
                    {"transient", linear_to(o.transient)}});
   json comm = json::array();
-  for (const CommCost& c : m.comm) comm.push_back({{"op", comm_op_name(c.op)}, {"ranks", c.ranks}, {"t", linear_to(c.t)}});
+  for (const CommCost& c : m.comm) {
+    json e = {{"op", comm_op_name(c.op)}, {"ranks", c.ranks}, {"t", linear_to(c.t)}};
+    if (!c.points.empty()) e["points"] = c.points;
+    comm.push_back(e);
+  }
   json j = {{"format", "piper-cost-1"},
             {"source", m.source},
             {"hardware", m.hardware},
@@ -219,6 +233,11 @@ CostModel parse_cost(const std::string& text, const std::string& where) {
       cc.ranks = c.value("ranks", 2);
       if (cc.ranks < 2) throw std::invalid_argument(at + ".ranks: a group has at least 2 ranks");
       cc.t = linear_from(c.at("t"), at + ".t");
+      if (c.contains("points")) {
+        cc.points = c["points"].get<std::vector<std::pair<double, double>>>();
+        if (!std::is_sorted(cc.points.begin(), cc.points.end()))
+          throw std::invalid_argument(at + ".points: [bytes, ms] pairs must be in ascending bytes");
+      }
       m.comm.push_back(cc);
     }
   } catch (const json::exception& e) {

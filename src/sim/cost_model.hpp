@@ -53,6 +53,11 @@ struct CommCost {
   CommOp op = CommOp::COMM_P2P;
   int ranks = 2;
   Linear t;
+  // Measured (bytes, ms), ascending in bytes: between the first and the last
+  // the time is interpolated between neighbours (a line cannot follow MPI's
+  // protocol changes); outside them, and without points, `t`.
+  std::vector<std::pair<double, double>> points;
+  double at(double bytes) const;
 };
 
 struct CostModel {

@@ -436,7 +436,7 @@ CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Har
 
   auto comm = [&](CommOp op, int n, const Link& link) {
     const auto [steps, factor] = ring_terms(op, n);
-    cm.comm.push_back({op, n, Linear{steps * link.latency * kMs, factor / link.bandwidth * kMs}});
+    cm.comm.push_back({op, n, Linear{steps * link.latency * kMs, factor / link.bandwidth * kMs}, {}});
   };
   std::set<int> sizes(group_sizes.begin(), group_sizes.end());
   for (int n : sizes) {

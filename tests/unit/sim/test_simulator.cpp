@@ -202,7 +202,7 @@ TEST(SimulatorScale, A1024RankStrategyPlaysEveryRank) {
   CostModel cost = abstract_costs();
   cost.free_comm = false;
   for (CommOp op : {CommOp::COMM_P2P, CommOp::COMM_ALLREDUCE, CommOp::COMM_ALLGATHER})
-    cost.comm.push_back({op, 2, {0.01, 1e-7}});
+    cost.comm.push_back({op, 2, {0.01, 1e-7}, {}});
   const auto t0 = std::chrono::steady_clock::now();
   const ir::Plan plan = ir::compile(cfg, 1024);
   const SimResult r = simulate(plan, cfg, cost);
