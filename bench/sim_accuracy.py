@@ -137,39 +137,52 @@ def main():
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--retries", type=int, default=3)
     ap.add_argument("--max-other", type=float, default=0.10)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     piper = os.path.join(a.build, "piper")
     data = os.path.join(a.build, "data/corpus.tok")
     work = tempfile.mkdtemp(prefix="piper-sim-accuracy.")
-    cost = a.cost
-    if not cost:
-        cost = os.path.join(work, "cost.json")
-        print("sim_accuracy.py: calibrating on 4 ranks", file=sys.stderr)
-        wait_idle(WAIT_IDLE_S)
-        # 4 ranks with tp 2: units at tp 1 and tp 2, collectives over 2 and 4 ranks, the slowdown of
-        # 1 to 4 ranks computing at once on this host.
-        run(mpirun() + ["-np", "4", piper, "calibrate", a.config, "--quiet", "-o", cost,
-                        "--set", f"data.path={data}"] + sets(["parallel.tp=2"]))
     chosen = [s for s in STRATEGIES if not a.only or s[0] in a.only.split(";")]
+    # Rounds: each calibrates afresh, then measures and predicts every strategy, so a prediction
+    # and its measurement see the machine in the same state; the table takes medians over rounds.
+    per = {name: [] for name, _, _ in chosen}
+    for rnd in range(a.rounds):
+        cost = a.cost
+        if not cost:
+            cost = os.path.join(work, f"cost{rnd}.json")
+            print(f"sim_accuracy.py: round {rnd + 1}/{a.rounds}: calibrating on 4 ranks", file=sys.stderr)
+            wait_idle(WAIT_IDLE_S)
+            # 4 ranks with tp 2: units at tp 1 and tp 2, collectives over 2 and 4 ranks, the slowdown
+            # of 1 to 4 ranks computing at once on this host.
+            run(mpirun() + ["-np", "4", piper, "calibrate", a.config, "--quiet", "-o", cost,
+                            "--set", f"data.path={data}"] + sets(["parallel.tp=2"]))
+        for name, ranks, extra in chosen:
+            print(f"sim_accuracy.py: round {rnd + 1}/{a.rounds}: {name}", file=sys.stderr)
+            m_step, m_peak, other = measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work,
+                                            a.retries, a.max_other)
+            s_step, s_peak = simulate(piper, a.config, ranks, extra, cost, data)
+            per[name].append((s_step, m_step, s_peak, m_peak, other))
+    med = statistics.median
     rows = []
-    for name, ranks, extra in chosen:
-        print(f"sim_accuracy.py: {name}", file=sys.stderr)
-        m_step, m_peak, other = measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work,
-                                        a.retries, a.max_other)
-        s_step, s_peak = simulate(piper, a.config, ranks, extra, cost, data)
-        rows.append((name, ranks, s_step, m_step, s_step / m_step - 1, s_peak, m_peak, s_peak / m_peak - 1, other))
+    for name, ranks, _ in chosen:
+        r = per[name]
+        rows.append((name, ranks, med(x[0] for x in r), med(x[1] for x in r), med(x[0] / x[1] - 1 for x in r),
+                     med(x[2] for x in r), med(x[3] for x in r), med(x[2] / x[3] - 1 for x in r),
+                     max(x[4] for x in r)))
     cores = os.cpu_count()
     lines = [
         "<!-- bench:simulator:begin -->",
         "## Simulator against measured runs",
         "",
         f"Measured {datetime.date.today()} by `bench/sim_accuracy.py` (part of `make bench`) on {cores} CPUs:",
-        f"`{os.path.relpath(a.config, ROOT)}` with {' '.join('`' + c + '`' for c in COMMON)}, one calibration",
-        "(`piper calibrate --set parallel.tp=2` on 4 ranks: units at tp 1 and 2, host sharing 1-4) for every row; measured = median step time over steps",
-        f"{a.skip}..{a.steps - 1} and the median per-step peak memory of the largest rank (allocator",
-        "accounting); predicted = `piper simulate --cost --ranks-per-host N` of the same config (all ranks",
-        "on this host). A run during which other processes used more than 10% of the CPUs is repeated",
-        "(up to 3 times, the quietest kept; the last column says how much they used).",
+        f"`{os.path.relpath(a.config, ROOT)}` with {' '.join('`' + c + '`' for c in COMMON)}, in {a.rounds} rounds.",
+        "Each round calibrates (`piper calibrate --set parallel.tp=2` on 4 ranks: units at tp 1 and 2,",
+        "collectives over 2 and 4 ranks, host sharing of 1-4 ranks), then trains every strategy (measured:",
+        f"median step time over steps {a.skip}..{a.steps - 1}, median per-step peak memory of the largest rank",
+        "by the allocator's accounting) and predicts it (`piper simulate --cost --ranks-per-host N`, all ranks",
+        "on this host). Each column is the median over the rounds; the errors are the medians of each",
+        "round's error. A run during which other processes used more than 10% of the CPUs is repeated (up",
+        "to 3 times, the quietest kept; the last column says the most they used).",
         "",
         "| strategy | ranks | predicted ms | measured ms | error | predicted peak MiB | measured peak MiB | error | others' CPU |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -179,7 +192,9 @@ def main():
                      f"{mp / 2**20:.2f} | {100 * pe:+.1f}% | {100 * other:.0f}% |")
     worst_t = max(abs(r[4]) for r in rows)
     worst_m = max(abs(r[7]) for r in rows)
-    lines += ["", f"Worst step-time error {100 * worst_t:.1f}%, worst peak-memory error {100 * worst_m:.1f}%.",
+    within = sum(abs(r[4]) <= 0.05 for r in rows)
+    lines += ["", f"Step time within 5% for {within} of {len(rows)} strategies; worst step-time error "
+              f"{100 * worst_t:.1f}%, worst peak-memory error {100 * worst_m:.1f}%.",
               "<!-- bench:simulator:end -->"]
     block = "\n".join(lines)
     print(block)
