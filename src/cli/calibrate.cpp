@@ -2,33 +2,17 @@
 // (runtime::calibrate) under mpirun like train, and rank 0 writes it.
 #include <chrono>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 
 #include "cli/commands.hpp"
-#include "comm/comm.hpp"
 #include "config/config.hpp"
-#include "data/token_file.hpp"
-#include "ir/compile.hpp"
 #include "runtime/calibrate.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
 #include "sim/cost_model.hpp"
 
 namespace piper::cli {
-
-namespace {
-
-constexpr int kExitUsage = 2;
-
-bool is_user_error(const std::exception& e) {
-  return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
-         dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
-         dynamic_cast<const ir::VerifyError*>(&e);
-}
-
-}  // namespace
 
 int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a) {
   runtime::MpiEnv env(argc, argv);
@@ -55,17 +39,7 @@ int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a) {
     }
     return 0;
   } catch (const std::exception& e) {
-    // Every rank parses the same input and fails the same way: one prints.
-    if (is_user_error(e)) {
-      if (env.rank() == 0) std::fprintf(stderr, "piper: error: %s\n", e.what());
-      return kExitUsage;
-    }
-    const bool comm_error = dynamic_cast<const comm::CommError*>(&e) != nullptr;
-    std::fprintf(stderr, "piper: %s on rank %d (%s): %s\n", comm_error ? "communication failure" : "internal error",
-                 env.rank(), env.host().c_str(), e.what());
-    std::fflush(stderr);
-    if (env.world_size() > 1) env.abort(comm_error ? 3 : 1);
-    return comm_error ? 3 : 1;
+    return job_failed(e, env);
   }
 }
 

@@ -2,10 +2,22 @@
 // returns the process exit code; user errors throw (main prints them, exit 2).
 #pragma once
 
+#include <exception>
 #include <string>
 #include <vector>
 
+#include "runtime/mpi_env.hpp"
+
 namespace piper::cli {
+
+constexpr int kExitUsage = 2;  // bad config, bad input: nothing was started
+
+// A problem with what the user gave (config, data, strategy, checkpoint, trace).
+bool is_user_error(const std::exception& e);
+// Ends an MPI job on `e`: a user error printed once (rank 0), exit 2; anything
+// else printed by this rank with its host, the job aborted; exit 3 for a
+// communication failure, 1 otherwise.
+int job_failed(const std::exception& e, const runtime::MpiEnv& env);
 
 // piper simulate CONFIG: predicted per-rank timeline, step time, bubble and memory.
 struct SimulateArgs {

@@ -1,4 +1,4 @@
-// main.cpp — the piper command line: train, plan, prepare.
+// main.cpp — the piper command line: train, plan, simulate, calibrate, plot, prepare, ckpt.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -6,32 +6,20 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/files.hpp"
 #include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "data/prepare.hpp"
-#include "data/token_file.hpp"
 #include "ir/compile.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
-#include "trace/trace.hpp"
 
 namespace {
 
-constexpr int kExitUsage = 2;  // bad config, bad input: nothing was started
-
 using namespace piper;
-
-// A problem with what the user gave (config, data, strategy): a message and
-// exit code 2, not an internal error.
-bool is_user_error(const std::exception& e) {
-  return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
-         dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
-         dynamic_cast<const ir::VerifyError*>(&e) || dynamic_cast<const checkpoint::CheckpointError*>(&e) ||
-         dynamic_cast<const trace::TraceError*>(&e);
-}
+using cli::is_user_error;
+using cli::kExitUsage;
 
 int run_plan(const std::string& path, const std::vector<std::string>& sets, int world,
              bool directives) {
@@ -81,19 +69,7 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
     runtime::train(cfg, opts, env);
     return 0;
   } catch (const std::exception& e) {
-    // Every rank parses the same input and fails the same way: one prints.
-    if (is_user_error(e)) {
-      if (env.rank() == 0) std::fprintf(stderr, "piper: error: %s\n", e.what());
-      return kExitUsage;
-    }
-    // A failure while running (a communication timeout, a dead peer, a bug):
-    // this rank says what it was doing, then the whole job stops.
-    const bool comm_error = dynamic_cast<const comm::CommError*>(&e) != nullptr;
-    std::fprintf(stderr, "piper: %s on rank %d (%s): %s\n", comm_error ? "communication failure" : "internal error",
-                 env.rank(), env.host().c_str(), e.what());
-    std::fflush(stderr);
-    if (env.world_size() > 1) env.abort(comm_error ? 3 : 1);
-    return comm_error ? 3 : 1;
+    return cli::job_failed(e, env);
   }
 }
 
