@@ -83,5 +83,24 @@ TEST(SimulateCli, BadCostFilesAreRefusedNamingTheKey) {
   EXPECT_NE(r.output.find("--cost FILE"), std::string::npos) << r.output;
 }
 
+TEST(SimulateCli, AnalyticCostsFromTheHardwareTable) {
+  RunResult r = run(simulate("--hardware help"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("h100-sxm"), std::string::npos) << r.output;
+  r = run(simulate("--hardware h100-sxm --set parallel.dp=2 --set parallel.zero=1 --json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json h100 = nlohmann::json::parse(r.output);
+  EXPECT_EQ(h100.at("cost_source"), "analytic");
+  EXPECT_EQ(h100.at("ranks").size(), 2u);
+  r = run(simulate("--hardware a100-sxm-80gb --set parallel.dp=2 --set parallel.zero=1 --json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json a100 = nlohmann::json::parse(r.output);
+  // The same step on a slower chip (312 against 989 TFLOP/s, 2.0 against 3.35 TB/s) takes longer.
+  EXPECT_GT(a100.at("step_ms").get<double>(), h100.at("step_ms").get<double>());
+  r = run(simulate("--hardware h900"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("h100-sxm"), std::string::npos) << "the message lists the known names: " << r.output;
+}
+
 }  // namespace
 }  // namespace piper::e2e
