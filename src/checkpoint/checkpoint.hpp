@@ -54,10 +54,12 @@ inline constexpr int kFormatVersion = 1;
 
 // Collective over comm: writes PATH through a temporary name (.NAME.tmp in the same directory; rank 0 fsyncs
 // and renames it after every rank has closed it): all datasets and their checksums (collective metadata),
-// then every rank's pieces (independent hyperslab writes). The pieces of all ranks together must cover every
-// element of every dataset.
+// then every rank's pieces: with direct_io (and a file system that allows it) written at the offsets HDF5
+// allocated for them, whole pages with O_DIRECT and partial pages through the page cache; otherwise
+// independent hyperslab writes through HDF5. The pieces of all ranks together must cover every element of
+// every dataset.
 void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::vector<DatasetSpec>& all,
-          const std::vector<Piece>& mine);
+          const std::vector<Piece>& mine, bool direct_io = true);
 
 // Collective: opens PATH, checks each expected dataset exists with the expected shape, reads this rank's
 // requests (independent hyperslab reads) and verifies every checksum in the same pass (elements no rank

@@ -73,6 +73,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(checkpoint, every, "save every N steps; 0 = at the end and on a signal only"),
       PIPER_FIELD(checkpoint, keep, "newest checkpoints kept"),
       PIPER_FIELD(checkpoint, async, "write checkpoints in the background"),
+      PIPER_FIELD(checkpoint, direct_io, "write whole pages with O_DIRECT (no page cache) where possible"),
       PIPER_FIELD(parallel, dp, "data-parallel replicas"),
       PIPER_FIELD(parallel, tp, "tensor-parallel ranks"),
       PIPER_FIELD(parallel, pp, "pipeline stages"),

@@ -69,6 +69,7 @@ struct CheckpointConfig {
   int64_t every = 0;        // save every N optimiser steps (and at the end); 0 = only at the end and on a signal
   int64_t keep = 3;         // keep the newest N checkpoints
   bool async = false;       // write in the background; the step loop waits only for the copy
+  bool direct_io = true;    // write whole pages with O_DIRECT where the file system allows it
 
   bool operator==(const CheckpointConfig&) const = default;
 };

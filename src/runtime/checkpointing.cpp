@@ -122,7 +122,7 @@ std::string Checkpointer::save(int64_t steps_done) {
   // The collective write, then (rank 0) the `latest` pointer and the clean-up.
   auto write = [this, path, meta, mine = std::move(mine), all = all_datasets(plan_.model), dir]() {
     MPI_Barrier(comm_);  // the folder exists
-    checkpoint::save(path, comm_, meta, all, mine);
+    checkpoint::save(path, comm_, meta, all, mine, cfg_.checkpoint.direct_io);
     if (env_.rank() == 0) {
       checkpoint::update_latest(dir, path);
       checkpoint::keep_last(dir, static_cast<int>(cfg_.checkpoint.keep));
