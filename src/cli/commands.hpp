@@ -18,6 +18,8 @@ bool is_user_error(const std::exception& e);
 // else printed by this rank with its host, the job aborted; exit 3 for a
 // communication failure, 1 otherwise.
 int job_failed(const std::exception& e, const runtime::MpiEnv& env);
+// Writes `text` to `path` (a picture, a report); throws trace::TraceError naming the path.
+void write_file(const std::string& path, const std::string& text);
 
 // piper simulate CONFIG: predicted per-rank timeline, step time, bubble and memory.
 struct SimulateArgs {

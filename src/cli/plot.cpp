@@ -25,6 +25,8 @@ bool looks_like_trace(const std::string& path) {
   return text.find("\"traceEvents\"") != std::string::npos;
 }
 
+}  // namespace
+
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw trace::TraceError("cannot write " + path);
@@ -32,8 +34,6 @@ void write_file(const std::string& path, const std::string& text) {
   f.close();
   if (!f) throw trace::TraceError("writing " + path + " failed (disk full?)");
 }
-
-}  // namespace
 
 int run_plot(const PlotArgs& a) {
   if (!a.compare.empty() && !looks_like_trace(a.input))

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -83,7 +82,7 @@ int run_simulate(const SimulateArgs& a) {
   if (!a.trace.empty()) trace::write_chrome(r.trace, a.trace);
   if (!a.svg.empty()) {
     trace::SvgOptions so;
-    std::ofstream(a.svg) << trace::schedule_svg(r.trace, so);
+    write_file(a.svg, trace::schedule_svg(r.trace, so));
   }
   if (a.json) {
     nlohmann::json ranks = nlohmann::json::array();
@@ -105,8 +104,8 @@ int run_simulate(const SimulateArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("piper simulate: %s on %d ranks, %s costs (%s)\n", a.config.c_str(), world, cost.source.c_str(),
-              cost.hardware.c_str());
+  std::printf("piper simulate: %s on %d rank%s, %s costs (%s)\n", a.config.c_str(), world, world == 1 ? "" : "s",
+              cost.source.c_str(), cost.hardware.c_str());
   std::printf("step %.2f ms, bubble %.1f%%, %lld instructions simulated in %.2f s\n", r.step_ms, 100 * r.bubble,
               static_cast<long long>(r.nodes), took);
   std::printf("%6s %10s %10s %10s %10s  %10s %8s %8s %8s %8s %8s %4s\n", "rank", "finish ms", "compute", "comm",
