@@ -196,6 +196,24 @@ struct KindSamples {
   std::vector<UnitSample> at;  // by rows, ascending
 };
 
+// What the measured units run on: upstream activations and output gradients
+// for `samples` sequences, normal(0, 1) from `seed`, output buffers of the
+// same size, and one microbatch of `samples` sequences of tokens.
+struct UnitInputs {
+  std::vector<float> x, dy, y, dx;
+  Batch batch;
+  UnitInputs(const config::Config& cfg, const Tokens& tok, int64_t samples, uint32_t seed) {
+    const int64_t T = cfg.train.seq_len;
+    const size_t n = static_cast<size_t>(samples * T * cfg.model.d_model);
+    x.resize(n), dy.resize(n), y.resize(n), dx.resize(n);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : dy) v = normal(rng);
+    assemble(tok, 0, samples, 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)), batch);
+  }
+};
+
 // The first unit of each kind in model order: embedding, the pattern's block
 // kinds in order of appearance, head.
 std::vector<int> representatives(const ir::ModelGraph& g) {
@@ -230,17 +248,8 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
   const std::vector<int> units = representatives(g);
   model::ParamStore ps(g, units, be, {0, 1, 0, tp.rank, tp.size});
   ps.init(cfg.train.seed);
-  const int64_t T = cfg.train.seq_len, D = cfg.model.d_model;
-  const int64_t max_rows = batches.back() * T;
-  // Upstream activations and output gradients: normal(0, 1), fixed seed.
-  std::vector<float> x(static_cast<size_t>(max_rows * D)), dy(x.size()), y(x.size()), dx(x.size());
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& v : x) v = normal(rng);
-  for (auto& v : dy) v = normal(rng);
-  Batch batch;
-  assemble(tok, 0, batches.back(), 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)),
-           batch);
+  UnitInputs in(cfg, tok, batches.back(), 7);
+  auto& [x, dy, y, dx, batch] = in;
 
   std::vector<KindSamples> out;
   for (int u : units) {
@@ -513,14 +522,8 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   ps.init(cfg.train.seed);
   std::vector<std::unique_ptr<model::Unit>> made;
   for (int u : units) made.push_back(model::make_unit(g.units[static_cast<size_t>(u)], cfg.model, ps, be));
-  const int64_t T = cfg.train.seq_len, D = cfg.model.d_model, rows = per_mb * T;
-  std::vector<float> x(static_cast<size_t>(rows * D)), dy(x.size()), y(x.size()), dx(x.size());
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& v : x) v = normal(rng);
-  for (auto& v : dy) v = normal(rng);
-  Batch batch;
-  assemble(tok, 0, per_mb, 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)), batch);
+  UnitInputs in(cfg, tok, per_mb, 11);
+  auto& [x, dy, y, dx, batch] = in;
   const model::MicroBatch mb = batch.mbs.front();
   const size_t last = made.size() - 1;
   auto once = [&] {

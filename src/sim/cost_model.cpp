@@ -66,6 +66,12 @@ Linear linear_from(const json& j, const std::string& where) {
 
 json linear_to(const Linear& l) { return {{"a", l.a}, {"b", l.b}}; }
 
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 double ring_factor(CommOp op, int n) {
   const double f = static_cast<double>(n - 1) / n;
   return op == CommOp::COMM_ALLREDUCE ? 2 * f : op == CommOp::COMM_P2P ? 1.0 : f;
@@ -180,15 +186,12 @@ CostModel parse_cost(const std::string& text, const std::string& where) {
     throw std::invalid_argument(where + ": not JSON: " + e.what());
   }
   if (!j.is_object()) throw std::invalid_argument(where + ": a cost file is a JSON object (docs/calibration.md)");
-  static const char* known[] = {"format", "source", "hardware", "threads_per_rank", "host_cores", "host_slowdown", "ops",
-                                "update", "step_overhead", "free_comm", "comm", "comment"};
+  static const std::vector<std::string> known = {"format",     "source", "hardware",      "threads_per_rank",
+                                                 "host_cores", "host_slowdown", "ops", "update", "step_overhead",
+                                                 "free_comm",  "comm",   "comment"};
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return it.key() == k; }) ==
-        std::end(known))
-      throw std::invalid_argument(where + ": unknown key \"" + it.key() +
-                                  "\"; a cost file has format, source, hardware, threads_per_rank, host_cores, "
-                                  "host_slowdown, ops, "
-                                  "update, step_overhead, free_comm, comm");
+    if (std::find(known.begin(), known.end(), it.key()) == known.end())
+      throw std::invalid_argument(where + ": unknown key \"" + it.key() + "\"; a cost file has " + joined(known));
   CostModel m;
   try {
     if (j.contains("format") && j["format"] != "piper-cost-1")
@@ -213,15 +216,21 @@ CostModel parse_cost(const std::string& text, const std::string& where) {
       c.kind = kind[0];
       c.tp = o.value("tp", 1);
       if (c.tp < 1) throw std::invalid_argument(at + ".tp: must be >= 1");
+      static const std::vector<std::pair<std::string, Linear OpCost::*>> lines = {
+          {"f", &OpCost::f},         {"b", &OpCost::b},
+          {"bi", &OpCost::bi},       {"bw", &OpCost::bw},
+          {"saved", &OpCost::saved}, {"kept_for_w", &OpCost::kept_for_w},
+          {"transient", &OpCost::transient}};
       for (auto it = o.begin(); it != o.end(); ++it) {
         const std::string& k = it.key();
-        Linear* dst = k == "f" ? &c.f : k == "b" ? &c.b : k == "bi" ? &c.bi : k == "bw" ? &c.bw
-                    : k == "saved" ? &c.saved : k == "kept_for_w" ? &c.kept_for_w : k == "transient" ? &c.transient
-                    : nullptr;
-        if (dst) *dst = linear_from(it.value(), at + "." + k);
-        else if (k != "kind" && k != "tp")
-          throw std::invalid_argument(at + ": unknown key \"" + k +
-                                      "\"; an op has kind, tp, f, b, bi, bw, saved, kept_for_w, transient");
+        if (k == "kind" || k == "tp") continue;
+        const auto line = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == k; });
+        if (line == lines.end()) {
+          std::vector<std::string> keys = {"kind", "tp"};
+          for (const auto& l : lines) keys.push_back(l.first);
+          throw std::invalid_argument(at + ": unknown key \"" + k + "\"; an op has " + joined(keys));
+        }
+        c.*(line->second) = linear_from(it.value(), at + "." + k);
       }
       m.ops.push_back(c);
     }

@@ -76,7 +76,6 @@ struct RankState {
   size_t comm_next = 0;
   size_t pc = 0;          // next compute instruction
   bool pumped = false;    // pump() ran before instruction pc
-  bool pumped_after = false;  // pump() after instruction pc: it counts as done
   size_t wait_i = 0;      // next of pc's waits to complete
   bool norm_ready = false, norm_issued = false;
   size_t norm_i = 0;      // next gradient reduction to complete before the norm
@@ -192,10 +191,11 @@ class Sim {
     if (bytes != 0) st.mem.push_back({t, static_cast<int>(st.mem.size()), c, bytes});
   }
 
-  bool ready(const RankState& st, const Instr& c) const {
+  // Whether every compute node `c` waits for is among the first `done` compute instructions.
+  static bool ready(const RankState& st, const Instr& c, size_t done) {
     return std::all_of(c.waits.begin(), c.waits.end(), [&](int w) {
       auto it = st.compute_of.find(w);
-      return it != st.compute_of.end() && it->second < st.pc + (st.pumped_after ? 1 : 0);
+      return it != st.compute_of.end() && it->second < done;
     });
   }
 
@@ -217,8 +217,9 @@ class Sim {
       }
   }
 
-  // Executor::pump: issue every ready communication instruction at time t.
-  void pump(int r, double t) {
+  // Executor::pump before (done = pc) or after (done = pc + 1) compute
+  // instruction pc: issue every ready communication instruction at time t.
+  void pump(int r, double t, size_t done) {
     RankState& st = R(r);
     bool collective_blocked = false;
     for (size_t k = st.comm_next; k < st.prog.comm.size(); ++k) {
@@ -227,7 +228,7 @@ class Sim {
       const bool pp = p2p(c.kind);
       if (!pp && collective_blocked) continue;
       const bool deferred = (c.kind == NodeKind::RECV || zero3_gather(c)) && st.first_use[k] > st.pc + kLookahead;
-      if (!ready(st, c) || deferred) {
+      if (!ready(st, c, done) || deferred) {
         collective_blocked |= !pp;
         continue;
       }
@@ -439,7 +440,7 @@ class Sim {
     while (st.pc < st.prog.compute.size()) {
       const Instr& in = st.prog.compute[st.pc];
       if (!st.pumped) {
-        pump(r, st.t);
+        pump(r, st.t, st.pc);
         st.pumped = true;
         st.cursor = st.t;
         st.wait_i = 0;
@@ -463,9 +464,7 @@ class Sim {
       }
       if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
       st.t = end;
-      st.pumped_after = true;
-      pump(r, st.t);
-      st.pumped_after = false;
+      pump(r, st.t, st.pc + 1);
       ++st.pc;
       st.pumped = false;
       moved = true;

@@ -40,12 +40,18 @@ CostModel abstract_costs() {
   return m;
 }
 
-config::Config pipeline_config(ScheduleKind kind, int p, int v, int m) {
+// The small test model with `pattern`, a global batch of `batch` sequences of `seq` tokens.
+config::Config small_config(const std::string& pattern, int64_t batch, int64_t seq) {
   config::Config cfg;
+  cfg.model = testing::small_model(pattern);
+  cfg.train.global_batch = batch;
+  cfg.train.seq_len = seq;
+  return cfg;
+}
+
+config::Config pipeline_config(ScheduleKind kind, int p, int v, int m) {
   const int stages = p * (kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2 : v);
-  cfg.model = testing::small_model(std::string(static_cast<size_t>(stages), '-'));
-  cfg.train.global_batch = m;
-  cfg.train.seq_len = 4;
+  config::Config cfg = small_config(std::string(static_cast<size_t>(stages), '-'), m, 4);
   cfg.parallel.pp = p;
   cfg.parallel.microbatches = m;
   cfg.parallel.virtual_stages = kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2 : v;
@@ -115,19 +121,10 @@ TEST(Simulator, PeakActivationsPerStageFollowThePublishedCounts) {
   }
 }
 
-}  // namespace
-}  // namespace piper::sim
-
-namespace piper::sim {
-namespace {
-
 // Four data-parallel ranks always compute together: on a host of 2 cores every instruction takes
 // twice its time; with a core each (2 ranks per host) nothing changes.
 TEST(SimulatorHosts, RanksSharingCoresStretchTheirCompute) {
-  config::Config cfg;
-  cfg.model = testing::small_model("M-");
-  cfg.train.global_batch = 4;
-  cfg.train.seq_len = 4;
+  config::Config cfg = small_config("M-", 4, 4);
   cfg.parallel.dp = 4;
   CostModel cost = abstract_costs();
   cost.host_cores = 2;
@@ -159,20 +156,11 @@ TEST(SimulatorHosts, PipelineStagesOnOneCoreShareOnlyWhereTheyOverlap) {
   EXPECT_NEAR(one.step_ms, work, 0.02 * work) << "one core does all the work in a row";
 }
 
-}  // namespace
-}  // namespace piper::sim
-
-namespace piper::sim {
-namespace {
-
 // Model state per rank at dp 4 against ZeRO-0: params + grads + both moments = 16 bytes per element;
 // ZeRO-1 shards the moments (4 + 4 + 8/4 = 10/16), ZeRO-2 also the gradients (4 + 1 + 2 = 7/16),
 // ZeRO-3 everything (4/16). Padding to the dp group makes the shards a hair larger.
 TEST(SimulatorMemory, ZeroStagesShardTheModelStateAsPublished) {
-  config::Config cfg;
-  cfg.model = testing::small_model("M*-M-");
-  cfg.train.global_batch = 8;
-  cfg.train.seq_len = 8;
+  config::Config cfg = small_config("M*-M-", 8, 8);
   cfg.parallel.dp = 4;
   double base = 0;
   for (int zero : {0, 1, 2, 3}) {
@@ -190,10 +178,7 @@ TEST(SimulatorMemory, ZeroStagesShardTheModelStateAsPublished) {
 // finish together, and every stage holds its 1F1B count of microbatches. (How fast: printed, and
 // quoted in docs/simulator.md; not asserted.)
 TEST(SimulatorScale, A1024RankStrategyPlaysEveryRank) {
-  config::Config cfg;
-  cfg.model = testing::small_model("M-M*M-M-M-M*M-M-");
-  cfg.train.global_batch = 1024;
-  cfg.train.seq_len = 4;
+  config::Config cfg = small_config("M-M*M-M-M-M*M-M-", 1024, 4);
   cfg.parallel.pp = 8;
   cfg.parallel.dp = 64;
   cfg.parallel.tp = 2;
