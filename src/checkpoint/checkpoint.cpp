@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include <vector>
 
 #include "checkpoint/files.hpp"
+#include "comm/agreement.hpp"
+#include "comm/mpi_comm.hpp"
 
 namespace piper::checkpoint {
 namespace fs = std::filesystem;
@@ -242,12 +246,11 @@ std::vector<std::vector<Seg<P>>> split_rounds(const std::vector<Seg<P>>& segs, i
   return rounds;
 }
 
-// One independent read or write of sorted, disjoint segments: on the file side the union of their runs, in
-// memory one contiguous block (the segments' own when they lie back to back, else a packed copy). Nothing to
-// do for no segments: no rank waits for another here.
-template <class P>
-void transfer(const Where& w, const std::string& name, hid_t dset, const std::vector<hsize_t>& dims,
-              const std::vector<Seg<P>>& segs, bool write) {
+// One independent read of sorted, disjoint segments: on the file side the union of their runs, in memory one
+// contiguous block (the segments' own when they lie back to back, else a packed copy). Nothing to do for no
+// segments: no rank waits for another here.
+void read_segs(const Where& w, const std::string& name, hid_t dset, const std::vector<hsize_t>& dims,
+               const std::vector<Seg<float*>>& segs) {
   std::vector<Run> runs;
   int64_t total = 0;
   bool contiguous = true;
@@ -263,85 +266,64 @@ void transfer(const Where& w, const std::string& name, hid_t dset, const std::ve
   const hsize_t mdim = static_cast<hsize_t>(total);
   Id mspace = w.check(H5Screate_simple(1, &mdim, nullptr), H5Sclose, name, "cannot create a memory space");
   std::vector<float> pack;
-  float* buf = const_cast<float*>(segs[0].ptr);
+  float* buf = segs[0].ptr;
   if (!contiguous) {
     pack.resize(static_cast<size_t>(total));
     buf = pack.data();
-    if (write) {
-      int64_t o = 0;
-      for (const auto& s : segs) {
-        std::memcpy(pack.data() + o, s.ptr, static_cast<size_t>(s.e - s.b) * 4);
-        o += s.e - s.b;
-      }
-    }
   }
-  if (write) {
-    w.check(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, buf), name, "write failed");
-  } else {
-    w.check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, buf), name, "read failed");
-    if (!contiguous) {
-      int64_t o = 0;
-      for (const auto& s : segs) {
-        std::memcpy(const_cast<float*>(s.ptr), pack.data() + o, static_cast<size_t>(s.e - s.b) * 4);
-        o += s.e - s.b;
-      }
+  w.check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, buf), name, "read failed");
+  if (!contiguous) {
+    int64_t o = 0;
+    for (const auto& s : segs) {
+      std::memcpy(s.ptr, pack.data() + o, static_cast<size_t>(s.e - s.b) * 4);
+      o += s.e - s.b;
     }
   }
 }
 
-// Starts the disk writing byte ranges this rank has written (Linux sync_file_range, SYNC_FILE_RANGE_WRITE: no
-// waiting), so that the disk works while the ranks still copy and the final fsync finds little left. Only a
-// hint: if the file cannot be opened or the call fails, the fsync does it all.
-class Writeback {
- public:
-  explicit Writeback(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  Writeback(const Writeback&) = delete;
-  Writeback& operator=(const Writeback&) = delete;
-  ~Writeback() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void start(int64_t offset, int64_t bytes) {
-#ifdef __linux__
-    if (fd_ >= 0 && bytes > 0) ::sync_file_range(fd_, offset, bytes, SYNC_FILE_RANGE_WRITE);
-#else
-    (void)offset, (void)bytes;
-#endif
-  }
-
- private:
-  int fd_;
-};
-
-// Writes the bytes of this rank's runs straight to the offsets HDF5 allocated for them: every 4 KiB page that
-// lies wholly inside a run through O_DIRECT (no page cache: on a VM, filling fresh page-cache pages is slower
-// than the disk itself), the partial pages at a run's ends through the page cache. A page shared by two
-// ranks' runs is always a partial page for both, so no page is written both ways. ok() is false where the
-// file system refuses O_DIRECT; the caller then writes through HDF5.
-class DirectWriter {
+// Writes a rank's bytes straight to the offsets HDF5 allocated for them. With direct I/O (and a file system
+// that allows it) every 4 KiB page that lies wholly inside a run goes through O_DIRECT (no page cache: on a
+// VM, filling fresh page-cache pages is slower than the disk itself) and the partial pages at a run's ends
+// through the page cache; a page shared by two ranks' runs is always a partial page for both, so no page is
+// written both ways. Otherwise everything goes through the page cache, the disk started on each write
+// (sync_file_range, no waiting) so that the final flush finds little left. finish() flushes this rank's
+// writes to the disk; every error names the dataset, the offset and the OS error.
+class DataWriter {
  public:
   static constexpr int64_t kPage = 4096;
   static constexpr int64_t kChunk = int64_t{8} << 20;  // bytes per direct write, through an aligned buffer
 
-  DirectWriter(const Where& w, const std::string& path) : w_(w) {
-#ifdef O_DIRECT
-    direct_ = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-#endif
-    if (direct_ < 0) return;
+  DataWriter(const Where& w, const std::string& path, bool direct_io) : w_(w) {
     buffered_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (buffered_ < 0) w_.fail(std::string("cannot open to write: ") + std::strerror(errno));
+#ifdef O_DIRECT
+    if (direct_io) direct_ = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+#else
+    (void)direct_io;
+#endif
     void* p = nullptr;
-    if (buffered_ < 0 || ::posix_memalign(&p, static_cast<size_t>(kPage), static_cast<size_t>(kChunk)) != 0) {
-      close_all();
-      return;
+    if (direct_ >= 0 && ::posix_memalign(&p, static_cast<size_t>(kPage), static_cast<size_t>(kChunk)) != 0) {
+      ::close(direct_);
+      direct_ = -1;
     }
     bounce_.reset(static_cast<char*>(p));
   }
-  DirectWriter(const DirectWriter&) = delete;
-  DirectWriter& operator=(const DirectWriter&) = delete;
-  ~DirectWriter() { close_all(); }
-  bool ok() const { return direct_ >= 0; }
+  DataWriter(const DataWriter&) = delete;
+  DataWriter& operator=(const DataWriter&) = delete;
+  ~DataWriter() {
+    if (direct_ >= 0) ::close(direct_);
+    if (buffered_ >= 0) ::close(buffered_);
+  }
 
   // Bytes [off, off + n) of the file from src.
   void write(const std::string& dataset, int64_t off, const char* src, int64_t n) {
+    if (direct_ < 0) {
+      put(dataset, buffered_, src, n, off);
+#ifdef __linux__
+      ::sync_file_range(buffered_, off, n, SYNC_FILE_RANGE_WRITE);  // a hint: the flush does what it leaves
+#endif
+      return;
+    }
     const int64_t a = (off + kPage - 1) / kPage * kPage, z = (off + n) / kPage * kPage;
     if (a >= z) return put(dataset, buffered_, src, n, off);
     if (a > off) put(dataset, buffered_, src, a - off, off);
@@ -353,20 +335,20 @@ class DirectWriter {
     if (off + n > z) put(dataset, buffered_, src + (z - off), off + n - z, z);
   }
 
+  // This rank's writes on the disk (a write error the kernel deferred shows here).
+  void finish() {
+    if (::fdatasync(buffered_) != 0) w_.fail(std::string("flushing the written data failed: ") + std::strerror(errno));
+  }
+
  private:
   void put(const std::string& dataset, int fd, const char* src, int64_t n, int64_t off) {
     while (n > 0) {
       const ssize_t k = ::pwrite(fd, src, static_cast<size_t>(n), static_cast<off_t>(off));
       if (k < 0 && errno == EINTR) continue;
       if (k <= 0) w_.fail(dataset, "write of " + std::to_string(n) + " bytes at " + std::to_string(off) +
-                                       " failed: " + std::strerror(k < 0 ? errno : EIO));
+                                       " failed: " + std::strerror(k < 0 ? errno : ENOSPC));
       src += k, n -= k, off += k;
     }
-  }
-  void close_all() {
-    if (direct_ >= 0) ::close(direct_);
-    if (buffered_ >= 0) ::close(buffered_);
-    direct_ = buffered_ = -1;
   }
   struct Free {
     void operator()(char* p) const { std::free(p); }
@@ -395,7 +377,12 @@ void write_attr_str(const Where& w, hid_t obj, const char* name, const std::stri
 
 Id open_attr(const Where& w, hid_t obj, const char* name, const std::string& dataset) {
   const htri_t ex = H5Aexists(obj, name);
-  if (ex <= 0) {
+  if (ex < 0) {
+    const std::string what = std::string("cannot read attribute ") + name + " (the file's structure is damaged): " + h5_error();
+    if (dataset.empty()) w.fail(what);
+    w.fail(dataset, what);
+  }
+  if (ex == 0) {
     if (dataset.empty()) w.fail(std::string("missing attribute ") + name);
     w.fail(dataset, std::string("missing attribute ") + name);
   }
@@ -441,16 +428,37 @@ void write_meta(const Where& w, hid_t file, const Meta& m) {
                  "sum mod 2^64 over elements i of splitmix64(i * 0x9E3779B97F4A7C15 ^ float_bits(x_i))");
 }
 
+// The largest step, token count or data position a checkpoint may record: 2^50, far beyond any run, far below
+// where step * global_batch * seq_len could overflow.
+constexpr int64_t kMaxCount = int64_t{1} << 50;
+
+int64_t read_count(const Where& w, hid_t file, const char* name) {
+  Id a = open_attr(w, file, name, "");
+  Id t = w.check(H5Aget_type(a), H5Tclose, std::string("attribute ") + name);
+  if (H5Tget_class(t) != H5T_INTEGER)
+    w.fail(std::string("attribute ") + name + " is not an integer (damaged, or not written by piper)");
+  const int64_t v = read_attr<int64_t>(w, file, name, H5T_NATIVE_INT64);
+  if (v < 0 || v > kMaxCount)
+    w.fail(std::string("attribute ") + name + " is " + std::to_string(v) + ", outside 0.." +
+           std::to_string(kMaxCount) + " (damaged or edited)");
+  return v;
+}
+
 Meta read_meta(const Where& w, hid_t file) {
   Meta m;
   m.format_version = read_attr<int>(w, file, "format_version", H5T_NATIVE_INT);
   if (m.format_version != kFormatVersion)
     w.fail("format_version " + std::to_string(m.format_version) + ", this piper reads " +
            std::to_string(kFormatVersion));
-  m.step = read_attr<int64_t>(w, file, "step", H5T_NATIVE_INT64);
-  m.tokens_seen = read_attr<int64_t>(w, file, "tokens_seen", H5T_NATIVE_INT64);
+  m.step = read_count(w, file, "step");
+  m.tokens_seen = read_count(w, file, "tokens_seen");
   m.seed = read_attr<uint64_t>(w, file, "seed", H5T_NATIVE_UINT64);
-  m.data_position = read_attr<int64_t>(w, file, "data_position", H5T_NATIVE_INT64);
+  m.data_position = read_count(w, file, "data_position");
+  // Each step reads at least one sequence of at least one token.
+  if (m.data_position < m.step || m.tokens_seen < m.data_position)
+    w.fail("attributes step " + std::to_string(m.step) + ", data_position " + std::to_string(m.data_position) +
+           " and tokens_seen " + std::to_string(m.tokens_seen) +
+           " disagree (each step reads at least one sequence of at least one token): damaged or edited");
   m.config_yaml = read_attr_str(w, file, "config");
   m.strategy = read_attr_str(w, file, "strategy");
   return m;
@@ -458,31 +466,31 @@ Meta read_meta(const Where& w, hid_t file) {
 
 // ---- agreement among ranks --------------------------------------------------------------------------------
 
-// Throws on every rank when any rank has an error (the lowest such rank's message), so that no rank walks
-// on into a collective the others skip.
-void agree(MPI_Comm comm, const std::string& local_error) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  int mine = local_error.empty() ? INT_MAX : rank, first = INT_MAX;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == INT_MAX) return;
-  std::string msg = local_error;
-  int len = static_cast<int>(msg.size());
-  MPI_Bcast(&len, 1, MPI_INT, first, comm);
-  msg.resize(static_cast<size_t>(len));
-  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
-  throw CheckpointError(msg);
-}
-template <class F>
-void local_step(MPI_Comm comm, F&& f) {
+// Runs f on this rank, then agrees on the outcome (comm::agree, bounded by timeout_s): when any rank failed,
+// every rank throws E with the lowest failing rank's message, so that no rank walks on into a step the others
+// skip.
+template <class E, class F>
+void local_step(MPI_Comm comm, double timeout_s, const std::string& phase, F&& f) {
   std::string err;
   try {
     f();
   } catch (const std::exception& e) {
     err = e.what();
     if (err.empty()) err = "checkpoint: unknown error";
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    if (size > 1) err += " (world rank " + std::to_string(comm::mpi_world_rank()) + ", host " + comm::mpi_host_name() + ")";
   }
-  agree(comm, err);
+  const std::string first = comm::agree(comm, err, timeout_s, phase);
+  if (!first.empty()) throw E(first);
+}
+
+// Sums n values over comm into out, bounded by timeout_s.
+template <class T>
+void sum_all(MPI_Comm comm, const T* in, T* out, size_t n, MPI_Datatype type, double timeout_s, const char* phase) {
+  MPI_Request r;
+  MPI_Iallreduce(in, out, static_cast<int>(n), type, MPI_SUM, comm, &r);
+  comm::wait_bounded(&r, 1, timeout_s, phase, comm);
 }
 
 Id mpio_fapl(const Where& w, MPI_Comm comm) {
@@ -601,7 +609,7 @@ std::vector<Seg<P>> minus(const std::vector<Seg<P>>& segs, const std::vector<Run
 // Every rank's runs of the datasets `which`, on every rank: result[j][r] = rank r's runs of dataset which[j]
 // (mine[d]: this rank's runs of dataset d). One MPI_Allgatherv of (dataset, begin, end) triples.
 std::vector<std::vector<std::vector<Run>>> gather_runs(MPI_Comm comm, const std::vector<size_t>& which,
-                                                       const std::vector<std::vector<Run>>& mine) {
+                                                       const std::vector<std::vector<Run>>& mine, double timeout_s) {
   int nranks = 1;
   MPI_Comm_size(comm, &nranks);
   std::vector<int64_t> local;
@@ -609,10 +617,13 @@ std::vector<std::vector<std::vector<Run>>> gather_runs(MPI_Comm comm, const std:
     for (const Run& r : mine[which[j]]) local.insert(local.end(), {static_cast<int64_t>(j), r.begin, r.end});
   int n = static_cast<int>(local.size());
   std::vector<int> counts(static_cast<size_t>(nranks)), displs(static_cast<size_t>(nranks), 0);
-  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm);
+  MPI_Request req;
+  MPI_Iallgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, comm, &req);
+  comm::wait_bounded(&req, 1, timeout_s, "the checkpoint's exchange of replicated runs", comm);
   for (int r = 1; r < nranks; ++r) displs[r] = displs[r - 1] + counts[r - 1];
   std::vector<int64_t> every(static_cast<size_t>(displs.back() + counts.back()));
-  MPI_Allgatherv(local.data(), n, MPI_INT64_T, every.data(), counts.data(), displs.data(), MPI_INT64_T, comm);
+  MPI_Iallgatherv(local.data(), n, MPI_INT64_T, every.data(), counts.data(), displs.data(), MPI_INT64_T, comm, &req);
+  comm::wait_bounded(&req, 1, timeout_s, "the checkpoint's exchange of replicated runs", comm);
   std::vector<std::vector<std::vector<Run>>> out(which.size(), std::vector<std::vector<Run>>(nranks));
   for (int r = 0; r < nranks; ++r)
     for (int k = displs[r]; k < displs[r] + counts[r]; k += 3) out[every[k]][r].push_back({every[k + 1], every[k + 2]});
@@ -633,12 +644,94 @@ std::pair<std::vector<Run>, std::vector<Run>> lower_and_all(const std::vector<st
 
 // ---- save -------------------------------------------------------------------------------------------------
 
+namespace {
+
+// Bytes of the structure beyond the data: superblock, groups, object headers and attributes. Measured on the
+// files save writes (about 0.9 KiB per dataset with its checksum attribute, and the root attributes with the
+// config and strategy texts); the estimate doubles that.
+int64_t structure_bytes(size_t datasets, const Meta& meta) {
+  return 64 * 1024 + 2 * 1024 * static_cast<int64_t>(datasets) +
+         2 * static_cast<int64_t>(meta.config_yaml.size() + meta.strategy.size());
+}
+
+std::string mib(int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return b;
+}
+
+// Rank 0 alone: the file's structure at `tmp` (datasets with their storage allocated, never filled; checksums;
+// root attributes), closed again. Returns where each dataset's elements start in the file (-1: none).
+std::vector<int64_t> create_structure(const Where& wt, const std::string& tmp, const Meta& meta,
+                                      const std::vector<DatasetSpec>& all, const std::vector<std::string>& names,
+                                      const std::vector<uint64_t>& sums) {
+  Id fapl = wt.check(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "file access properties");
+  wt.check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), "file format bounds");
+  Id file = wt.check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose, "cannot create");
+  Id lcpl = wt.check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "link properties");
+  wt.check(H5Pset_create_intermediate_group(lcpl, 1), "link properties");
+  Id dcpl = wt.check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "dataset properties");
+  wt.check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "dataset properties");
+  wt.check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "dataset properties");
+  std::vector<int64_t> offsets(all.size(), -1);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto dims = to_hsize(all[i].shape);
+    Id space = dims.empty() ? wt.check(H5Screate(H5S_SCALAR), H5Sclose, names[i], "dataspace")
+                            : wt.check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                       H5Sclose, names[i], "dataspace");
+    Id d = wt.check(H5Dcreate2(file, names[i].c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT), H5Dclose,
+                    names[i], "cannot create");
+    write_attr(wt, d, "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sums[i]);
+    if (numel(all[i].shape) == 0) continue;
+    const haddr_t at = H5Dget_offset(d);  // contiguous storage: element j at byte at + 4 j
+    if (at == HADDR_UNDEF) wt.fail(names[i], "HDF5 allocated no contiguous storage for it");
+    offsets[i] = static_cast<int64_t>(at);
+  }
+  write_meta(wt, file, meta);
+  if (file.close() < 0) wt.fail("writing the file's structure failed: " + h5_error());
+  return offsets;
+}
+
+// Rank 0: the file system has room for the rest of the file (its size less what is already on the disk) with a
+// margin, and the room is reserved, so that no write of the data can meet a full disk.
+void reserve_room(const Where& wt, const std::string& tmp) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) wt.fail(std::string("cannot open to reserve its space: ") + std::strerror(errno));
+  struct stat st {};
+  struct statvfs vfs {};
+  std::string err;
+  if (::fstat(fd, &st) != 0 || ::fstatvfs(fd, &vfs) != 0) {
+    err = std::string("cannot read the file system's free space: ") + std::strerror(errno);
+  } else {
+    const int64_t size = static_cast<int64_t>(st.st_size), on_disk = static_cast<int64_t>(st.st_blocks) * 512;
+    const int64_t needed = std::max<int64_t>(0, size - on_disk);
+    const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+    if (needed > free_bytes)
+      err = "no room on the file system: the checkpoint needs " + mib(needed) + " more, " + mib(free_bytes) +
+            " are free (" + std::strerror(ENOSPC) + ")";
+#ifdef __linux__
+    else if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+      err = "cannot reserve " + mib(size) + " on the file system: " + std::strerror(errno);
+#endif
+  }
+  ::close(fd);
+  if (!err.empty()) wt.fail(err);
+}
+
+}  // namespace
+
+int64_t estimated_bytes(const std::vector<DatasetSpec>& all, const Meta& meta) {
+  int64_t data = 0;
+  for (const DatasetSpec& d : all) data += numel(d.shape) * 4;
+  return data + structure_bytes(all.size(), meta);
+}
+
 void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::vector<DatasetSpec>& all,
-          const std::vector<Piece>& mine, bool direct_io) {
+          const std::vector<Piece>& mine, const SaveOptions& options) {
   quiet_hdf5();
-  int rank = 0, nranks = 1;
+  int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &nranks);
+  const double timeout = options.timeout_s;
   const Where w{path};
   const size_t nd = all.size();
 
@@ -646,7 +739,7 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
   std::vector<std::string> names(nd);
   std::vector<int64_t> sizes(nd);
   std::vector<std::vector<Seg<const float*>>> segs(nd);
-  local_step(comm, [&] {
+  local_step<SaveError>(comm, timeout, "the checkpoint's check of its pieces", [&] {
     std::map<std::string, size_t> index;
     for (size_t i = 0; i < nd; ++i) {
       names[i] = norm_name(all[i].name);
@@ -681,25 +774,25 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
   std::vector<int64_t> count(nd, 0), total(nd, 0);
   for (size_t i = 0; i < nd; ++i)
     for (const auto& s : segs[i]) count[i] += s.e - s.b;
-  MPI_Allreduce(count.data(), total.data(), static_cast<int>(nd), MPI_INT64_T, MPI_SUM, comm);
+  sum_all(comm, count.data(), total.data(), nd, MPI_INT64_T, timeout, "the checkpoint's count of elements");
   for (size_t i = 0; i < nd; ++i)
     if (total[i] < sizes[i])
-      w.fail(names[i], "the pieces of all ranks hold " + std::to_string(total[i]) + " of its " +
-                           std::to_string(sizes[i]) + " elements");
+      throw SaveError("checkpoint " + path + ": dataset " + names[i] + ": the pieces of all ranks hold " +
+                      std::to_string(total[i]) + " of its " + std::to_string(sizes[i]) + " elements");
   std::vector<size_t> shared;  // datasets with elements on several ranks
   for (size_t i = 0; i < nd; ++i)
     if (total[i] > sizes[i]) shared.push_back(i);
   if (!shared.empty()) {
     std::vector<std::vector<Run>> my_runs(nd);
     for (size_t i : shared) my_runs[i] = runs_of(segs[i]);
-    const auto every = gather_runs(comm, shared, my_runs);
+    const auto every = gather_runs(comm, shared, my_runs, timeout);
     for (size_t j = 0; j < shared.size(); ++j) {
       const size_t i = shared[j];
       const auto [lower, everyone] = lower_and_all(every[j], rank);
       const int64_t covered = count_of(everyone);
       if (covered != sizes[i])
-        w.fail(names[i], "the pieces of all ranks cover " + std::to_string(covered) + " of its " +
-                             std::to_string(sizes[i]) + " elements");
+        throw SaveError("checkpoint " + path + ": dataset " + names[i] + ": the pieces of all ranks cover " +
+                        std::to_string(covered) + " of its " + std::to_string(sizes[i]) + " elements");
       segs[i] = minus(segs[i], lower);
     }
   }
@@ -708,78 +801,54 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
   std::vector<uint64_t> part(nd, 0), sums(nd, 0);
   for (size_t i = 0; i < nd; ++i)
     for (const auto& s : segs[i]) part[i] += checksum_range(s.b, s.ptr, s.e - s.b);
-  MPI_Allreduce(part.data(), sums.data(), static_cast<int>(nd), MPI_UINT64_T, MPI_SUM, comm);
+  sum_all(comm, part.data(), sums.data(), nd, MPI_UINT64_T, timeout, "the checkpoint's checksums");
 
+  // From here on a failure removes the temporary.
   const std::string tmp = temp_path(path);
-  local_step(comm, [&] {
-    if (rank == 0) {
-      const fs::path parent = fs::path(path).parent_path();
-      if (!parent.empty()) {
+  const Where wt{tmp};
+  auto step = [&](const std::string& phase, auto&& f) {
+    try {
+      local_step<SaveError>(comm, timeout, phase, f);
+    } catch (const SaveError&) {
+      if (rank == 0) {
         std::error_code ec;
-        fs::create_directories(parent, ec);
-        if (ec) w.fail("cannot create directory " + parent.string() + ": " + ec.message());
+        fs::remove(tmp, ec);
       }
+      throw;
     }
+  };
+
+  // 1. The structure, by rank 0 alone; its room on the disk reserved.
+  std::vector<int64_t> offsets(nd, -1);
+  step("the creation of the checkpoint file", [&] {
+    if (rank != 0) return;
+    const fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty()) {
+      std::error_code ec;
+      fs::create_directories(parent, ec);
+      if (ec) w.fail("cannot create directory " + parent.string() + ": " + ec.message());
+    }
+    offsets = create_structure(wt, tmp, meta, all, names, sums);
+    reserve_room(wt, tmp);
+  });
+  MPI_Request req;
+  MPI_Ibcast(offsets.data(), static_cast<int>(nd), MPI_INT64_T, 0, comm, &req);
+  comm::wait_bounded(&req, 1, timeout, "the checkpoint's dataset offsets", comm);
+
+  // 2. The data: each rank its own elements, waiting for no other rank until all have written and flushed.
+  step("the end of the checkpoint's writes", [&] {
+    bool any = false;
+    for (const auto& s : segs) any = any || !s.empty();
+    if (!any) return;
+    DataWriter out(wt, tmp, options.direct_io);
+    for (size_t i = 0; i < nd; ++i)
+      for (const auto& sg : segs[i])
+        out.write(names[i], offsets[i] + sg.b * 4, reinterpret_cast<const char*>(sg.ptr), (sg.e - sg.b) * 4);
+    out.finish();
   });
 
-  const Where wt{tmp};
-  {
-    Id fapl = mpio_fapl(wt, comm);
-    w.check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), "file format bounds");
-    Id file = wt.check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose, "cannot create");
-    Id lcpl = wt.check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "link properties");
-    wt.check(H5Pset_create_intermediate_group(lcpl, 1), "link properties");
-    Id dcpl = wt.check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "dataset properties");
-    wt.check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "dataset properties");
-    wt.check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "dataset properties");
-    // The structure first, by all ranks together (metadata operations are collective): every dataset, its
-    // storage allocated now (never filled), its checksum; the root attributes.
-    std::vector<Id> dsets(nd);
-    for (size_t i = 0; i < nd; ++i) {
-      const auto dims = to_hsize(all[i].shape);
-      Id space = dims.empty() ? wt.check(H5Screate(H5S_SCALAR), H5Sclose, names[i], "dataspace")
-                              : wt.check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                                         H5Sclose, names[i], "dataspace");
-      dsets[i] = wt.check(H5Dcreate2(file, names[i].c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT),
-                          H5Dclose, names[i], "cannot create");
-      write_attr(wt, dsets[i], "checksum", H5T_STD_U64LE, H5T_NATIVE_UINT64, &sums[i]);
-    }
-    write_meta(wt, file, meta);
-    // Then the data: each rank writes its own elements with independent I/O, in rounds of at most k elements,
-    // waiting for no other rank until all have written; the disk starts on each round as soon as it is written.
-    const int64_t k = round_elems();
-    local_step(comm, [&] {
-      std::unique_ptr<DirectWriter> direct;
-      if (direct_io) direct = std::make_unique<DirectWriter>(wt, tmp);
-      if (direct && direct->ok()) {
-        for (size_t i = 0; i < nd; ++i) {
-          const haddr_t at = segs[i].empty() ? HADDR_UNDEF : H5Dget_offset(dsets[i]);
-          if (at == HADDR_UNDEF) {  // no contiguous storage to address: through HDF5
-            for (const auto& round : split_rounds(segs[i], k)) transfer(wt, names[i], dsets[i], to_hsize(all[i].shape), round, true);
-            continue;
-          }
-          for (const auto& sg : segs[i])
-            direct->write(names[i], static_cast<int64_t>(at) + sg.b * 4, reinterpret_cast<const char*>(sg.ptr),
-                          (sg.e - sg.b) * 4);
-        }
-        return;
-      }
-      Writeback wb(tmp);
-      for (size_t i = 0; i < nd; ++i) {
-        const auto dims = to_hsize(all[i].shape);
-        const haddr_t at = H5Dget_offset(dsets[i]);  // contiguous storage: element j at byte at + 4 j
-        for (const auto& round : split_rounds(segs[i], k)) {
-          transfer(wt, names[i], dsets[i], dims, round, true);
-          if (at != HADDR_UNDEF)
-            wb.start(static_cast<int64_t>(at) + round.front().b * 4, (round.back().e - round.front().b) * 4);
-        }
-      }
-    });
-    dsets.clear();
-    if (file.close() < 0) wt.fail("close failed: " + h5_error());
-  }
-  MPI_Barrier(comm);
-  local_step(comm, [&] {
+  // 3. In place.
+  step("the rename of the checkpoint file", [&] {
     if (rank != 0) return;
     fsync_path(tmp);
     std::error_code ec;
@@ -793,7 +862,7 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
 // ---- load -------------------------------------------------------------------------------------------------
 
 Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>& expected,
-          const std::vector<Request>& mine) {
+          const std::vector<Request>& mine, double timeout_s) {
   quiet_hdf5();
   int rank = 0, nranks = 1;
   MPI_Comm_rank(comm, &rank);
@@ -803,7 +872,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
 
   Id fapl = mpio_fapl(w, comm);
   Id file;
-  local_step(comm, [&] {
+  local_step<CheckpointError>(comm, timeout_s, "the checkpoint's open", [&] {
     if (!fs::is_regular_file(path)) w.fail("no such file");
     file = w.check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose,
                    "cannot open (not an HDF5 file, truncated or damaged)");
@@ -813,7 +882,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
   std::vector<Id> dsets(nd);
   std::vector<uint64_t> stored(nd, 0);
   std::map<std::string, size_t> index;
-  local_step(comm, [&] {
+  local_step<CheckpointError>(comm, timeout_s, "the checkpoint's check of its datasets", [&] {
     meta = read_meta(w, file);
     for (size_t i = 0; i < nd; ++i) {
       names[i] = norm_name(expected[i].name);
@@ -835,7 +904,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
     std::vector<float*> outs;  // ...and where each goes
   };
   std::vector<Want> want(nd);
-  local_step(comm, [&] {
+  local_step<CheckpointError>(comm, timeout_s, "the checkpoint's check of the requests", [&] {
     for (const Request& q : mine) {
       const auto it = index.find(norm_name(q.dataset));
       if (it == index.end()) w.fail(norm_name(q.dataset), "requested but not in the expected list");
@@ -882,7 +951,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
     reading[2 * i] = segs[i].empty() ? 0 : 1;
     for (const auto& sg : segs[i]) reading[2 * i + 1] += sg.e - sg.b;
   }
-  MPI_Allreduce(reading.data(), readers.data(), static_cast<int>(2 * nd), MPI_INT64_T, MPI_SUM, comm);
+  sum_all(comm, reading.data(), readers.data(), 2 * nd, MPI_INT64_T, timeout_s, "the checkpoint's count of readers");
   std::vector<std::vector<Seg<float*>>> sum_segs(nd);  // what this rank sums of what it reads
   std::vector<std::vector<Run>> extra(nd);              // what this rank reads only to sum it
   std::vector<size_t> several;                          // datasets read by several ranks
@@ -900,7 +969,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
     }
   }
   if (!several.empty()) {
-    const auto every = gather_runs(comm, several, my_runs);
+    const auto every = gather_runs(comm, several, my_runs, timeout_s);
     for (size_t j = 0; j < several.size(); ++j) {
       const size_t i = several[j];
       const auto [lower, everyone] = lower_and_all(every[j], rank);
@@ -912,11 +981,11 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
   // The reads, each rank on its own, in rounds of at most k elements; the staged requests copied out.
   const int64_t k = round_elems();
   std::vector<uint64_t> part(nd, 0), sums(nd, 0);
-  local_step(comm, [&] {
+  local_step<CheckpointError>(comm, timeout_s, "the checkpoint's reads", [&] {
     std::vector<float> buf;
     for (size_t i = 0; i < nd; ++i) {
       const auto dims = to_hsize(expected[i].shape);
-      for (const auto& round : split_rounds(segs[i], k)) transfer(w, names[i], dsets[i], dims, round, false);
+      for (const auto& round : split_rounds(segs[i], k)) read_segs(w, names[i], dsets[i], dims, round);
       for (const auto& sg : sum_segs[i]) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
       if (!extra[i].empty()) {
         buf.resize(static_cast<size_t>(std::min(k, count_of(extra[i]))));
@@ -928,7 +997,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
             sg.ptr = p;
             p += sg.e - sg.b;
           }
-          transfer(w, names[i], dsets[i], dims, round, false);
+          read_segs(w, names[i], dsets[i], dims, round);
           for (const auto& sg : round) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
         }
       }
@@ -942,7 +1011,7 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
       }
     }
   });
-  MPI_Allreduce(part.data(), sums.data(), static_cast<int>(nd), MPI_UINT64_T, MPI_SUM, comm);
+  sum_all(comm, part.data(), sums.data(), nd, MPI_UINT64_T, timeout_s, "the checkpoint's checksums");
   for (size_t i = 0; i < nd; ++i)
     if (sums[i] != stored[i])
       w.fail(names[i], "checksum mismatch (stored " + std::to_string(stored[i]) + ", computed " +
@@ -997,7 +1066,7 @@ Inspection inspect(const std::string& path, bool verify) {
       uint64_t sum = 0;
       for (int64_t b = 0; b < n; b += k) {
         const int64_t e = std::min(n, b + k);
-        transfer(w, name, d, dims, std::vector<Seg<float*>>{{b, e, buf.data()}}, false);
+        read_segs(w, name, d, dims, std::vector<Seg<float*>>{{b, e, buf.data()}});
         sum += checksum_range(b, buf.data(), e - b);
       }
       info.checksum_ok = sum == stored;

@@ -52,21 +52,42 @@ struct Meta {
 
 inline constexpr int kFormatVersion = 1;
 
-// Collective over comm: writes PATH through a temporary name (.NAME.tmp in the same directory; rank 0 fsyncs
-// and renames it after every rank has closed it): all datasets and their checksums (collective metadata),
-// then every rank's pieces: with direct_io (and a file system that allows it) written at the offsets HDF5
-// allocated for them, whole pages with O_DIRECT and partial pages through the page cache; otherwise
-// independent hyperslab writes through HDF5. The pieces of all ranks together must cover every element of
-// every dataset.
+// A save that did not complete: a write error (ENOSPC, EIO, ...), a file system without room, a folder that
+// cannot be written. Every rank throws it with the same text (the first rank that failed, the path, the OS
+// error); the temporary file is removed and nothing else in the folder changes.
+class SaveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SaveOptions {
+  bool direct_io = true;   // whole pages with O_DIRECT where the file system allows it
+  double timeout_s = 300;  // every wait for another rank (comm::agree, comm::wait_bounded)
+};
+
+// Collective over comm, every wait bounded by options.timeout_s (comm::StallError names a rank that does not
+// arrive). Writes PATH through a temporary name (.NAME.tmp in the same directory):
+//   1. rank 0 creates the file's structure alone (every dataset with its storage allocated, its checksum, the
+//      root attributes), closes it, checks the file system has room for the data and reserves it (fallocate);
+//   2. every rank writes its elements at the offsets HDF5 allocated (whole pages with O_DIRECT where allowed,
+//      the rest through the page cache) and flushes them to the disk;
+//   3. rank 0 renames the temporary over PATH and syncs the directory.
+// After each step the ranks agree; a failure anywhere throws SaveError on every rank after rank 0 removed the
+// temporary. The pieces of all ranks together must cover every element of every dataset.
 void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::vector<DatasetSpec>& all,
-          const std::vector<Piece>& mine, bool direct_io = true);
+          const std::vector<Piece>& mine, const SaveOptions& options = {});
+
+// An upper bound on the bytes a checkpoint of these datasets takes on disk (data, structure, attributes):
+// what a save needs free, known before the file exists.
+int64_t estimated_bytes(const std::vector<DatasetSpec>& all, const Meta& meta);
 
 // Collective: opens PATH, checks each expected dataset exists with the expected shape, reads this rank's
 // requests (independent hyperslab reads) and verifies every checksum in the same pass (elements no rank
-// requests are read for that alone), returns the root attributes. On a failure the requests' buffers may
+// requests are read for that alone), returns the root attributes, each checked for range and type. Waits for
+// other ranks are bounded by timeout_s. On a failure the requests' buffers may
 // already hold part of the file.
 Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>& expected,
-          const std::vector<Request>& mine);
+          const std::vector<Request>& mine, double timeout_s = 300);
 
 // One process, no MPI needed: everything about a checkpoint (`piper ckpt inspect`), with `verify` every
 // dataset's checksum recomputed (`piper ckpt verify`; without it checksum_ok is true).

@@ -10,7 +10,8 @@
 
 namespace piper::cli {
 
-constexpr int kExitUsage = 2;  // bad config, bad input: nothing was started
+constexpr int kExitUsage = 2;    // bad config, bad input: nothing was started
+constexpr int kExitFailure = 3;  // the job failed while running: a rank lost or stalled, a checkpoint not saved
 
 // A problem with what the user gave (config, data, strategy, checkpoint, trace).
 bool is_user_error(const std::exception& e);

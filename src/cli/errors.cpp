@@ -27,14 +27,22 @@ int job_failed(const std::exception& e, const runtime::MpiEnv& env) {
     if (env.rank() == 0) std::fprintf(stderr, "piper: error: %s\n", e.what());
     return kExitUsage;
   }
+  // A checkpoint save that failed (checkpoint.on_error: stop): every rank agreed on the same message, the
+  // folder is as it was; one prints, every rank ends in order.
+  if (dynamic_cast<const checkpoint::SaveError*>(&e)) {
+    if (env.rank() == 0)
+      std::fprintf(stderr, "piper: error: checkpoint save failed: %s; the job stops (checkpoint.on_error: stop), "
+                   "the folder holds what it held before this save\n", e.what());
+    return kExitFailure;
+  }
   // A failure while running (a communication timeout, a dead peer, a bug):
   // this rank says what it was doing, then the whole job stops.
   const bool comm_error = dynamic_cast<const comm::CommError*>(&e) != nullptr;
   std::fprintf(stderr, "piper: %s on rank %d (%s): %s\n", comm_error ? "communication failure" : "internal error",
                env.rank(), env.host().c_str(), e.what());
   std::fflush(stderr);
-  if (env.world_size() > 1) env.abort(comm_error ? 3 : 1);
-  return comm_error ? 3 : 1;
+  if (env.world_size() > 1) env.abort(comm_error ? kExitFailure : 1);
+  return comm_error ? kExitFailure : 1;
 }
 
 }  // namespace piper::cli

@@ -74,6 +74,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(checkpoint, keep, "newest checkpoints kept"),
       PIPER_FIELD(checkpoint, async, "write checkpoints in the background"),
       PIPER_FIELD(checkpoint, direct_io, "write whole pages with O_DIRECT (no page cache) where possible"),
+      PIPER_FIELD(checkpoint, on_error, "a save that fails: stop (exit 3) | continue (warn and train on)"),
       PIPER_FIELD(parallel, dp, "data-parallel replicas"),
       PIPER_FIELD(parallel, tp, "tensor-parallel ranks"),
       PIPER_FIELD(parallel, pp, "pipeline stages"),
@@ -1399,6 +1400,9 @@ void validate(const Config& cfg, int world_size) {
   check_train(cfg.train, ck);
   ck.at_least("checkpoint.every", cfg.checkpoint.every, 0);
   ck.at_least("checkpoint.keep", cfg.checkpoint.keep, 1);
+  if (cfg.checkpoint.on_error != "stop" && cfg.checkpoint.on_error != "continue")
+    ck.fail(ck.head("checkpoint.on_error") + ": must be 'stop' (end the job, exit 3) or 'continue' (warn and "
+            "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
   check_parallel(cfg, a, world_size, ck);
   if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));

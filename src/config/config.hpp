@@ -70,6 +70,7 @@ struct CheckpointConfig {
   int64_t keep = 3;         // keep the newest N checkpoints
   bool async = false;       // write in the background; the step loop waits only for the copy
   bool direct_io = true;    // write whole pages with O_DIRECT where the file system allows it
+  std::string on_error = "stop";  // a failed save: stop (exit 3) | continue (warn, keep training)
 
   bool operator==(const CheckpointConfig&) const = default;
 };

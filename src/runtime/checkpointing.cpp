@@ -1,20 +1,35 @@
 // checkpointing.cpp — a rank's state to and from HDF5 checkpoints.
 #include "runtime/checkpointing.hpp"
 
+#include <fcntl.h>
 #include <mpi.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/files.hpp"
+#include "comm/agreement.hpp"
 #include "runtime/trainer.hpp"
 #include "state/layout.hpp"
 
 namespace piper::runtime {
 
 namespace {
+namespace fs = std::filesystem;
+
+std::string human_mib(int64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return s;
+}
 
 // Every dataset of the model, the same list on every rank.
 std::vector<checkpoint::DatasetSpec> all_datasets(const ir::ModelGraph& g) {
@@ -56,17 +71,115 @@ Checkpointer::Checkpointer(const config::Config& cfg, const ir::Plan& plan, mode
 }
 
 Checkpointer::~Checkpointer() {
-  if (writer_.joinable()) writer_.join();
+  if (writer_.joinable()) writer_.join();  // bounded: every wait of a save is
   MPI_Comm_free(&comm_);
 }
 
-void Checkpointer::wait() {
-  if (writer_.joinable()) writer_.join();
-  if (!error_.empty()) {
-    const std::string e = error_;
-    error_.clear();
-    throw std::runtime_error("background checkpoint save failed: " + e);
+checkpoint::Meta Checkpointer::meta_at(int64_t steps_done) const {
+  checkpoint::Meta meta;
+  meta.step = steps_done;
+  meta.tokens_seen = steps_done * cfg_.train.global_batch * cfg_.train.seq_len;
+  meta.data_position = steps_done * cfg_.train.global_batch;
+  meta.seed = cfg_.train.seed;
+  meta.config_yaml = cfg_.yaml_text;
+  meta.strategy = strategy_text(plan_);
+  return meta;
+}
+
+void Checkpointer::preflight() {
+  const std::string& dir = cfg_.checkpoint.dir;
+  if (dir.empty()) return;
+  const double timeout = cfg_.parallel.comm_timeout_s;
+  const std::string where = " (world rank " + std::to_string(env_.rank()) + ", host " + env_.host() + ")";
+  const std::string key = "checkpoint.dir '" + dir + "': ";
+  // Every rank: the folder, and a probe file written, flushed and removed in it.
+  std::string err;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    err = key + "cannot create it: " + ec.message() + where;
+  } else if (!fs::is_directory(dir, ec)) {
+    err = key + "it is not a folder" + where;
+  } else {
+    const std::string probe = (fs::path(dir) / (".piper-probe-" + std::to_string(env_.rank()) + "-" +
+                                                std::to_string(::getpid()))).string();
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const std::vector<char> page(4096, 'p');
+    if (fd < 0) {
+      err = key + "cannot create a file in it: " + std::strerror(errno) + where;
+    } else {
+      if (::write(fd, page.data(), page.size()) != static_cast<ssize_t>(page.size()) || ::fsync(fd) != 0)
+        err = key + "cannot write a file in it: " + std::strerror(errno) + where;
+      ::close(fd);
+      if (::unlink(probe.c_str()) != 0 && err.empty())
+        err = key + "cannot remove a file in it: " + std::strerror(errno) + where;
+    }
   }
+  if (!err.empty())
+    err += "; checkpoint.dir must be a folder that every rank can create and write files in (or leave it empty "
+           "for no checkpoints)";
+  std::string first = comm::agree(comm_, err, timeout, "the check of checkpoint.dir");
+  if (!first.empty()) throw UserError(first);
+  // Rank 0: room for a checkpoint and the temporary of the next; one checkpoint less when one is there to be
+  // replaced.
+  if (env_.rank() == 0) {
+    const int64_t one = checkpoint::estimated_bytes(all_datasets(plan_.model), meta_at(cfg_.train.steps));
+    bool has_one = false;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      has_one = has_one || checkpoint::step_of(e.path().string()) >= 0;
+    const int64_t needed = has_one ? one : 2 * one;
+    struct statvfs vfs {};
+    if (::statvfs(dir.c_str(), &vfs) != 0) {
+      err = key + "cannot read its free space: " + std::strerror(errno);
+    } else {
+      const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+      if (free_bytes < needed)
+        err = key + human_mib(free_bytes) + " free, but a checkpoint of this model takes up to " + human_mib(one) +
+              (has_one ? "" : " and the temporary of the next save as much again") +
+              "; free space there or choose a folder on a larger file system";
+    }
+  }
+  first = comm::agree(comm_, err, timeout, "the check of checkpoint.dir's free space");
+  if (!first.empty()) throw UserError(first);
+}
+
+void Checkpointer::report(const std::string& path, const std::string& error, double ms) {
+  if (error.empty()) {
+    if (env_.rank() == 0) {
+      if (cfg_.checkpoint.async)
+        std::printf("piper: saved %s (written in the background in %.1f ms)\n", path.c_str(), ms);
+      else
+        std::printf("piper: saved %s (step loop stalled %.1f ms)\n", path.c_str(), ms);
+      std::fflush(stdout);
+    }
+    return;
+  }
+  if (cfg_.checkpoint.on_error == "stop") throw checkpoint::SaveError(error);
+  if (env_.rank() == 0) {
+    std::string kept;
+    try {
+      kept = "; the newest checkpoint is still " + checkpoint::resolve(cfg_.checkpoint.dir);
+    } catch (const checkpoint::CheckpointError&) {
+      kept = "; there is no earlier checkpoint";
+    }
+    std::fprintf(stderr, "piper: warning: checkpoint %s not saved: %s%s; training goes on (checkpoint.on_error: "
+                 "continue)\n", path.c_str(), error.c_str(), kept.c_str());
+    std::fflush(stderr);
+  }
+}
+
+void Checkpointer::poll() {
+  if (!writer_.joinable()) return;
+  if (env_.any(!finished_.load())) return;  // every rank's writer has agreed before it finishes
+  wait();
+}
+
+void Checkpointer::wait() {
+  if (!writer_.joinable()) return;
+  writer_.join();
+  const std::string error = std::exchange(error_, std::string());
+  report(pending_path_, error,
+         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_).count());
 }
 
 // The buffer a piece's local offsets index: values, or one of the two moments.
@@ -82,10 +195,10 @@ static float* base_of(model::ParamStore& ps, Executor& exec, const state::Piece&
   return nullptr;
 }
 
-std::string Checkpointer::save(int64_t steps_done) {
+void Checkpointer::save(int64_t steps_done) {
   wait();  // one save at a time
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string& dir = cfg_.checkpoint.dir;
-  if (env_.rank() == 0) std::filesystem::create_directories(dir);
   model::ParamStore& ps = model_.params();
   const auto layout = state::layout_params(plan_);
   // This rank's owned elements. A synchronous save writes them straight from the live buffers (nothing
@@ -111,36 +224,55 @@ std::string Checkpointer::save(int64_t steps_done) {
       data.insert(data.end(), base + p.local_offsets[r], base + p.local_offsets[r] + p.runs[r].size());
     mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), data.data()});
   }
-  checkpoint::Meta meta;
-  meta.step = steps_done;
-  meta.tokens_seen = steps_done * cfg_.train.global_batch * cfg_.train.seq_len;
-  meta.data_position = steps_done * cfg_.train.global_batch;
-  meta.seed = cfg_.train.seed;
-  meta.config_yaml = cfg_.yaml_text;
-  meta.strategy = strategy_text(plan_);
   const std::string path = checkpoint::checkpoint_path(dir, steps_done);
-  // The collective write, then (rank 0) the `latest` pointer and the clean-up.
-  auto write = [this, path, meta, mine = std::move(mine), all = all_datasets(plan_.model), dir]() {
-    MPI_Barrier(comm_);  // the folder exists
-    checkpoint::save(path, comm_, meta, all, mine, cfg_.checkpoint.direct_io);
-    if (env_.rank() == 0) {
-      checkpoint::update_latest(dir, path);
-      checkpoint::keep_last(dir, static_cast<int>(cfg_.checkpoint.keep));
+  const checkpoint::SaveOptions options{cfg_.checkpoint.direct_io, cfg_.parallel.comm_timeout_s};
+  // The write (every rank), then (rank 0) the `latest` pointer and the clean-up, agreed like the write. Returns
+  // the failure every rank agreed on, or "".
+  auto write = [this, path, options, meta = meta_at(steps_done), mine = std::move(mine),
+                all = all_datasets(plan_.model), dir]() -> std::string {
+    try {
+      checkpoint::save(path, comm_, meta, all, mine, options);
+    } catch (const checkpoint::SaveError& e) {
+      return e.what();
     }
-    MPI_Barrier(comm_);
+    std::string err;
+    if (env_.rank() == 0) {
+      try {
+        checkpoint::update_latest(dir, path);
+        checkpoint::keep_last(dir, static_cast<int>(cfg_.checkpoint.keep));
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    return comm::agree(comm_, err, options.timeout_s, "the update of checkpoint.dir's latest");
   };
   if (!cfg_.checkpoint.async) {
-    write();
-    return path;
+    const std::string error = write();
+    report(path, error, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    return;
   }
+  if (env_.rank() == 0) {
+    std::printf("piper: saving %s in the background (step loop stalled %.1f ms)\n", path.c_str(),
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::fflush(stdout);
+  }
+  pending_path_ = path;
+  started_ = t0;
+  finished_ = false;
   writer_ = std::thread([this, write = std::move(write)]() {
     try {
-      write();
+      error_ = write();
+    } catch (const comm::StallError& e) {
+      // A rank stopped answering: nothing can finish the job in order.
+      std::fprintf(stderr, "piper: communication failure on rank %d (%s) in a background checkpoint save: %s\n",
+                   env_.rank(), env_.host().c_str(), e.what());
+      std::fflush(stderr);
+      env_.abort(3);
     } catch (const std::exception& e) {
-      error_ = e.what();
+      error_ = std::string("background checkpoint save: ") + e.what();
     }
+    finished_ = true;
   });
-  return path;
 }
 
 int64_t Checkpointer::load(const std::string& where) {
@@ -165,7 +297,7 @@ int64_t Checkpointer::load(const std::string& where) {
   }
   checkpoint::Meta meta;
   try {
-    meta = checkpoint::load(path, comm_, all_datasets(plan_.model), mine);
+    meta = checkpoint::load(path, comm_, all_datasets(plan_.model), mine, cfg_.parallel.comm_timeout_s);
   } catch (const checkpoint::CheckpointError& e) {
     throw UserError(std::string("--resume: ") + e.what());
   }

@@ -239,6 +239,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   }
 
   Checkpointer ckpt(cfg, plan, m, exec, env);
+  ckpt.preflight();
   int64_t first_step = 0;
   if (!opts.resume.empty()) {
     // Timed from when every rank has arrived to when the slowest is done.
@@ -330,14 +331,11 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     // Step boundary: a signal on any rank stops every rank, after a checkpoint.
     const bool stop = env.any(g_stop_signal != 0);
     if (saving && (stop || (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0))) {
-      const auto t_save = std::chrono::steady_clock::now();
-      const std::string path = ckpt.save(step + 1);
+      ckpt.save(step + 1);
       if (stop) ckpt.wait();  // the job ends: the file must be complete
       saved_at = step + 1;
-      if (lead)
-        std::printf("piper: saved %s (step loop stalled %.1f ms%s)\n", path.c_str(),
-                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_save).count(),
-                    cfg.checkpoint.async && !stop ? ", written in the background" : "");
+    } else {
+      ckpt.poll();
     }
     if (stop) {
       if (lead)
@@ -349,10 +347,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
       return;
     }
   }
-  if (saving && saved_at < cfg.train.steps) {
-    const std::string path = ckpt.save(cfg.train.steps);
-    if (lead) std::printf("piper: saved %s\n", path.c_str());
-  }
+  if (saving && saved_at < cfg.train.steps) ckpt.save(cfg.train.steps);
   ckpt.wait();  // a background save finishes before the job does
   finish_trace();
   if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, grid, groups, env);

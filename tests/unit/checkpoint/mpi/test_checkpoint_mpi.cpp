@@ -291,7 +291,7 @@ TEST(CheckpointMpi, BadPieceOnOneRankFailsAll) {
   std::string err;
   try {
     save(path, MPI_COMM_WORLD, meta(), kSpecs, o.pieces);
-  } catch (const CheckpointError& e) {
+  } catch (const SaveError& e) {
     err = e.what();
   }
   EXPECT_NE(err.find("/model/embed.weight"), std::string::npos) << "rank " << g_rank << ": " << err;
@@ -302,7 +302,7 @@ TEST(CheckpointMpi, BadPieceOnOneRankFailsAll) {
   err.clear();
   try {
     save(path, MPI_COMM_WORLD, meta(), kSpecs, g.pieces);
-  } catch (const CheckpointError& e) {
+  } catch (const SaveError& e) {
     err = e.what();
   }
   EXPECT_NE(err.find("/model/layers.0.conv.weight"), std::string::npos) << "rank " << g_rank << ": " << err;
