@@ -1,6 +1,11 @@
 // config.cpp — reads a run config from YAML plus --set overrides, validates it, and writes it back out.
 #include "config/config.hpp"
+#include "config/checked.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -12,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <tuple>
 #include <variant>
@@ -915,6 +921,36 @@ class Checker {
     fail(head(key) + ": must be at least " + std::to_string(lo));
     return false;
   }
+  // lo <= v <= hi; `why` says what the upper bound protects.
+  bool within(const std::string& key, int64_t v, int64_t lo, int64_t hi, const std::string& why) {
+    if (!at_least(key, v, lo)) return false;
+    if (v <= hi) return true;
+    fail(head(key) + ": must be at most " + std::to_string(hi) + " (" + why + "; docs/config.md, Bounds)");
+    return false;
+  }
+  // The product of `factors` (label, value) is at most `limit`, computed in
+  // checked arithmetic; else one message from `key` naming every factor and
+  // the figure, with the other keys involved as references.
+  bool product_within(const std::string& key, const std::vector<std::string>& others, const std::string& what,
+                      const std::vector<std::pair<std::string, int64_t>>& factors, int64_t limit,
+                      const std::string& limit_text) {
+    std::vector<int64_t> values;
+    std::string labels, numbers;
+    for (const auto& [label, v] : factors) {
+      values.push_back(v);
+      labels += (labels.empty() ? "" : " x ") + label;
+      numbers += (numbers.empty() ? "" : " x ") + std::to_string(v);
+    }
+    const std::optional<int64_t> p = checked_product(values);
+    if (p && *p <= limit) return true;
+    std::vector<std::string> refs;
+    for (const std::string& k : others) refs.push_back(ref(k));
+    fail(head(key) + ": " + what + " " + labels + " = " + numbers + " = " +
+         (p ? std::to_string(*p) : std::string("more than 2^63")) + " is above the bound " + limit_text +
+         (refs.empty() ? std::string() : " (" + join(refs, ", ") + ")") +
+         "; use smaller values (docs/config.md, Bounds)");
+    return false;
+  }
   void real(const std::string& key, double v, double lo, bool lo_open, double hi, bool hi_open,
             const std::string& range) {
     bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
@@ -1198,15 +1234,55 @@ void check_placement(const Config& c, const Applied& a, int64_t n_stages, Checke
   if (!err.empty()) ck.fail(ck.at(base + ".stage_of_unit") + ": " + err);
 }
 
+// Upper bounds of the sizes (docs/config.md, "Bounds"): far above any model
+// that trains, low enough that every product piper forms from them fits 64
+// bits. Whether a model fits in memory is checked by `train` before it
+// allocates (src/runtime/fit.cpp).
+constexpr int64_t kMaxVocab = 2147483647;            // 2^31 - 1: token ids are 32-bit
+constexpr int64_t kMaxWidth = int64_t{1} << 20;      // d_model
+constexpr int64_t kMaxFfn = int64_t{1} << 24;        // ffn_hidden
+constexpr int64_t kMaxSmall = int64_t{1} << 16;      // heads, groups, d_state, head_dim
+constexpr int64_t kMaxExpand = 1024;
+constexpr int64_t kMaxConv = 1024;
+constexpr int64_t kMaxChunk = 4096;                  // ssd_chunk: a [chunk, chunk] scratch per thread
+constexpr int64_t kMaxBlocks = 4096;                 // pattern length
+constexpr int64_t kMaxMatrix = int64_t{1} << 40;     // elements of one weight matrix
+constexpr const char* kMaxMatrixText = "2^40 = 1099511627776 elements for one weight matrix";
+constexpr int64_t kMaxBatch = int64_t{1} << 24;      // global_batch
+constexpr int64_t kMaxSeq = int64_t{1} << 24;        // seq_len
+constexpr int64_t kMaxStepTokens = int64_t{1} << 36; // global_batch x seq_len
+constexpr int64_t kMaxRunTokens = int64_t{1} << 62;  // steps x global_batch x seq_len
+constexpr int64_t kMaxSampleTokens = int64_t{1} << 20;
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxRanks = int64_t{1} << 16;      // dp, tp, pp each
+constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
+constexpr int64_t kMaxVirtualStages = 4096;
+constexpr double kMaxBucketMb = 1048576.0;           // 1 TiB
+constexpr double kMaxCommTimeout = 1e9;              // seconds (~31 years): fits a nanosecond clock
+
 void check_model(const ModelConfig& m, Checker& ck) {
   bool sizes_ok = true;
-  const std::pair<const char*, int64_t> sizes[] = {
-      {"model.vocab_size", m.vocab_size}, {"model.d_model", m.d_model},   {"model.n_heads", m.n_heads},
-      {"model.n_kv_heads", m.n_kv_heads}, {"model.ffn_hidden", m.ffn_hidden}, {"model.d_state", m.d_state},
-      {"model.head_dim", m.head_dim},     {"model.expand", m.expand},      {"model.n_groups", m.n_groups},
-      {"model.d_conv", m.d_conv},         {"model.ssd_chunk", m.ssd_chunk}};
-  for (auto [key, v] : sizes) sizes_ok &= ck.at_least(key, v, 1);
+  const std::tuple<const char*, int64_t, int64_t, const char*> sizes[] = {
+      {"model.vocab_size", m.vocab_size, kMaxVocab, "token ids are 32-bit"},
+      {"model.d_model", m.d_model, kMaxWidth, "2^20, the largest model width"},
+      {"model.n_heads", m.n_heads, kMaxSmall, "2^16"},
+      {"model.n_kv_heads", m.n_kv_heads, kMaxSmall, "2^16"},
+      {"model.ffn_hidden", m.ffn_hidden, kMaxFfn, "2^24, the largest MLP width"},
+      {"model.d_state", m.d_state, kMaxSmall, "2^16"},
+      {"model.head_dim", m.head_dim, kMaxSmall, "2^16"},
+      {"model.expand", m.expand, kMaxExpand, "d_inner = expand x d_model"},
+      {"model.n_groups", m.n_groups, kMaxSmall, "2^16"},
+      {"model.d_conv", m.d_conv, kMaxConv, "the causal conv width"},
+      {"model.ssd_chunk", m.ssd_chunk, kMaxChunk,
+       "the SSD scan holds a chunk x chunk scratch per thread; a chunk longer than train.seq_len is one chunk"}};
+  for (auto [key, v, hi, why] : sizes) sizes_ok &= ck.within(key, v, 1, hi, why);
   ck.real("model.rope_theta", m.rope_theta, 0, true, HUGE_VAL, false, "> 0 (usually 10000)");
+  if (static_cast<int64_t>(m.pattern.size()) > kMaxBlocks) {
+    ck.fail(ck.head("model.pattern", "model.pattern") + ": " + std::to_string(m.pattern.size()) +
+            " blocks; the pattern may have at most " + std::to_string(kMaxBlocks) +
+            " (docs/config.md, Bounds)");
+    sizes_ok = false;
+  }
 
   const std::string symbols = "M (Mamba-2), * (attention) or - (MLP)";
   if (m.pattern.empty())
@@ -1226,7 +1302,22 @@ void check_model(const ModelConfig& m, Checker& ck) {
   }
   if (!sizes_ok) return;
 
-  if (m.pattern.find('*') != std::string::npos) {
+  // Weight matrices, in checked arithmetic (the sizes above keep d_inner, the
+  // in_proj rows and d_model x d_model far inside 64 bits).
+  const bool attn = m.pattern.find('*') != std::string::npos, mamba = m.pattern.find('M') != std::string::npos;
+  sizes_ok &= ck.product_within("model.vocab_size", {"model.d_model"}, "the embedding (and head) matrix",
+                                {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}}, kMaxMatrix, kMaxMatrixText);
+  if (m.pattern.find('-') != std::string::npos)
+    sizes_ok &= ck.product_within("model.ffn_hidden", {"model.d_model"}, "the MLP gate/up matrix",
+                                  {{"ffn_hidden", m.ffn_hidden}, {"d_model", m.d_model}}, kMaxMatrix, kMaxMatrixText);
+  if (mamba)
+    sizes_ok &= ck.product_within(
+        "model.d_model", {"model.expand", "model.n_groups", "model.d_state", "model.head_dim"},
+        "the Mamba-2 in_proj matrix", {{"(2 d_inner + 2 n_groups d_state + heads)", m.in_proj_rows()}, {"d_model", m.d_model}},
+        kMaxMatrix, kMaxMatrixText);
+  if (!sizes_ok) return;
+
+  if (attn) {
     if (m.d_model % m.n_heads != 0) {
       ck.fail(ck.head("model.d_model") + ": not divisible by " + ck.ref("model.n_heads") +
               "; attention needs whole heads: use d_model " + multiples_hint(m.d_model, m.n_heads) +
@@ -1242,7 +1333,7 @@ void check_model(const ModelConfig& m, Checker& ck) {
               "; grouped-query attention shares each kv head among n_heads/n_kv_heads query heads: use n_kv_heads " +
               divisors_hint(m.n_heads, m.n_kv_heads));
   }
-  if (m.pattern.find('M') != std::string::npos) {
+  if (mamba) {
     int64_t di = m.d_inner();
     std::string di_text = "d_inner = expand(" + std::to_string(m.expand) + ") x d_model(" +
                           std::to_string(m.d_model) + ") = " + std::to_string(di);
@@ -1261,9 +1352,16 @@ void check_model(const ModelConfig& m, Checker& ck) {
 }
 
 void check_train(const TrainConfig& t, Checker& ck) {
-  ck.at_least("train.steps", t.steps, 1);
-  ck.at_least("train.global_batch", t.global_batch, 1);
-  ck.at_least("train.seq_len", t.seq_len, 1);
+  bool sizes_ok = ck.at_least("train.steps", t.steps, 1);
+  sizes_ok &= ck.within("train.global_batch", t.global_batch, 1, kMaxBatch, "2^24 sequences per step");
+  sizes_ok &= ck.within("train.seq_len", t.seq_len, 1, kMaxSeq, "2^24 tokens per sequence");
+  if (sizes_ok &&
+      ck.product_within("train.global_batch", {"train.seq_len"}, "the tokens per step",
+                        {{"global_batch", t.global_batch}, {"seq_len", t.seq_len}}, kMaxStepTokens,
+                        "2^36 = 68719476736 tokens per step"))
+    ck.product_within("train.steps", {"train.global_batch", "train.seq_len"}, "the tokens of the run",
+                      {{"steps", t.steps}, {"global_batch", t.global_batch}, {"seq_len", t.seq_len}}, kMaxRunTokens,
+                      "2^62 tokens (the sample index of the data order is 64-bit)");
   ck.real("train.lr", t.lr, 0, true, HUGE_VAL, false, "> 0 (typical: 1e-4 .. 3e-3)");
   ck.real("train.min_lr_ratio", t.min_lr_ratio, 0, false, 1, false, "in [0, 1]");
   ck.real("train.weight_decay", t.weight_decay, 0, false, HUGE_VAL, false, ">= 0 (0 = none)");
@@ -1274,19 +1372,20 @@ void check_train(const TrainConfig& t, Checker& ck) {
   ck.at_least("train.warmup_steps", t.warmup_steps, 0);
   ck.at_least("train.log_every", t.log_every, 1);
   ck.at_least("train.sample_every", t.sample_every, 0);
-  ck.at_least("train.sample_tokens", t.sample_tokens, 1);
-  ck.at_least("train.threads", t.threads, 0);
+  ck.within("train.sample_tokens", t.sample_tokens, 1, kMaxSampleTokens, "2^20 tokens per generated sample");
+  ck.within("train.threads", t.threads, 0, kMaxThreads, "OpenMP threads per rank");
 }
 
 void check_parallel(const Config& original, const Applied& a, int world_size, Checker& ck) {
   const Config& c = a.cfg;
   const ParallelConfig& p = c.parallel;
   const bool custom = a.order_from >= 0;
-  bool dims_ok = ck.at_least("parallel.dp", p.dp, 1);
-  dims_ok &= ck.at_least("parallel.tp", p.tp, 1);
-  dims_ok &= ck.at_least("parallel.pp", p.pp, 1);
-  bool mb_ok = ck.at_least("parallel.microbatches", p.microbatches, 1);
-  bool vs_ok = ck.at_least("parallel.virtual_stages", p.virtual_stages, 1);
+  const std::string ranks_why = "2^16 ranks along one axis of the rank grid";
+  bool dims_ok = ck.within("parallel.dp", p.dp, 1, kMaxRanks, ranks_why);
+  dims_ok &= ck.within("parallel.tp", p.tp, 1, kMaxRanks, ranks_why);
+  dims_ok &= ck.within("parallel.pp", p.pp, 1, kMaxRanks, ranks_why);
+  bool mb_ok = ck.within("parallel.microbatches", p.microbatches, 1, kMaxMicrobatches, "2^16 microbatches per step");
+  bool vs_ok = ck.within("parallel.virtual_stages", p.virtual_stages, 1, kMaxVirtualStages, "model chunks per rank");
   bool zero_ok = p.zero >= 0 && p.zero <= 3;
   if (!zero_ok) ck.fail(ck.head("parallel.zero") + ": must be 0, 1, 2 or 3 (ZeRO stage)");
   if (std::find(kSchedules.begin(), kSchedules.end(), p.schedule) == kSchedules.end()) {
@@ -1295,8 +1394,11 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
             (near.empty() ? "" : " (did you mean '" + near + "'?)"));
   }
 
-  if (dims_ok && mb_ok && c.train.global_batch >= 1 && c.train.global_batch % (p.dp * p.microbatches) != 0) {
-    int64_t m = p.dp * p.microbatches;
+  // dims_ok and mb_ok bound these products far inside 64 bits; checked all the same.
+  const int64_t dp_mb = checked_product({p.dp, p.microbatches}).value_or(INT64_MAX);
+  const int64_t dp_tp_pp = checked_product({p.dp, p.tp, p.pp}).value_or(INT64_MAX);
+  if (dims_ok && mb_ok && c.train.global_batch >= 1 && c.train.global_batch % dp_mb != 0) {
+    int64_t m = dp_mb;
     ck.fail(ck.head("train.global_batch") + ": not divisible by dp x microbatches = " + std::to_string(p.dp) +
             " x " + std::to_string(p.microbatches) + " = " + std::to_string(m) + " (" + ck.ref("parallel.dp") +
             ", " + ck.ref("parallel.microbatches") + "); use global_batch " +
@@ -1304,8 +1406,8 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
   }
 
   if (world_size < 1) ck.fail("world size " + std::to_string(world_size) + " must be at least 1");
-  if (dims_ok && world_size >= 1 && p.dp * p.tp * p.pp != world_size) {
-    int64_t prod = p.dp * p.tp * p.pp;
+  if (dims_ok && world_size >= 1 && dp_tp_pp != world_size) {
+    int64_t prod = dp_tp_pp;
     ck.fail("world size " + std::to_string(world_size) + " != dp(" + std::to_string(p.dp) + ") x tp(" +
             std::to_string(p.tp) + ") x pp(" + std::to_string(p.pp) + ") = " + std::to_string(prod) + "; launch " +
             std::to_string(prod) + " ranks (mpirun -n " + std::to_string(prod) + ") or change " +
@@ -1350,37 +1452,142 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
     const int64_t chunks = !custom && dualpipev ? 2 : p.virtual_stages;
     check_placement(original, a, dims_ok && vs_ok ? p.pp * chunks : 0, ck);
   }
-  ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, HUGE_VAL, false, "> 0 MiB (typical: 25)");
-  ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, HUGE_VAL, false, "> 0 seconds");
+  ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, kMaxBucketMb, false,
+          "> 0 and at most 1048576 MiB (1 TiB) (typical: 25)");
+  ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, kMaxCommTimeout, false,
+          "> 0 and at most 1e9 seconds");
   if (p.order.empty()) ck.fail(ck.head("parallel.order") + ": empty; use e.g. tp-dp-pp");
 }
 
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;  // 16 MiB: a config is a page of text
+
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// The config file's bytes. Only a regular file of at most kMaxConfigBytes is
+// read: a FIFO, device or directory is refused by stat() before it is opened
+// (opening a FIFO for reading would wait for a writer), and the opened file is
+// checked again with fstat() (it is opened non-blocking, so a path that turned
+// into a FIFO in between cannot hang the read).
 std::string read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw ConfigError("cannot open config file " + path + ": " + std::strerror(errno));
+  const std::string name = "config file " + path;
+  auto refuse_kind = [&](mode_t mode) {
+    throw ConfigError(name + ": is " + file_kind(mode) + ", not a regular file; give the path of a YAML file");
+  };
+  auto refuse_size = [&](int64_t bytes) {
+    throw ConfigError(name + ": is " + std::to_string(bytes) + " bytes, more than the " +
+                      std::to_string(kMaxConfigBytes >> 20) + " MiB a config file may have; give the path of a YAML "
+                      "config (docs/config.md)");
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw ConfigError("cannot open " + name + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) refuse_kind(st.st_mode);
+  if (st.st_size > kMaxConfigBytes) refuse_size(st.st_size);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ConfigError("cannot open " + name + ": " + std::strerror(errno));
   std::string text;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  int err = std::ferror(f) ? errno : 0;
-  std::fclose(f);
-  if (err) throw ConfigError("cannot read config file " + path + ": " + std::strerror(err));
+  int err = 0;
+  if (::fstat(fd, &st) != 0) {
+    err = errno;
+  } else if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    refuse_kind(st.st_mode);
+  } else {
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        err = errno;
+        break;
+      }
+      if (n == 0) break;
+      text.append(buf, static_cast<size_t>(n));
+      if (static_cast<int64_t>(text.size()) > kMaxConfigBytes) {  // grew while being read
+        ::close(fd);
+        refuse_size(static_cast<int64_t>(text.size()));
+      }
+    }
+  }
+  ::close(fd);
+  if (err) throw ConfigError("cannot read " + name + ": " + std::strerror(err));
   return text;
+}
+
+// CRLF (Windows) and lone CR (classic Mac OS) line breaks become LF, one for
+// one, so line numbers in messages stay those of the file.
+std::string normalise_line_breaks(const std::string& text) {
+  if (text.find('\r') == std::string::npos) return text;
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\r') {
+      out += text[i];
+      continue;
+    }
+    out += '\n';
+    if (i + 1 < text.size() && text[i + 1] == '\n') ++i;
+  }
+  return out;
+}
+
+// The YAML documents of a config text: the first loaded, the rest counted (at most 2). yaml-cpp 0.7's
+// LoadAll never returns on some malformed text (a ',' outside a flow collection yields an empty document
+// again and again, using memory without bound: jbeder/yaml-cpp#1040, fixed in 0.8), so the documents are
+// counted by a parser that stops at the second. Syntax errors throw YAML::Exception as LoadAll does.
+struct Documents {
+  YAML::Node first;
+  int count = 0;
+  YAML::Mark second;  // where the second document starts, when count > 1
+};
+
+Documents load_documents(const std::string& text) {
+  struct Counter : YAML::EventHandler {
+    int* count;
+    YAML::Mark* second;
+    void OnDocumentStart(const YAML::Mark& m) override {
+      if (++*count == 2) *second = m;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+  Documents d;
+  std::stringstream in(text);
+  YAML::Parser parser(in);
+  Counter counter;
+  counter.count = &d.count;
+  counter.second = &d.second;
+  while (d.count < 2 && parser.HandleNextDocument(counter)) {
+  }
+  if (d.count > 0) d.first = YAML::Load(text);
+  return d;
 }
 
 }  // namespace
 
 Config parse(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides) {
-  std::vector<YAML::Node> docs;
+  Documents docs;
   try {
-    docs = YAML::LoadAll(yaml_text);
+    docs = load_documents(normalise_line_breaks(yaml_text));
   } catch (const YAML::Exception& e) {
     throw ConfigError(where(source, e.mark) + ": YAML syntax error: " + e.msg);
   }
   Reader reader(source);
-  if (docs.size() > 1)
-    reader.fail(where(source, docs[1].Mark()) + ": a second YAML document ('---'); a config is one document");
-  if (!docs.empty()) reader.read_root(docs[0]);
+  if (docs.count > 1)
+    reader.fail(where(source, docs.second) + ": a second YAML document ('---'); a config is one document");
+  if (docs.count > 0) reader.read_root(docs.first);
   for (const std::string& o : overrides) reader.apply_override(o);
   if (!reader.errors().empty()) throw ConfigError(join(reader.errors(), "\n"));
   Config cfg = std::move(reader.config());
