@@ -82,21 +82,34 @@ void copy_ids(const unsigned char* ids, int64_t first, int64_t count, int32_t* o
   }
 }
 
+std::string not_regular(mode_t mode) {
+  const char* kind = S_ISDIR(mode)    ? "a directory"
+                     : S_ISFIFO(mode) ? "a FIFO (named pipe)"
+                     : S_ISSOCK(mode) ? "a socket"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                                      : "of another kind";
+  return std::string("not a regular file: it is ") + kind + " (expected a token file; `piper prepare` makes one)";
+}
+
 }  // namespace
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Only a regular file is opened: stat() refuses a FIFO, device or directory first (opening a
+  // FIFO for reading would wait for a writer forever), and the open is non-blocking, so a path
+  // that became a FIFO in between is refused by the fstat() below instead of hanging.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, not_regular(st.st_mode));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     fail(path, std::string("cannot open: ") + std::strerror(errno) +
                    " (expected a readable token file; `piper prepare` makes one)");
   }
-  struct stat st {};
   const int stat_rc = ::fstat(fd, &st);
   const int stat_errno = errno;
   if (stat_rc != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(path, stat_rc != 0 ? std::string("cannot stat: ") + std::strerror(stat_errno)
-                            : std::string("not a regular file (expected a token file)"));
+    fail(path, stat_rc != 0 ? std::string("cannot stat: ") + std::strerror(stat_errno) : not_regular(st.st_mode));
   }
   const auto file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < static_cast<uint64_t>(kTokenHeaderBytes)) {

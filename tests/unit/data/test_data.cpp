@@ -1,9 +1,11 @@
 // test_data.cpp — unit tests of src/data: token file round trip, the data order's wrapping,
 // every open/write error's message, the byte tokenizer and `prepare`.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -333,6 +335,58 @@ TEST(TokenFile, CheckVocabNamesBothSizes) {
     EXPECT_NE(msg.find("vocab size 300"), std::string::npos) << msg;
     EXPECT_NE(msg.find("vocab_size is 256"), std::string::npos) << msg;
   }
+}
+
+// ---- only regular files, of the size their header says ------------------------------------------
+
+namespace {
+
+// A hung open() ends the test binary after 10 s instead of hanging ctest.
+struct Alarm {
+  explicit Alarm(unsigned s) { ::alarm(s); }
+  ~Alarm() { ::alarm(0); }
+};
+
+std::string open_error(const std::string& path) {
+  try {
+    TokenFile f(path);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(TokenFile, AFifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::string path = dir / "corpus.tok";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  Alarm guard(10);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = open_error(path);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_NE(msg.find("token file '" + path + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not a regular file: it is a FIFO (named pipe)"), std::string::npos) << msg;
+}
+
+TEST(TokenFile, ADeviceIsRefused) {
+  const std::string msg = open_error("/dev/null");
+  EXPECT_NE(msg.find("token file '/dev/null': not a regular file: it is a character device"), std::string::npos)
+      << msg;
+}
+
+TEST(TokenFile, AHeaderClaimingMoreTokensThanTheFileHoldsIsRefused) {
+  TempDir dir;
+  const std::string path = dir / "short.tok";
+  RawFile r;
+  r.count = uint64_t{1} << 40;  // 2 TiB of ids claimed, 8 bytes present
+  write_bytes(path, r.bytes());
+  const std::string msg = open_error(path);
+  EXPECT_NE(msg.find("token file '" + path + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("file is 40 bytes but its header says 1099511627776 tokens of 2 bytes"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("truncated or corrupt"), std::string::npos) << msg;
 }
 
 // ---- tokenizer --------------------------------------------------------------------------------
