@@ -38,6 +38,8 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "gemm.hpp"
@@ -65,7 +67,13 @@ Dims dims_of(const SsdShape& s) {
   d.P = s.P;
   d.G = s.G;
   d.N = s.N;
-  d.L = s.chunk > 0 ? s.chunk : std::max<int64_t>(s.Tn, 1);  // chunk <= 0: one chunk
+  // chunk <= 0, or a chunk longer than the sequence: one chunk of the sequence's length (the
+  // same numbers; the [L, L] scratch stays within the sequence).
+  const int64_t whole = std::max<int64_t>(s.Tn, 1);
+  d.L = s.chunk > 0 ? std::min(s.chunk, whole) : whole;
+  int64_t square = 0;  // the [L, L] scratch, checked here, outside any parallel region
+  if (__builtin_mul_overflow(d.L, d.L, &square))
+    throw std::length_error("ssd: chunk length " + std::to_string(d.L) + " squared does not fit 64 bits");
   d.nc = (s.Tn + d.L - 1) / d.L;
   d.hpg = s.G > 0 ? s.Hm / s.G : 1;
   d.xs = s.Hm * s.P;
@@ -79,6 +87,12 @@ Dims dims_of(const SsdShape& s) {
 template <class T>
 std::unique_ptr<T[]> scratch(int64_t n) {
   return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+}
+
+// Zeroed [L, L] scratch (dims_of checked that L * L fits).
+template <class T>
+std::unique_ptr<T[]> square_zeroed(int64_t L) {
+  return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(L * L, 1))]());
 }
 
 // dst[c, r] = src[r, c] for an [R, C] block (leading dimensions ls, ld).
@@ -147,7 +161,7 @@ void ssd_fwd(const SsdShape& s, const T* x, const T* dt, const T* A_log, const T
 #pragma omp parallel if (d.par)
   {
     auto ST = scratch<T>(d.PN);     // running state, transposed [N,P]
-    std::unique_ptr<T[]> M(new T[L * L]());  // masked decay-weighted C B^T [Lc,Lc]; the part
+    std::unique_ptr<T[]> M = square_zeroed<T>(L);  // masked decay-weighted C B^T [Lc,Lc]; the part
                                              // above the diagonal stays zero
     auto Cs = scratch<T>(L * N);    // diag(exp(acum)) C   [Lc,N]
     auto WbT = scratch<T>(N * L);   // (diag(w) B)^T       [N,Lc]
@@ -245,7 +259,7 @@ void ssd_bwd(const SsdShape& s, const T* dy, const T* x, const T* dt, const T* A
     auto dSo = scratch<T>(d.PN);   // gradient of the state leaving the chunk  [P,N]
     auto dSp = scratch<T>(d.PN);   // gradient of the state entering the chunk [P,N]
     auto dSoT = scratch<T>(d.PN);  // dSo^T [N,P]
-    std::unique_ptr<T[]> M(new T[L * L]());  // M [Lc,Lc]; the part above the diagonal stays 0
+    std::unique_ptr<T[]> M = square_zeroed<T>(L);  // M [Lc,Lc]; the part above the diagonal stays 0
     auto dM = scratch<T>(L * L);   // dY X^T, then Q = dM o M in the lower triangle
     auto XT = scratch<T>(P * L);   // X^T  [P,Lc]
     auto Cs = scratch<T>(L * N);   // diag(exp(acum)) C       [Lc,N]

@@ -2,14 +2,16 @@
 #include "ir/model_graph.hpp"
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
+
+#include "config/checked.hpp"
 
 namespace piper::ir {
 
 int64_t ParamSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  if (std::optional<int64_t> n = config::checked_product(shape)) return *n;
+  return config::size_product(shape, "parameter " + name);  // throws, naming the parameter
 }
 
 namespace {
@@ -56,15 +58,24 @@ int64_t tp_global_index(const ParamSpec& spec, int tp_rank, int tp, int64_t i) {
   return (outer * n_global + g) * inner + rest;
 }
 
+namespace {
+// a + b for parameter counts; ConfigError naming `what` when the sum leaves 64 bits.
+int64_t add_count(int64_t a, int64_t b, const char* what, const std::string& name) {
+  if (std::optional<int64_t> r = config::checked_add(a, b)) return *r;
+  throw config::ConfigError(std::string(what) + name + ": the parameter count does not fit 64-bit arithmetic; use "
+                            "smaller sizes (docs/config.md, Bounds)");
+}
+}  // namespace
+
 int64_t UnitSpec::param_count() const {
   int64_t n = 0;
-  for (const auto& p : params) n += p.numel();
+  for (const auto& p : params) n = add_count(n, p.numel(), "unit ", name);
   return n;
 }
 
 int64_t ModelGraph::param_count() const {
   int64_t n = 0;
-  for (const auto& u : units) n += u.param_count();
+  for (const auto& u : units) n = add_count(n, u.param_count(), "the model", "");
   return n;
 }
 

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "config/checked.hpp"
+
 namespace piper::ir {
 
 ScheduleKind parse_schedule(const std::string& name) {
@@ -69,8 +71,13 @@ Strategy expand(const config::Config& cfg, int world_size) {
     }
     s.order.chunks = s.place.virtual_stages;
   }
-  s.activation_bytes = cfg.train.global_batch / std::max<int64_t>(1, p.dp * p.microbatches) *
-                       cfg.train.seq_len * cfg.model.d_model * static_cast<int64_t>(sizeof(float));
+  const int64_t per_microbatch =
+      cfg.train.global_batch /
+      std::max<int64_t>(1, config::size_product({p.dp, p.microbatches}, "parallel.dp x parallel.microbatches"));
+  s.activation_bytes = config::size_product(
+      {per_microbatch, cfg.train.seq_len, cfg.model.d_model, static_cast<int64_t>(sizeof(float))},
+      "the activation of one microbatch, train.global_batch / (dp x microbatches) x train.seq_len x model.d_model "
+      "x 4 bytes");
   return s;
 }
 

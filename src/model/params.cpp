@@ -2,8 +2,10 @@
 #include "model/params.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
+#include "config/checked.hpp"
 #include "model/init.hpp"
 
 namespace piper::model {
@@ -22,16 +24,19 @@ ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& unit
       if (!ir::tp_divides(p, sharding_.tp_size))
         throw std::invalid_argument(p.name + ": its split dimension does not divide by tp " +
                                     std::to_string(sharding_.tp_size));
-      int64_t n = 1;
-      for (int64_t d : ir::tp_local_shape(p, sharding_.tp_size)) n *= d;
+      const int64_t n = config::size_product(ir::tp_local_shape(p, sharding_.tp_size), "parameter " + p.name);
       s.offsets.push_back(s.numel);
       s.numels.push_back(n);
       by_name_[p.name] = refs_.size();
       refs_.push_back({&p, u, s.numel, n});
-      s.numel += n;
+      const std::optional<int64_t> sum = config::checked_add(s.numel, n);
+      if (!sum)
+        throw config::ConfigError(spec.name + ": its parameter count does not fit 64-bit arithmetic; use smaller "
+                                  "sizes (docs/config.md, Bounds)");
+      s.numel = *sum;
     }
     s.shard_len = (s.numel + dp - 1) / dp;
-    const int64_t padded = s.shard_len * dp;
+    const int64_t padded = config::size_product({s.shard_len, dp}, spec.name + ": the padded parameter buffer");
     if (sharding_.zero >= 3) {
       s.shard_values_t = Tensor(be, s.shard_len, MemCategory::MEM_PARAMS);
       s.shard_values_t.zero();
