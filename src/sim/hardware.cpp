@@ -114,12 +114,16 @@ std::vector<Hardware> make_table() {
   throw std::invalid_argument(where + ": key \"" + key + "\": " + what);
 }
 
-double positive(const json& j, const std::string& where, const std::string& key, bool allow_zero = false) {
+// The number times `unit` (the key's unit in SI), refused where that product is not finite: it would be
+// written back as null (hardware_to_json) and turn every time into 0 or inf.
+double positive(const json& j, const std::string& where, const std::string& key, bool allow_zero = false,
+                double unit = 1.0) {
   if (!j.is_number()) bad(where, key, "expected a number, got " + j.dump());
   const double v = j.get<double>();
   if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
     bad(where, key, std::string("expected a ") + (allow_zero ? "non-negative" : "positive") + " number, got " + j.dump());
-  return v;
+  if (!std::isfinite(v * unit)) bad(where, key, "too large, got " + j.dump());
+  return v * unit;
 }
 
 double fraction(const json& j, const std::string& where, const std::string& key) {
@@ -158,8 +162,8 @@ Link link_from(const json& j, const std::string& where, const std::string& key) 
       bad(where, key + "." + it.key(), "unknown key; a link has name, bandwidth_gbs, latency_us");
   for (const char* k : {"name", "bandwidth_gbs", "latency_us"})
     if (!j.contains(k)) bad(where, key + "." + k, "missing");
-  return {text(j.at("name"), where, key + ".name"), positive(j.at("bandwidth_gbs"), where, key + ".bandwidth_gbs") * kGiga,
-          positive(j.at("latency_us"), where, key + ".latency_us", true) * kMicro};
+  return {text(j.at("name"), where, key + ".name"), positive(j.at("bandwidth_gbs"), where, key + ".bandwidth_gbs", false, kGiga),
+          positive(j.at("latency_us"), where, key + ".latency_us", true, kMicro)};
 }
 
 json link_to(const Link& l) {
@@ -304,17 +308,17 @@ Hardware parse_hardware(const std::string& json_text, const std::string& where) 
     h.vector_flops = 0;
   }
   if (j.contains("name")) h.name = text(j.at("name"), where, "name");
-  if (j.contains("peak_tflops")) h.peak_flops = positive(j.at("peak_tflops"), where, "peak_tflops") * kTera;
-  if (j.contains("vector_tflops")) h.vector_flops = positive(j.at("vector_tflops"), where, "vector_tflops") * kTera;
+  if (j.contains("peak_tflops")) h.peak_flops = positive(j.at("peak_tflops"), where, "peak_tflops", false, kTera);
+  if (j.contains("vector_tflops")) h.vector_flops = positive(j.at("vector_tflops"), where, "vector_tflops", false, kTera);
   if (h.vector_flops <= 0) h.vector_flops = h.peak_flops;
-  if (j.contains("mem_bw_gbs")) h.mem_bw = positive(j.at("mem_bw_gbs"), where, "mem_bw_gbs") * kGiga;
+  if (j.contains("mem_bw_gbs")) h.mem_bw = positive(j.at("mem_bw_gbs"), where, "mem_bw_gbs", false, kGiga);
   if (j.contains("mfu")) h.mfu = fraction(j.at("mfu"), where, "mfu");
   if (j.contains("mem_eff")) h.mem_eff = fraction(j.at("mem_eff"), where, "mem_eff");
   if (j.contains("elem_bytes")) h.elem_bytes = integer(j.at("elem_bytes"), where, "elem_bytes", 1, 8);
-  if (j.contains("launch_us")) h.launch = positive(j.at("launch_us"), where, "launch_us", true) * kMicro;
+  if (j.contains("launch_us")) h.launch = positive(j.at("launch_us"), where, "launch_us", true, kMicro);
   if (j.contains("devices_per_node"))
     h.devices_per_node = integer(j.at("devices_per_node"), where, "devices_per_node", 1, 1 << 20);
-  if (j.contains("memory_gb")) h.memory_bytes = positive(j.at("memory_gb"), where, "memory_gb", true) * kGiga;
+  if (j.contains("memory_gb")) h.memory_bytes = positive(j.at("memory_gb"), where, "memory_gb", true, kGiga);
   if (j.contains("intra_node")) h.intra_node = link_from(j.at("intra_node"), where, "intra_node");
   if (j.contains("inter_node")) h.inter_node = link_from(j.at("inter_node"), where, "inter_node");
   if (j.contains("description"))
