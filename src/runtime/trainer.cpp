@@ -24,6 +24,7 @@
 #include "model/model.hpp"
 #include "runtime/checkpointing.hpp"
 #include "runtime/executor.hpp"
+#include "runtime/fit.hpp"
 #include "runtime/tracing.hpp"
 
 namespace piper::runtime {
@@ -163,7 +164,7 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
 // optimizer bytes held after the step (the model state).
 constexpr int kRankFigures = 12;
 
-void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) {
+void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) try {
   const bool lead = env.rank() == 0;
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
   const TraceSteps trace_steps = parse_trace_steps(opts.trace_steps);
@@ -189,6 +190,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     throw UserError("the ranks compiled different plans (rank " + std::to_string(env.rank()) +
                     " on " + env.host() + " has hash " + std::to_string(plan.hash) +
                     "); every rank must run the same piper binary with the same config");
+  check_memory_fit(cfg, plan, env);  // refuses what cannot fit, before the model is allocated
   ir::Program program = ir::lower(plan.graph, env.rank());
 
   // Process groups from the rank grid, passed down explicitly.
@@ -368,6 +370,8 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
               human_bytes(mem.peak[0]).c_str(), human_bytes(mem.peak[1]).c_str(),
               human_bytes(mem.peak[2]).c_str(), human_bytes(mem.peak[3]).c_str(),
               human_bytes(mem.peak[4]).c_str());
+} catch (const std::bad_alloc&) {
+  out_of_memory(env);  // a user error with the memory figures, on every rank
 }
 
 }  // namespace piper::runtime
