@@ -83,7 +83,7 @@ struct RankState {
   bool finished = false;
   double t = 0;           // compute stream clock
   double cursor = 0;      // time inside a wait
-  std::vector<int> dp_group, tp_group;
+  size_t dp_group = 0, tp_group = 0;  // indices into Sim::groups_
   std::map<int, int> uses_left;  // ZeRO-3 gather node -> compute uses left
   std::vector<char> grads_alive;  // per unit: ZeRO >= 2 full gradients allocated
   std::map<std::pair<int, int>, int> alive;  // (stage, mb) -> units holding saved state
@@ -121,6 +121,16 @@ class Sim {
       names_.push_back(u.name);
     }
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
+    issued_members_.assign(plan.graph.nodes().size(), 0);
+    // Each dp and tp group once (not once per member: a group of n ranks is n ints, not n^2).
+    const char* dims[2] = {"dp", "tp"};
+    for (int d = 0; d < 2; ++d) {
+      group_of_[d].assign(static_cast<size_t>(world_), 0);
+      for (std::vector<int>& g : grid_.groups(dims[d])) {
+        for (int m : g) group_of_[d][static_cast<size_t>(m)] = groups_.size();
+        groups_.push_back(std::move(g));
+      }
+    }
     ranks_.resize(static_cast<size_t>(world_));
     for (int r = 0; r < world_; ++r) init_rank(r);
   }
@@ -168,8 +178,8 @@ class Sim {
         if (zero3_gather(comm[it->second])) ++st.uses_left[w];
       }
     }
-    st.dp_group = grid_.group(r, "dp");
-    st.tp_group = grid_.group(r, "tp");
+    st.dp_group = group_of_[0][static_cast<size_t>(r)];
+    st.tp_group = group_of_[1][static_cast<size_t>(r)];
     st.grads_alive.assign(sizes_.size(), 0);
     // State held between steps, as the parameter store and the optimiser allocate it.
     std::vector<char> held(sizes_.size(), 0);
@@ -205,6 +215,7 @@ class Sim {
     RankState& st = R(r);
     st.issue[k] = t;
     ++issued_count_;
+    ++issued_members_[static_cast<size_t>(st.prog.comm[k].node)];
     while (st.comm_next < st.issue.size() && known(st.issue[st.comm_next])) ++st.comm_next;
     const Instr& c = st.prog.comm[k];
     if (c.kind == NodeKind::RECV)
@@ -255,8 +266,10 @@ class Sim {
       const size_t pk = c.kind == NodeKind::SEND ? peer.recv_of_tag.at(c.tag) : peer.comm_of.at(c.tag);
       parties = {{r, k}, {c.peer, pk}};
     } else {
-      for (int m : c.group == ir::GroupDim::GROUP_TP ? st.tp_group : st.dp_group)
-        parties.emplace_back(m, R(m).comm_of.at(c.node));
+      // Members issue one by one; only once the last has is the group walked (once per collective).
+      const std::vector<int>& group = groups_[c.group == ir::GroupDim::GROUP_TP ? st.tp_group : st.dp_group];
+      if (issued_members_[static_cast<size_t>(c.node)] < static_cast<int>(group.size())) return kUnknown;
+      for (int m : group) parties.emplace_back(m, R(m).comm_of.at(c.node));
     }
     double start = 0;
     for (auto [m, mk] : parties) {
@@ -550,6 +563,9 @@ class Sim {
   std::vector<RankState> ranks_;
   std::vector<double> norm_issue_;
   int64_t issued_count_ = 0;  // issues so far: a blocked rank that issued something made progress
+  std::vector<int> issued_members_;  // per graph node: ranks that have issued it
+  std::vector<std::vector<int>> groups_;      // every dp group, then every tp group
+  std::array<std::vector<size_t>, 2> group_of_;  // [dp, tp][rank]: index into groups_
   std::vector<trace::Event> events_;
 };
 
