@@ -54,7 +54,9 @@ Strategy expand(const config::Config& cfg, int world_size) {
   for (int64_t st : e.stage_of_unit) s.place.stage_of_unit.push_back(static_cast<int>(st));
   s.replicate.dp = static_cast<int>(p.dp);
   s.replicate.zero = static_cast<int>(p.zero);
-  s.replicate.bucket_bytes = std::llround(p.bucket_mb * (1 << 20));
+  // At least one byte: a bucket_mb above 0 but below half a byte (1e-310) would round to 0, and the directives
+  // printed for the plan (bucket_mb: 0) would be refused.
+  s.replicate.bucket_bytes = std::max<int64_t>(1, std::llround(p.bucket_mb * (1 << 20)));
   s.shard.tp = static_cast<int>(p.tp);
   if (custom) {
     for (const auto& rank : e.order_ranks) {
