@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# run-libfuzzer.sh — runs every libFuzzer harness of a PIPER_LIBFUZZER build (`make fuzz`; docs/testing.md).
+# Usage: tests/fuzz/run-libfuzzer.sh BUILD_DIR [SECONDS_PER_HARNESS] [READER...]
+# Each harness starts from its checked-in seeds (tests/fuzz/corpus/<reader>/, read only) and keeps what it
+# finds in BUILD_DIR/fuzz/corpus/<reader>/ (the next run starts from there too). A crash, a sanitizer report,
+# a leak, a timeout (20 s per input) or an input over 2 GiB of memory is written to
+# BUILD_DIR/fuzz/crashes/<reader>-* and fails the run; every harness runs even when one fails. The whole
+# output of a harness is in BUILD_DIR/fuzz/<reader>.log.
+set -uo pipefail
+build=${1:?usage: tests/fuzz/run-libfuzzer.sh BUILD_DIR [SECONDS] [READER...]}
+seconds=${2:-60}
+shift 2 2>/dev/null || shift $#
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+readers=("$@")
+[[ ${#readers[@]} -gt 0 ]] || readers=(config directives token_file checkpoint cost hardware)
+
+# Open MPI's own allocations at MPI_Init (checkpoint harness) are not the readers' leaks: tests/sanitizers/lsan.supp.
+export LSAN_OPTIONS="suppressions=$root/../sanitizers/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}"
+
+failed=()
+for r in "${readers[@]}"; do
+  exe=$build/fuzz/fuzz_$r
+  [[ -x $exe ]] || { echo "run-libfuzzer: $exe not built (cmake --build $build --target fuzz_tests)" >&2; exit 2; }
+  corpus=$build/fuzz/corpus/$r
+  crashes=$build/fuzz/crashes
+  mkdir -p "$corpus" "$crashes"
+  dict=()
+  [[ -f $root/dict/$r.dict ]] && dict=(-dict="$root/dict/$r.dict")
+  echo "=== fuzz_$r: $seconds s"
+  start=$(date +%s)
+  "$exe" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=16384 -print_final_stats=1 \
+    -artifact_prefix="$crashes/$r-" "${dict[@]}" "$corpus" "$root/corpus/$r" >"$build/fuzz/$r.log" 2>&1
+  rc=$?
+  tail -n 60 "$build/fuzz/$r.log"
+  echo "=== fuzz_$r: exit $rc after $(( $(date +%s) - start )) s, corpus $(ls "$corpus" | wc -l) inputs"
+  [[ $rc -eq 0 ]] || failed+=("$r")
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "run-libfuzzer: FAILED: ${failed[*]} (inputs in $build/fuzz/crashes/; reproduce: $build/fuzz/fuzz_<reader> FILE)" >&2
+  exit 1
+fi
+echo "run-libfuzzer: every harness ran $seconds s without a failure"
