@@ -1257,6 +1257,7 @@ constexpr int64_t kMaxThreads = 4096;
 constexpr int64_t kMaxRanks = int64_t{1} << 16;      // dp, tp, pp each
 constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
 constexpr int64_t kMaxVirtualStages = 4096;
+constexpr int64_t kMaxUnitPasses = int64_t{1} << 20;  // (blocks + 2) x microbatches
 constexpr double kMaxBucketMb = 1048576.0;           // 1 TiB
 constexpr double kMaxCommTimeout = 1e9;              // seconds (~31 years): fits a nanosecond clock
 
@@ -1394,6 +1395,12 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
             (near.empty() ? "" : " (did you mean '" + near + "'?)"));
   }
 
+  // The plan holds a node per unit, microbatch and pass: its size, and the time to build it.
+  if (mb_ok && pattern_ok(c.model.pattern))
+    ck.product_within("parallel.microbatches", {"model.pattern"}, "the unit passes of a step",
+                      {{"(blocks + 2)", static_cast<int64_t>(c.model.pattern.size()) + 2},
+                       {"microbatches", p.microbatches}},
+                      kMaxUnitPasses, "2^20 = 1048576 (the plan holds nodes for each unit and microbatch)");
   // dims_ok and mb_ok bound these products far inside 64 bits; checked all the same.
   const int64_t dp_mb = checked_product({p.dp, p.microbatches}).value_or(INT64_MAX);
   const int64_t dp_tp_pp = checked_product({p.dp, p.tp, p.pp}).value_or(INT64_MAX);

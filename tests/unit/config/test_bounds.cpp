@@ -115,6 +115,9 @@ const std::vector<Huge> kHuge = {
      {"world size 1 != dp(65536) x tp(65536) x pp(65536) = 281474976710656"}},
     {"Microbatches", {std::string("parallel.microbatches=") + k31},
      {"parallel.microbatches=2147483647: must be at most 65536"}},
+    {"UnitPasses", {"model.pattern=" + std::string(1022, '-'), "parallel.microbatches=2048", "train.global_batch=2048"},
+     {"--set parallel.microbatches=2048: the unit passes of a step (blocks + 2) x microbatches = 1024 x 2048 = "
+      "2097152 is above the bound 2^20"}},
     {"VirtualStages", {std::string("parallel.virtual_stages=") + k31}, {"parallel.virtual_stages=2147483647"}},
     {"BucketMb", {"parallel.bucket_mb=1e300"}, {"parallel.bucket_mb=1e+300", "at most 1048576 MiB"}},
     {"CommTimeout", {"parallel.comm_timeout_s=1e300"}, {"parallel.comm_timeout_s=1e+300", "at most 1e9 seconds"}},
@@ -156,6 +159,7 @@ TEST(Bounds, TheLargestValueOfEachBoundIsAccepted) {
            {"train.global_batch=16777216", "train.seq_len=4096"},
            {"train.seq_len=16777216", "train.global_batch=4096"},
            {"parallel.bucket_mb=1048576", "parallel.comm_timeout_s=1e9"},
+           {"model.pattern=" + std::string(1022, '-'), "parallel.microbatches=1024", "train.global_batch=1024"},
        }) {
     std::string joined;
     for (const std::string& s : sets) joined += s + " ";
