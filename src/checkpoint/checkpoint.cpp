@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -60,7 +61,15 @@ std::string h5_error() {
   std::string s;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &s);
   H5Eclear2(H5E_DEFAULT);
-  return s.empty() ? "HDF5 error" : s;
+  if (s.empty()) return "HDF5 error";
+  // An operating-system error, e.g. "file write failed: time = ..., errno = 28, error message = 'No space
+  // left on device', buf = ...": what failed and the OS's words.
+  const size_t m = s.find("error message = '");
+  if (m != std::string::npos) {
+    const size_t b = m + 17, e = s.find('\'', b);
+    return s.substr(0, s.find(':')) + ": " + s.substr(b, e == std::string::npos ? std::string::npos : e - b);
+  }
+  return s;
 }
 
 void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
@@ -660,19 +669,52 @@ std::string mib(int64_t bytes) {
   return b;
 }
 
-// Rank 0 alone: the file's structure at `tmp` (datasets with their storage allocated, never filled; checksums;
-// root attributes), closed again. Returns where each dataset's elements start in the file (-1: none).
-std::vector<int64_t> create_structure(const Where& wt, const std::string& tmp, const Meta& meta,
+// A scratch file in memory (on /dev/shm's tmpfs, else in the temp folder), removed with the object. Sparse:
+// only the bytes written take memory.
+class MemFile {
+ public:
+  MemFile() {
+    static int serial = 0;
+    std::error_code ec;
+    const fs::path dir = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path(ec);
+    path_ = (dir / (".piper-structure-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + ".h5")).string();
+  }
+  MemFile(const MemFile&) = delete;
+  MemFile& operator=(const MemFile&) = delete;
+  ~MemFile() {
+    if (fd_ >= 0) ::close(fd_);
+    std::error_code ec;
+    fs::remove(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  // Opens it for reading once HDF5 has closed it.
+  int fd() {
+    if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    return fd_;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Rank 0 alone: the file's structure (every dataset with its storage allocated, never filled; checksums; root
+// attributes) built by HDF5 in `mem`, where no write can fail: a write error inside HDF5 1.10's flush leaves
+// the file impossible to close, and the library then crashes when it shuts down in MPI_Finalize. Returns where
+// each dataset's elements start in the file (-1: none).
+std::vector<int64_t> create_structure(const Where& wt, const MemFile& mem, const Meta& meta,
                                       const std::vector<DatasetSpec>& all, const std::vector<std::string>& names,
                                       const std::vector<uint64_t>& sums) {
   Id fapl = wt.check(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "file access properties");
+  wt.check(H5Pset_fapl_sec2(fapl), "file access properties");
   wt.check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), "file format bounds");
-  Id file = wt.check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose, "cannot create");
   Id lcpl = wt.check(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "link properties");
   wt.check(H5Pset_create_intermediate_group(lcpl, 1), "link properties");
   Id dcpl = wt.check(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "dataset properties");
   wt.check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "dataset properties");
   wt.check(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY), "dataset properties");
+  Id file = wt.check(H5Fcreate(mem.path().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose,
+                     "cannot create its structure in " + mem.path());
   std::vector<int64_t> offsets(all.size(), -1);
   for (size_t i = 0; i < all.size(); ++i) {
     const auto dims = to_hsize(all[i].shape);
@@ -688,33 +730,54 @@ std::vector<int64_t> create_structure(const Where& wt, const std::string& tmp, c
     offsets[i] = static_cast<int64_t>(at);
   }
   write_meta(wt, file, meta);
-  if (file.close() < 0) wt.fail("writing the file's structure failed: " + h5_error());
+  if (file.close() < 0) wt.fail("building the file's structure failed: " + h5_error());
   return offsets;
 }
 
-// Rank 0: the file system has room for the rest of the file (its size less what is already on the disk) with a
-// margin, and the room is reserved, so that no write of the data can meet a full disk.
-void reserve_room(const Where& wt, const std::string& tmp) {
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) wt.fail(std::string("cannot open to reserve its space: ") + std::strerror(errno));
-  struct stat st {};
-  struct statvfs vfs {};
+// Rank 0: the temporary at its full size, its room on the disk checked (with the structure's bytes) and
+// reserved (fallocate), so that no write of the data can meet a full disk; then the structure, the parts of
+// `mem` that hold bytes, copied to the same offsets.
+void write_structure(const Where& wt, MemFile& mem, const std::string& tmp) {
+  const int src = mem.fd();
+  if (src < 0) wt.fail("cannot read its structure back from " + mem.path() + ": " + std::strerror(errno));
+  const off_t size = ::lseek(src, 0, SEEK_END);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) wt.fail(std::string("cannot create: ") + std::strerror(errno));
   std::string err;
-  if (::fstat(fd, &st) != 0 || ::fstatvfs(fd, &vfs) != 0) {
+  struct statvfs vfs {};
+  if (::fstatvfs(fd, &vfs) != 0) {
     err = std::string("cannot read the file system's free space: ") + std::strerror(errno);
-  } else {
-    const int64_t size = static_cast<int64_t>(st.st_size), on_disk = static_cast<int64_t>(st.st_blocks) * 512;
-    const int64_t needed = std::max<int64_t>(0, size - on_disk);
-    const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
-    if (needed > free_bytes)
-      err = "no room on the file system: the checkpoint needs " + mib(needed) + " more, " + mib(free_bytes) +
-            " are free (" + std::strerror(ENOSPC) + ")";
+  } else if (const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+             size > free_bytes) {
+    err = "no room on the file system: the checkpoint takes " + mib(size) + ", " + mib(free_bytes) +
+          " are free (" + std::strerror(ENOSPC) + ")";
 #ifdef __linux__
-    else if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
-      err = "cannot reserve " + mib(size) + " on the file system: " + std::strerror(errno);
+  } else if (::fallocate(fd, 0, 0, size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+    err = "cannot reserve " + mib(size) + " on the file system: " + std::strerror(errno);
 #endif
+  } else if (::ftruncate(fd, size) != 0) {
+    err = std::string("cannot set its size: ") + std::strerror(errno);
   }
-  ::close(fd);
+  std::vector<char> buf(size_t{1} << 20);
+  for (off_t at = ::lseek(src, 0, SEEK_DATA); err.empty() && at >= 0 && at < size;) {
+    const off_t end = std::min<off_t>(size, ::lseek(src, at, SEEK_HOLE));
+    for (; err.empty() && at < end;) {
+      const ssize_t n = ::pread(src, buf.data(), static_cast<size_t>(std::min<off_t>(end - at, buf.size())), at);
+      if (n <= 0) {
+        err = std::string("cannot read its structure back: ") + std::strerror(n < 0 ? errno : EIO);
+        break;
+      }
+      for (ssize_t k = 0; err.empty() && k < n;) {
+        const ssize_t w = ::pwrite(fd, buf.data() + k, static_cast<size_t>(n - k), at + k);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) err = "write of its structure at " + std::to_string(at + k) + " failed: " + std::strerror(w < 0 ? errno : ENOSPC);
+        else k += w;
+      }
+      at += n;
+    }
+    if (err.empty()) at = ::lseek(src, end, SEEK_DATA);
+  }
+  if (::close(fd) != 0 && err.empty()) err = std::string("close failed: ") + std::strerror(errno);
   if (!err.empty()) wt.fail(err);
 }
 
@@ -815,10 +878,14 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
         fs::remove(tmp, ec);
       }
       throw;
+    } catch (const comm::StallError&) {  // the job is ending: whichever rank noticed clears up
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw;
     }
   };
 
-  // 1. The structure, by rank 0 alone; its room on the disk reserved.
+  // 1. The structure, by rank 0 alone; the file's room on the disk reserved.
   std::vector<int64_t> offsets(nd, -1);
   step("the creation of the checkpoint file", [&] {
     if (rank != 0) return;
@@ -828,8 +895,9 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
       fs::create_directories(parent, ec);
       if (ec) w.fail("cannot create directory " + parent.string() + ": " + ec.message());
     }
-    offsets = create_structure(wt, tmp, meta, all, names, sums);
-    reserve_room(wt, tmp);
+    MemFile mem;
+    offsets = create_structure(wt, mem, meta, all, names, sums);
+    write_structure(wt, mem, tmp);
   });
   MPI_Request req;
   MPI_Ibcast(offsets.data(), static_cast<int>(nd), MPI_INT64_T, 0, comm, &req);

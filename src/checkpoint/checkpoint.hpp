@@ -67,8 +67,9 @@ struct SaveOptions {
 
 // Collective over comm, every wait bounded by options.timeout_s (comm::StallError names a rank that does not
 // arrive). Writes PATH through a temporary name (.NAME.tmp in the same directory):
-//   1. rank 0 creates the file's structure alone (every dataset with its storage allocated, its checksum, the
-//      root attributes), closes it, checks the file system has room for the data and reserves it (fallocate);
+//   1. rank 0 builds the file's structure alone, in memory (every dataset with its storage allocated, its
+//      checksum, the root attributes), checks the file system has room for the whole file and reserves it
+//      (fallocate), and writes the structure there;
 //   2. every rank writes its elements at the offsets HDF5 allocated (whole pages with O_DIRECT where allowed,
 //      the rest through the page cache) and flushes them to the disk;
 //   3. rank 0 renames the temporary over PATH and syncs the directory.

@@ -121,19 +121,16 @@ void keep_last(const std::string& dir, int k) {
     }
   }
   auto steps = list_steps(d);
-  const int64_t newest_kept = steps.empty() ? -1 : steps.back().first;
   const size_t n = steps.size();
   for (size_t i = 0; i + static_cast<size_t>(k) < n; ++i) {
     if (steps[i].second.filename().string() == pinned) continue;
     fs::remove(steps[i].second, ec);
   }
-  // Temporaries of saves that never finished, older than the newest finished checkpoint.
+  // Temporaries of saves that never finished (a job killed while saving): one save is in flight at a time, and
+  // this one has finished, so every temporary left is of a save that never will.
   static const std::regex tmp_re(R"(\.step_(\d+)\.h5\.tmp)");
-  for (const auto& e : fs::directory_iterator(d, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, tmp_re) && std::stoll(m[1].str()) < newest_kept) fs::remove(e.path(), ec);
-  }
+  for (const auto& e : fs::directory_iterator(d, ec))
+    if (std::regex_match(e.path().filename().string(), tmp_re)) fs::remove(e.path(), ec);
 }
 
 }  // namespace piper::checkpoint

@@ -22,8 +22,8 @@ void update_latest(const std::string& dir, const std::string& path);
 // `latest`, or without one its highest step_*.h5). CheckpointError when there is none.
 std::string resolve(const std::string& dir_or_path_or_latest);
 
-// Removes all but the newest k step_*.h5 in dir (never the one `latest` names) and temporaries older than
-// the newest kept checkpoint.
+// Removes all but the newest k step_*.h5 in dir (never the one `latest` names) and every temporary: called
+// after a save has finished, when no other save is in flight, so they are of saves that never finished.
 void keep_last(const std::string& dir, int k);
 
 // fsync of a file or directory; CheckpointError naming it on failure.

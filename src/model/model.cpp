@@ -24,14 +24,15 @@ Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::v
 }
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
-                                     int64_t max_context, uint64_t seed, float temperature) {
+                                     int64_t max_context, uint64_t seed, float temperature,
+                                     const std::function<bool()>& stop) {
   for (const auto& u : units_)
     if (!u) throw std::logic_error("generate needs every unit of the model on this rank");
   constexpr int kSlot = -1;  // inference slot, apart from training microbatches
   std::vector<int32_t> seq = prompt;
   std::mt19937_64 rng(seed);
   const int64_t D = cfg_.d_model, V = cfg_.vocab_size;
-  for (int64_t step = 0; step < n; ++step) {
+  for (int64_t step = 0; step < n && !(stop && stop()); ++step) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - max_context);
     std::vector<int32_t> ctx(seq.begin() + start, seq.end());
     MicroBatch mb{ctx.data(), nullptr, 1, static_cast<int64_t>(ctx.size()), 1.0f};

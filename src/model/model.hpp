@@ -1,6 +1,7 @@
 // model.hpp — the units a rank holds, their parameters, and text generation.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,9 +28,10 @@ class Model {
 
   // Continues `prompt` by `n` tokens, sampling from softmax(logits / temperature)
   // with a generator seeded by `seed` (temperature 0: greedy). Context is cut to
-  // the last `max_context` tokens. Needs every unit on this rank.
+  // the last `max_context` tokens. Needs every unit on this rank. Stops early,
+  // returning the tokens so far, once `stop` (asked before each token) says so.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, int64_t max_context,
-                                uint64_t seed, float temperature);
+                                uint64_t seed, float temperature, const std::function<bool()>& stop = {});
 
  private:
   static std::vector<int> all_units(const ir::ModelGraph& g, std::vector<int> units);

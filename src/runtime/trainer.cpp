@@ -152,7 +152,9 @@ std::string human_bytes(int64_t b) {
 void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
   data::ByteTokenizer tok;
   const std::vector<int32_t> prompt = tok.encode("The ");
-  auto out = m.generate(prompt, cfg.train.sample_tokens, cfg.train.seq_len, cfg.train.seed + static_cast<uint64_t>(step), 0.8f);
+  // A stop signal cuts the sample short: the checkpoint at the step boundary comes first.
+  auto out = m.generate(prompt, cfg.train.sample_tokens, cfg.train.seq_len, cfg.train.seed + static_cast<uint64_t>(step),
+                        0.8f, [] { return g_stop_signal != 0; });
   std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
 }
 

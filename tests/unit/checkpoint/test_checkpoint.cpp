@@ -382,12 +382,14 @@ TEST(Checkpoint, LatestKeepLastResolve) {
   EXPECT_EQ(resolve((dir / "latest").string()), checkpoint_path(d, 40));
   EXPECT_EQ(resolve(checkpoint_path(d, 20)), checkpoint_path(d, 20));
   { std::ofstream(temp_path(checkpoint_path(d, 35))) << "partial"; }  // a crashed save
+  { std::ofstream(temp_path(checkpoint_path(d, 50))) << "partial"; }  // a crashed save of a later run
   keep_last(d, 2);
   EXPECT_FALSE(fs::exists(checkpoint_path(d, 10)));
   EXPECT_FALSE(fs::exists(checkpoint_path(d, 20)));
   EXPECT_TRUE(fs::exists(checkpoint_path(d, 30)));
   EXPECT_TRUE(fs::exists(checkpoint_path(d, 40)));
   EXPECT_FALSE(fs::exists(temp_path(checkpoint_path(d, 35))));
+  EXPECT_FALSE(fs::exists(temp_path(checkpoint_path(d, 50))));
   // `latest` pins its checkpoint even when it is not among the newest k.
   update_latest(d, checkpoint_path(d, 30));
   keep_last(d, 1);
