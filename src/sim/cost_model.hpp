@@ -89,11 +89,29 @@ struct CostModel {
   // The slowdown at an average of `busy` ranks of a host computing at once:
   // host_slowdown interpolated, extended beyond its end as the cores are
   // shared (proportional to busy); max(1, busy x threads / cores) without it.
+  // Throws std::logic_error for a busy count that is not a finite number >= 0.
   double sharing(double busy) const;
 };
 
+// What a cost model may hold (docs/calibration.md, "Validation"). Every number
+// is finite; these bounds keep every time and byte count the simulator adds up
+// finite, for any plan within its limits (simulator.hpp), far from overflow.
+constexpr double kMaxCoefficient = 1e12;  // |a| and b of every linear cost: ms (31 years) or bytes (1 TB)
+constexpr double kMaxPointBytes = 1e15;   // bytes of a measured communication point
+constexpr double kMaxSlowdown = 1000;     // each host_slowdown factor
+constexpr int kMaxHostRanks = 4096;       // entries of host_slowdown: ranks of one host
+constexpr int kMaxHostCores = 4096;       // host_cores
+constexpr int kMaxThreadsPerRank = 4096;  // threads_per_rank (as the config's train.threads)
+constexpr int kMaxGroupRanks = 65536;     // an op's tp, a comm entry's ranks (2^16, the config's bound per grid axis)
+
+// Checks every field of `m` against the bounds above; throws
+// std::invalid_argument naming `where`, the key path (ops[2].f.b) and the
+// allowed range. parse_cost and analytic_cost run it on what they return.
+void check_cost(const CostModel& m, const std::string& where);
+
 // JSON text <-> CostModel. parse_cost throws std::invalid_argument naming
-// `where` (a file name) and the key that is wrong.
+// `where` (a file name), the key path that is wrong and what would be right:
+// unknown keys, wrong types and values outside check_cost's bounds.
 CostModel parse_cost(const std::string& json_text, const std::string& where);
 std::string to_json(const CostModel& m);
 CostModel load_cost(const std::string& path);

@@ -116,15 +116,26 @@ std::vector<Hardware> make_table() {
 
 // The number times `unit` (the key's unit in SI), refused where that product is not finite: it would be
 // written back as null (hardware_to_json) and turn every time into 0 or inf.
+// Values are also held within [lo, hi] in the key's own unit (docs/hardware.md, "Validation"), so that
+// the analytic times stay finite and within the cost model's bounds.
 double positive(const json& j, const std::string& where, const std::string& key, bool allow_zero = false,
-                double unit = 1.0) {
+                double unit = 1.0, double lo = 0.0, double hi = 1e300) {
   if (!j.is_number()) bad(where, key, "expected a number, got " + j.dump());
   const double v = j.get<double>();
   if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
     bad(where, key, std::string("expected a ") + (allow_zero ? "non-negative" : "positive") + " number, got " + j.dump());
+  if (v > hi || (v != 0 && v < lo) || (v == 0 && lo > 0))
+    bad(where, key, "expected " + std::string(allow_zero ? "0 or " : "") + "a number from " + fmt(lo) + " to " +
+                        fmt(hi) + ", got " + j.dump());
   if (!std::isfinite(v * unit)) bad(where, key, "too large, got " + j.dump());
   return v * unit;
 }
+
+// Ranges of the hardware file's numbers, in the file's units.
+constexpr double kMinRate = 1e-6, kMaxRate = 1e6;  // TFLOP/s and GB/s: 1 MFLOP/s .. 1 EFLOP/s, 1 kB/s .. 1 PB/s
+constexpr double kMaxMicros = 1e9;                 // latency_us, launch_us: at most 1000 s
+constexpr double kMaxMemoryGb = 1e6;               // memory_gb: at most 1 PB
+constexpr int kMaxDevicesPerNode = 65536;
 
 double fraction(const json& j, const std::string& where, const std::string& key) {
   const double v = positive(j, where, key);
@@ -162,8 +173,8 @@ Link link_from(const json& j, const std::string& where, const std::string& key) 
       bad(where, key + "." + it.key(), "unknown key; a link has name, bandwidth_gbs, latency_us");
   for (const char* k : {"name", "bandwidth_gbs", "latency_us"})
     if (!j.contains(k)) bad(where, key + "." + k, "missing");
-  return {text(j.at("name"), where, key + ".name"), positive(j.at("bandwidth_gbs"), where, key + ".bandwidth_gbs", false, kGiga),
-          positive(j.at("latency_us"), where, key + ".latency_us", true, kMicro)};
+  return {text(j.at("name"), where, key + ".name"), positive(j.at("bandwidth_gbs"), where, key + ".bandwidth_gbs", false, kGiga, kMinRate, kMaxRate),
+          positive(j.at("latency_us"), where, key + ".latency_us", true, kMicro, 0.0, kMaxMicros)};
 }
 
 json link_to(const Link& l) {
@@ -202,8 +213,14 @@ void check_hardware(const Hardware& hw) {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw std::invalid_argument("sim: hardware \"" + hw.name + "\": " + what);
   };
-  need(hw.peak_flops > 0, "peak_flops must be positive");
-  need(hw.mem_bw > 0, "mem_bw must be positive");
+  need(std::isfinite(hw.peak_flops) && hw.peak_flops > 0, "peak_flops must be positive and finite");
+  need(std::isfinite(hw.vector_flops) && hw.vector_flops >= 0, "vector_flops must be finite, >= 0 (0: peak_flops)");
+  need(std::isfinite(hw.mem_bw) && hw.mem_bw > 0, "mem_bw must be positive and finite");
+  need(std::isfinite(hw.launch) && hw.launch >= 0, "launch must be finite and >= 0");
+  need(std::isfinite(hw.intra_node.bandwidth) && std::isfinite(hw.inter_node.bandwidth) &&
+           std::isfinite(hw.intra_node.latency) && std::isfinite(hw.inter_node.latency) &&
+           hw.intra_node.latency >= 0 && hw.inter_node.latency >= 0,
+       "link bandwidths and latencies must be finite, latencies >= 0");
   need(hw.mfu > 0 && hw.mfu <= 1, "mfu must be in (0, 1]");
   need(hw.mem_eff > 0 && hw.mem_eff <= 1, "mem_eff must be in (0, 1]");
   need(hw.elem_bytes >= 1, "elem_bytes must be at least 1");
@@ -308,17 +325,17 @@ Hardware parse_hardware(const std::string& json_text, const std::string& where) 
     h.vector_flops = 0;
   }
   if (j.contains("name")) h.name = text(j.at("name"), where, "name");
-  if (j.contains("peak_tflops")) h.peak_flops = positive(j.at("peak_tflops"), where, "peak_tflops", false, kTera);
-  if (j.contains("vector_tflops")) h.vector_flops = positive(j.at("vector_tflops"), where, "vector_tflops", false, kTera);
+  if (j.contains("peak_tflops")) h.peak_flops = positive(j.at("peak_tflops"), where, "peak_tflops", false, kTera, kMinRate, kMaxRate);
+  if (j.contains("vector_tflops")) h.vector_flops = positive(j.at("vector_tflops"), where, "vector_tflops", false, kTera, kMinRate, kMaxRate);
   if (h.vector_flops <= 0) h.vector_flops = h.peak_flops;
-  if (j.contains("mem_bw_gbs")) h.mem_bw = positive(j.at("mem_bw_gbs"), where, "mem_bw_gbs", false, kGiga);
+  if (j.contains("mem_bw_gbs")) h.mem_bw = positive(j.at("mem_bw_gbs"), where, "mem_bw_gbs", false, kGiga, kMinRate, kMaxRate);
   if (j.contains("mfu")) h.mfu = fraction(j.at("mfu"), where, "mfu");
   if (j.contains("mem_eff")) h.mem_eff = fraction(j.at("mem_eff"), where, "mem_eff");
   if (j.contains("elem_bytes")) h.elem_bytes = integer(j.at("elem_bytes"), where, "elem_bytes", 1, 8);
-  if (j.contains("launch_us")) h.launch = positive(j.at("launch_us"), where, "launch_us", true, kMicro);
+  if (j.contains("launch_us")) h.launch = positive(j.at("launch_us"), where, "launch_us", true, kMicro, 0.0, kMaxMicros);
   if (j.contains("devices_per_node"))
-    h.devices_per_node = integer(j.at("devices_per_node"), where, "devices_per_node", 1, 1 << 20);
-  if (j.contains("memory_gb")) h.memory_bytes = positive(j.at("memory_gb"), where, "memory_gb", true, kGiga);
+    h.devices_per_node = integer(j.at("devices_per_node"), where, "devices_per_node", 1, kMaxDevicesPerNode);
+  if (j.contains("memory_gb")) h.memory_bytes = positive(j.at("memory_gb"), where, "memory_gb", true, kGiga, 0.0, kMaxMemoryGb);
   if (j.contains("intra_node")) h.intra_node = link_from(j.at("intra_node"), where, "intra_node");
   if (j.contains("inter_node")) h.inter_node = link_from(j.at("inter_node"), where, "inter_node");
   if (j.contains("description"))
@@ -451,6 +468,8 @@ CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Har
       comm(op, n, link);
   }
   comm(CommOp::COMM_P2P, 2, link_for(hw, 2, opt.p2p));
+  // Slow hardware and a large model can make a call take longer than a cost model holds.
+  check_cost(cm, "the analytic cost model of hardware \"" + hw.name + "\" (its peaks are too low for this model)");
   return cm;
 }
 

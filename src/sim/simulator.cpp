@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -66,7 +67,7 @@ struct UnitSize {
 };
 
 struct RankState {
-  ir::Program prog;
+  const ir::Program* prog = nullptr;  // ir::lower's program of this rank, lowered once per simulate()
   std::unordered_map<int, size_t> comm_of;     // node -> comm index
   std::unordered_map<int, size_t> compute_of;  // node -> compute index
   std::unordered_map<int, size_t> recv_of_tag; // SEND node id -> comm index of the RECV here
@@ -95,9 +96,9 @@ struct RankState {
 
 class Sim {
  public:
-  Sim(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts,
-      const std::vector<std::vector<double>>* stretch = nullptr)
-      : plan_(plan), cost_(cost), opts_(opts), stretch_(stretch), world_(plan.strategy.world_size),
+  Sim(const ir::Plan& plan, const std::vector<ir::Program>& programs, const config::Config& cfg, const CostModel& cost,
+      const SimOptions& opts, const std::vector<std::vector<double>>* stretch = nullptr)
+      : plan_(plan), programs_(programs), cost_(cost), opts_(opts), stretch_(stretch), world_(plan.strategy.world_size),
         grid_(world_, plan.strategy.grid_order,
               {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp}, {"pp", plan.strategy.place.pp}}) {
     const auto& s = plan.strategy;
@@ -158,9 +159,9 @@ class Sim {
 
   void init_rank(int r) {
     RankState& st = R(r);
-    st.prog = ir::lower(plan_.graph, r);
+    st.prog = &programs_[static_cast<size_t>(r)];
     st.res.rank = r;
-    const auto& comm = st.prog.comm;
+    const auto& comm = st.prog->comm;
     st.issue.assign(comm.size(), kUnknown);
     st.done.assign(comm.size(), kUnknown);
     st.begin.assign(comm.size(), kUnknown);
@@ -168,10 +169,10 @@ class Sim {
       st.comm_of[comm[k].node] = k;
       if (comm[k].kind == NodeKind::RECV) st.recv_of_tag[comm[k].tag] = k;
     }
-    st.first_use.assign(comm.size(), st.prog.compute.size());
-    for (size_t i = 0; i < st.prog.compute.size(); ++i) {
-      st.compute_of[st.prog.compute[i].node] = i;
-      for (int w : st.prog.compute[i].waits) {
+    st.first_use.assign(comm.size(), st.prog->compute.size());
+    for (size_t i = 0; i < st.prog->compute.size(); ++i) {
+      st.compute_of[st.prog->compute[i].node] = i;
+      for (int w : st.prog->compute[i].waits) {
         auto it = st.comm_of.find(w);
         if (it == st.comm_of.end()) continue;
         st.first_use[it->second] = std::min(st.first_use[it->second], i);
@@ -183,7 +184,7 @@ class Sim {
     st.grads_alive.assign(sizes_.size(), 0);
     // State held between steps, as the parameter store and the optimiser allocate it.
     std::vector<char> held(sizes_.size(), 0);
-    for (const Instr& in : st.prog.compute)
+    for (const Instr& in : st.prog->compute)
       if (in.unit >= 0) held[static_cast<size_t>(in.unit)] = 1;
     for (size_t u = 0; u < sizes_.size(); ++u) {
       if (!held[u]) continue;
@@ -194,7 +195,8 @@ class Sim {
     }
     for (int c = 0; c < 3; ++c) add_mem(st, -1.0, static_cast<Mem>(c), st.res.state[static_cast<size_t>(c)]);
     // The step starts after the batch is read.
-    st.t = cost_.step_overhead.at(plan_.strategy.split.microbatches);
+    st.t = std::max(0.0, cost_.step_overhead.at(plan_.strategy.split.microbatches));
+    if (!std::isfinite(st.t)) overflow(r, -1, "the step overhead", 0, st.t);
   }
 
   void add_mem(RankState& st, double t, Mem c, double bytes) {
@@ -211,13 +213,25 @@ class Sim {
 
   // ---- communication ---------------------------------------------------------
 
+  // A time that is not a finite number: the cost model's times are too large to add up. (Checked
+  // where every time is made, so that no clock reads as kUnknown.)
+  [[noreturn]] void overflow(int r, int node, const std::string& what, double start, double took) const {
+    char b[160];
+    std::snprintf(b, sizeof b, " (from %.6g ms, taking %.6g ms)", start, took);
+    throw SimError("the simulated clock of rank " + std::to_string(r) + " overflowed at " +
+                   (node >= 0 ? ir::describe(plan_.graph.node(node), names_) : what) + b +
+                   ": the cost model's times are too large to add up; every time in a cost file is at most " +
+                   std::to_string(static_cast<long long>(kMaxCoefficient)) + " ms (docs/calibration.md)");
+  }
+
   void issue_at(int r, size_t k, double t) {
     RankState& st = R(r);
+    if (!std::isfinite(t)) overflow(r, st.prog->comm[k].node, "", t, 0);
     st.issue[k] = t;
     ++issued_count_;
-    ++issued_members_[static_cast<size_t>(st.prog.comm[k].node)];
+    ++issued_members_[static_cast<size_t>(st.prog->comm[k].node)];
     while (st.comm_next < st.issue.size() && known(st.issue[st.comm_next])) ++st.comm_next;
-    const Instr& c = st.prog.comm[k];
+    const Instr& c = st.prog->comm[k];
     if (c.kind == NodeKind::RECV)
       add_mem(st, t, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, act_bytes_);
     if (c.kind == NodeKind::ALLGATHER)
@@ -233,9 +247,9 @@ class Sim {
   void pump(int r, double t, size_t done) {
     RankState& st = R(r);
     bool collective_blocked = false;
-    for (size_t k = st.comm_next; k < st.prog.comm.size(); ++k) {
+    for (size_t k = st.comm_next; k < st.prog->comm.size(); ++k) {
       if (known(st.issue[k])) continue;
-      const Instr& c = st.prog.comm[k];
+      const Instr& c = st.prog->comm[k];
       const bool pp = p2p(c.kind);
       if (!pp && collective_blocked) continue;
       const bool deferred = (c.kind == NodeKind::RECV || zero3_gather(c)) && st.first_use[k] > st.pc + kLookahead;
@@ -259,7 +273,7 @@ class Sim {
     RankState& st = R(r);
     if (known(st.done[k])) return st.done[k];
     if (!known(st.issue[k])) return kUnknown;
-    const Instr& c = st.prog.comm[k];
+    const Instr& c = st.prog->comm[k];
     std::vector<std::pair<int, size_t>> parties;
     if (p2p(c.kind)) {
       RankState& peer = R(c.peer);
@@ -278,7 +292,9 @@ class Sim {
       start = std::max(start, t);
     }
     const int n = p2p(c.kind) ? 2 : static_cast<int>(parties.size());
-    const double end = start + cost_.comm_ms(comm_op(c.kind), n, static_cast<int64_t>(bytes_of(c)));
+    const double took = cost_.comm_ms(comm_op(c.kind), n, static_cast<int64_t>(bytes_of(c)));
+    const double end = start + took;
+    if (!std::isfinite(end)) overflow(r, c.node, "", start, took);
     for (auto [m, mk] : parties) R(m).begin[mk] = start, completed(m, mk, end);
     return end;
   }
@@ -286,7 +302,7 @@ class Sim {
   void completed(int r, size_t k, double end) {
     RankState& st = R(r);
     st.done[k] = end;
-    const Instr& c = st.prog.comm[k];
+    const Instr& c = st.prog->comm[k];
     if (c.kind == NodeKind::SEND)
       add_mem(st, end, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, -act_bytes_);
     if (c.kind == NodeKind::REDUCE_SCATTER)
@@ -327,9 +343,9 @@ class Sim {
     RankState& st = R(r);
     const size_t idx = st.comm_of.at(node);
     if (!known(st.done[idx])) {
-      const bool pp = p2p(st.prog.comm[idx].kind);
+      const bool pp = p2p(st.prog->comm[idx].kind);
       for (size_t k = pp ? idx : st.comm_next; k <= idx; ++k) {
-        if (known(st.issue[k]) || (k != idx && p2p(st.prog.comm[k].kind))) continue;
+        if (known(st.issue[k]) || (k != idx && p2p(st.prog->comm[k].kind))) continue;
         issue_at(r, k, st.cursor);
       }
       if (!known(resolve(r, idx))) return false;
@@ -368,7 +384,7 @@ class Sim {
     const int stage = stage_of_node_[static_cast<size_t>(in.node)];
     double dur = 0;
     if (in.kind == NodeKind::UPD) {
-      dur = cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel));
+      dur = std::max(0.0, cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel)));
     } else {
       const Pass pass = in.kind == NodeKind::FWD ? Pass::PASS_F : in.kind == NodeKind::BWD ? Pass::PASS_B
                         : in.kind == NodeKind::BWD_I ? Pass::PASS_BI : Pass::PASS_BW;
@@ -379,7 +395,9 @@ class Sim {
       // `transient` the peak inside a pass above the level before it. An entry taken at another
       // tp degree has its row-proportional part scaled as the work splits.
       const double rows = static_cast<double>(rows_) * (oc.tp == tp_ ? 1.0 : static_cast<double>(oc.tp) / tp_);
-      const double saved = oc.saved.at(rows), kept = oc.kept_for_w.at(rows), transient = oc.transient.at(rows);
+      // A fitted line below 0 at these rows (a negative intercept) holds nothing.
+      const double saved = std::max(0.0, oc.saved.at(rows)), kept = std::max(0.0, oc.kept_for_w.at(rows)),
+                   transient = std::max(0.0, oc.transient.at(rows));
       const double end = start + dur;
       const bool embed_w = in.kind == NodeKind::BWD_W && u == 0;  // the embedding's whole backward
       add_mem(st, start, Mem::MEM_BUFFERS, transient);
@@ -405,6 +423,7 @@ class Sim {
       }
     }
     if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][st.pc];
+    if (!std::isfinite(start + dur)) overflow(r, in.node, "", start, dur);
     st.res.compute_ms += dur;
     st.busy.push_back({start, start + dur});
     if (opts_.timeline) {
@@ -427,8 +446,8 @@ class Sim {
   // completes, then the world sums the squares.
   bool norm(int r) {
     RankState& st = R(r);
-    for (; st.norm_i < st.prog.comm.size(); ++st.norm_i) {
-      const Instr& c = st.prog.comm[st.norm_i];
+    for (; st.norm_i < st.prog->comm.size(); ++st.norm_i) {
+      const Instr& c = st.prog->comm[st.norm_i];
       if (c.payload == Payload::PAYLOAD_WGRAD && !complete(r, c.node)) return false;
     }
     if (world_ > 1) {
@@ -439,7 +458,9 @@ class Sim {
       }
       if (static_cast<int>(norm_issue_.size()) < world_) return false;
       const double begin = *std::max_element(norm_issue_.begin(), norm_issue_.end());
-      wait_until(st, begin, begin + cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8));
+      const double took = cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8);
+      if (!std::isfinite(begin + took)) overflow(r, -1, "the clipping norm's all-reduce", begin, took);
+      wait_until(st, begin, begin + took);
     }
     st.norm_ready = true;
     return true;
@@ -450,8 +471,8 @@ class Sim {
     RankState& st = R(r);
     const int64_t issued_before = issued_count_;
     bool moved = false;
-    while (st.pc < st.prog.compute.size()) {
-      const Instr& in = st.prog.compute[st.pc];
+    while (st.pc < st.prog->compute.size()) {
+      const Instr& in = st.prog->compute[st.pc];
       if (!st.pumped) {
         pump(r, st.t, st.pc);
         st.pumped = true;
@@ -472,7 +493,7 @@ class Sim {
       for (int w : in.waits) {
         auto it = st.uses_left.find(w);
         if (it != st.uses_left.end() && --it->second == 0)
-          for (int u : st.prog.comm[st.comm_of.at(w)].units)
+          for (int u : st.prog->comm[st.comm_of.at(w)].units)
             add_mem(st, end, Mem::MEM_PARAMS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
       }
       if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
@@ -484,8 +505,8 @@ class Sim {
     }
     // Executor::drain: every communication instruction completes.
     if (st.drain_i == 0) st.cursor = st.t;
-    for (; st.drain_i < st.prog.comm.size(); ++st.drain_i) {
-      if (!complete(r, st.prog.comm[st.drain_i].node)) return moved || issued_count_ != issued_before;
+    for (; st.drain_i < st.prog->comm.size(); ++st.drain_i) {
+      if (!complete(r, st.prog->comm[st.drain_i].node)) return moved || issued_count_ != issued_before;
       moved = true;
     }
     st.res.finish_ms = st.cursor;
@@ -499,8 +520,8 @@ class Sim {
       const RankState& st = R(r);
       if (st.finished) continue;
       msg += "\n  rank " + std::to_string(r) + ": ";
-      if (st.pc < st.prog.compute.size())
-        msg += ir::describe(plan_.graph.node(st.prog.compute[st.pc].node), names_);
+      if (st.pc < st.prog->compute.size())
+        msg += ir::describe(plan_.graph.node(st.prog->compute[st.pc].node), names_);
       else
         msg += "draining communication";
     }
@@ -511,7 +532,9 @@ class Sim {
     SimResult out;
     double slowest = 0;
     for (const RankState& st : ranks_) slowest = std::max(slowest, st.res.finish_ms);
-    out.step_ms = slowest + (world_ > 1 ? cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8) : 0.0);
+    const double loss_sum = world_ > 1 ? cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8) : 0.0;
+    out.step_ms = slowest + loss_sum;
+    if (!std::isfinite(out.step_ms)) overflow(0, -1, "the step's loss all-reduce", slowest, loss_sum);
     double idle = 0;
     for (RankState& st : ranks_) {
       RankResult res = st.res;
@@ -530,11 +553,22 @@ class Sim {
         res.peak[static_cast<size_t>(d.cat)] = std::max(res.peak[static_cast<size_t>(d.cat)], c);
         res.peak_total = std::max(res.peak_total, total);
       }
-      out.nodes += static_cast<int64_t>(st.prog.compute.size() + st.prog.comm.size());
+      out.nodes += static_cast<int64_t>(st.prog->compute.size() + st.prog->comm.size());
       busy_.push_back(std::move(st.busy));
       out.ranks.push_back(res);
     }
     out.bubble = out.step_ms > 0 ? idle / (world_ * out.step_ms) : 0.0;
+    // Every figure is a sum of the finite times and byte counts above; checked all the same.
+    for (const RankResult& rr : out.ranks) {
+      bool ok = std::isfinite(rr.finish_ms) && std::isfinite(rr.compute_ms) && std::isfinite(rr.comm_ms) &&
+                std::isfinite(rr.bubble_ms) && std::isfinite(rr.peak_total);
+      for (double b : rr.peak) ok &= std::isfinite(b);
+      if (!ok)
+        throw SimError("rank " + std::to_string(rr.rank) +
+                       "'s predicted times or memory overflowed: the cost model's values are too large to add up "
+                       "(docs/calibration.md gives their bounds)");
+    }
+    if (!std::isfinite(out.bubble)) throw SimError("the predicted bubble fraction overflowed");
     if (opts_.timeline) {
       out.trace.title = opts_.title;
       out.trace.ranks = world_;
@@ -548,6 +582,7 @@ class Sim {
   }
 
   const ir::Plan& plan_;
+  const std::vector<ir::Program>& programs_;  // per rank
   const CostModel& cost_;
   SimOptions opts_;
   const std::vector<std::vector<double>>* stretch_;  // per rank and compute instruction: time factor
@@ -618,31 +653,51 @@ std::vector<std::vector<double>> sharing(const std::vector<std::vector<std::pair
 
 }  // namespace
 
+int64_t instructions(const ir::Plan& plan) {
+  int64_t n = 0;
+  for (const ir::Node& nd : plan.graph.nodes()) n += static_cast<int64_t>(nd.devices.size());
+  return n;
+}
+
 SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts) {
   const int world = plan.strategy.world_size;
+  // Each rank's program, lowered once for every round below.
+  std::vector<ir::Program> programs;
+  programs.reserve(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) programs.push_back(ir::lower(plan.graph, r));
   const int rph = std::min(world, opts.ranks_per_host);
   if (rph <= 1 || cost.sharing(rph) <= 1.0) {
-    Sim s(plan, cfg, cost, opts);
+    Sim s(plan, programs, cfg, cost, opts);
     return s.run();
   }
-  // Ranks slow each other down: iterate the stretch factors to a fixed point (damped).
+  // Ranks slow each other down: iterate the stretch factors to a fixed point (damped), at most
+  // kMaxSharingRounds simulations, until no factor moves by more than kSharingTolerance of itself.
   std::vector<std::vector<double>> stretch;
-  for (int it = 0;; ++it) {
-    Sim s(plan, cfg, cost, opts, stretch.empty() ? nullptr : &stretch);
+  double change = 0;
+  for (int round = 0; round < kMaxSharingRounds; ++round) {
+    Sim s(plan, programs, cfg, cost, opts, stretch.empty() ? nullptr : &stretch);
     SimResult res = s.run();
     // The factors apply to the base times: divide the stretched intervals' lengths back out.
     auto next = sharing(s.busy_, rph, cost);
-    double change = 0;
+    change = 0;
     if (!stretch.empty())
       for (size_t r = 0; r < next.size(); ++r)
         for (size_t i = 0; i < next[r].size(); ++i) {
           const double v = 0.5 * (stretch[r][i] + next[r][i]);
-          change = std::max(change, std::abs(v - stretch[r][i]));
+          change = std::max(change, std::abs(v - stretch[r][i]) / stretch[r][i]);
           next[r][i] = v;
         }
-    if ((!stretch.empty() && change < 1e-3) || it == 30) return res;
+    if (!stretch.empty() && change < kSharingTolerance) return res;
     stretch = std::move(next);
   }
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "the host-sharing slowdowns did not settle: after %d rounds a compute instruction's factor still "
+                "moved by %.3g%% per round (settled: below %.3g%%), with --ranks-per-host %d and a slowdown of %.4g "
+                "at %d ranks computing at once (host_slowdown of the cost model); measure host_slowdown with `piper "
+                "calibrate` on as many ranks per host, or give fewer --ranks-per-host",
+                kMaxSharingRounds, 100 * change, 100 * kSharingTolerance, rph, cost.sharing(rph), rph);
+  throw SimError(msg);
 }
 
 }  // namespace piper::sim

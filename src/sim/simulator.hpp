@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,30 @@ struct SimOptions {
   int ranks_per_host = 0;
 };
 
+// What the input makes impossible to simulate: a time that overflows, host
+// sharing that does not settle, a plan beyond the limits below. The message
+// says what and what would be right; `piper simulate` reports it with exit 2.
+struct SimError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Limits of `piper simulate` (docs/simulator.md, "Limits"). Lowering every
+// rank's program reads the whole global DAG (ir::lower), so time grows as
+// world x instructions: 16384 ranks and 2^22 instructions are a minute and
+// under 2 GB on one core.
+constexpr int kMaxWorld = 16384;
+constexpr int64_t kMaxInstructions = int64_t{1} << 22;  // played by all ranks together
+constexpr int kMaxSharingRounds = 30;                   // simulations of the host-sharing fixed point
+constexpr double kSharingTolerance = 1e-3;              // settled: no factor moves by more than this of itself
+
+// Instructions the ranks of `plan` play: every node once per rank of its device set.
+int64_t instructions(const ir::Plan& plan);
+
 // Simulates one training step of `plan` (compiled from `cfg`) on `cost`.
 // Throws std::out_of_range when the cost model lacks an entry the plan needs,
-// std::logic_error when the programs cannot complete (a deadlock; the
-// verifier rejects those first).
+// SimError when a time overflows or host sharing does not settle within
+// kMaxSharingRounds, std::logic_error when the programs cannot complete (a
+// deadlock; the verifier rejects those first).
 SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost,
                    const SimOptions& opts = {});
 
