@@ -14,6 +14,7 @@
 #include "ir/compile.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
+#include "sim/simulator.hpp"
 
 namespace {
 
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
   simulate->add_option("config", sim_args.config, "YAML config")->required();
   simulate->add_option("--set", sim_args.sets, "Override a config key (repeatable)");
   simulate->add_option("--world", sim_args.world, "World size (default: tp x dp x pp of the config)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, sim::kMaxWorld));
   simulate->add_option("--cost", sim_args.cost, "Cost file: from piper calibrate, or written by hand");
   simulate->add_option("--hardware", sim_args.hardware, "Analytic cost model: a hardware name or JSON file");
   simulate->add_flag("--json", sim_args.json, "Print one JSON object (step_ms, per-rank figures)");
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
   simulate->add_option("--trace", sim_args.trace, "Write the predicted timeline as a Chrome trace to PATH");
   simulate->add_option("--ranks-per-host", sim_args.ranks_per_host,
                        "Ranks sharing one host's cores (host_cores of the cost file); default: one rank per core")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, sim::kMaxWorld));
 
   cli::PlotArgs plot_args;
   auto* plot_cmd = app.add_subcommand("plot", "Draw a metrics JSONL (loss, throughput) or a Chrome trace (schedule) as SVG");

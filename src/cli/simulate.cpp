@@ -54,6 +54,48 @@ sim::CostModel cost_for(const SimulateArgs& a, const config::Config& cfg, int wo
       "docs/calibration.md) or --hardware NAME (an analytic model, docs/hardware.md)");
 }
 
+// The world size and instruction count the simulator plays in bounded time and memory
+// (sim::kMaxWorld, sim::kMaxInstructions; docs/simulator.md, "Limits").
+const char* kLimitsWhy =
+    "docs/simulator.md, \"Limits\": lowering every rank's program reads the whole training DAG, so time grows as "
+    "ranks x instructions";
+
+void check_world(const SimulateArgs& a, const config::Config& cfg) {
+  const auto& p = cfg.parallel;
+  const std::string range = "allowed: 1 to " + std::to_string(sim::kMaxWorld) + " ranks; " + kLimitsWhy;
+  if (a.world > sim::kMaxWorld || a.world < 0)
+    throw config::ConfigError("simulate: --world " + std::to_string(a.world) + " is outside what the simulator plays (" +
+                              range + ")");
+  // Without --world, the config's own grid (each factor at most 2^16, so the product fits in a double exactly).
+  const double grid = static_cast<double>(p.tp) * static_cast<double>(p.dp) * static_cast<double>(p.pp);
+  if (a.world == 0 && grid > sim::kMaxWorld)
+    throw config::ConfigError(a.config + ": parallel.dp x parallel.tp x parallel.pp = " + std::to_string(p.dp) + " x " +
+                              std::to_string(p.tp) + " x " + std::to_string(p.pp) + " = " +
+                              std::to_string(static_cast<long long>(grid)) +
+                              " ranks is above what the simulator plays (" + range +
+                              "); simulate a smaller strategy, e.g. fewer data-parallel replicas");
+}
+
+[[noreturn]] void too_many_instructions(int world, double count, bool at_least) {
+  throw config::ConfigError(
+      "simulate: --world " + std::to_string(world) + " with this config plays " + (at_least ? "at least " : "") +
+      std::to_string(static_cast<long long>(count)) + " instructions over all ranks" +
+      (at_least ? " (ranks per pipeline stage x units x microbatches x 2 passes)" : "") +
+      ", above the simulator's limit of " + std::to_string(sim::kMaxInstructions) + " (" + kLimitsWhy +
+      "); use fewer ranks (--world, parallel.dp, parallel.tp), microbatches (parallel.microbatches) or blocks "
+      "(model.pattern)");
+}
+
+// Before compiling: every unit runs a forward and a backward for every microbatch on each of the
+// ranks of its pipeline stage (world / pp of them), so this many instructions at least.
+void check_instructions_before(const config::Config& cfg, int world) {
+  const ir::Strategy s = ir::expand(cfg, world);
+  const double units = static_cast<double>(cfg.model.n_blocks() + 2);
+  const double at_least = static_cast<double>(world / std::max(1, s.place.pp)) * units *
+                          static_cast<double>(s.split.microbatches) * 2;
+  if (at_least > static_cast<double>(sim::kMaxInstructions)) too_many_instructions(world, at_least, true);
+}
+
 }  // namespace
 
 int run_simulate(const SimulateArgs& a) {
@@ -63,11 +105,15 @@ int run_simulate(const SimulateArgs& a) {
   }
   config::Config cfg = config::load(a.config, a.sets);
   const auto& p = cfg.parallel;
-  const int world = a.world > 0 ? a.world : p.tp * p.dp * p.pp;
+  check_world(a, cfg);
+  const int world = a.world > 0 ? a.world : static_cast<int>(p.tp * p.dp * p.pp);
   config::validate(cfg, world);
+  check_instructions_before(cfg, world);
   const sim::CostModel cost = cost_for(a, cfg, world);
   const auto t0 = std::chrono::steady_clock::now();
   const ir::Plan plan = ir::compile(cfg, world);
+  if (const int64_t n = sim::instructions(plan); n > sim::kMaxInstructions)
+    too_many_instructions(world, static_cast<double>(n), false);
   sim::SimOptions opts;
   opts.timeline = !a.svg.empty() || !a.trace.empty();
   opts.ranks_per_host = a.ranks_per_host;
@@ -76,6 +122,8 @@ int run_simulate(const SimulateArgs& a) {
   try {
     r = sim::simulate(plan, cfg, cost, opts);
   } catch (const std::out_of_range& e) {
+    throw config::ConfigError(std::string("simulate: ") + e.what());
+  } catch (const sim::SimError& e) {
     throw config::ConfigError(std::string("simulate: ") + e.what());
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
