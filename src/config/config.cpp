@@ -1314,8 +1314,9 @@ void check_model(const ModelConfig& m, Checker& ck) {
   if (mamba)
     sizes_ok &= ck.product_within(
         "model.d_model", {"model.expand", "model.n_groups", "model.d_state", "model.head_dim"},
-        "the Mamba-2 in_proj matrix", {{"(2 d_inner + 2 n_groups d_state + heads)", m.in_proj_rows()}, {"d_model", m.d_model}},
-        kMaxMatrix, kMaxMatrixText);
+        "the Mamba-2 in_proj matrix",
+        {{"(2 d_inner + 2 n_groups d_state + heads)", m.in_proj_rows()}, {"d_model", m.d_model}}, kMaxMatrix,
+        kMaxMatrixText);
   if (!sizes_ok) return;
 
   if (attn) {

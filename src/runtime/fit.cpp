@@ -128,7 +128,8 @@ std::vector<Contributor> contributors(const config::Config& cfg, const ir::Plan&
                      std::to_string(m.peak_microbatches) + " microbatch(es) held at once by the schedule",
                  m.peak[3]});
   out.push_back({"communication and scratch buffers of the same sizes", m.peak[4]});
-  std::stable_sort(out.begin(), out.end(), [](const Contributor& a, const Contributor& b) { return a.bytes > b.bytes; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Contributor& a, const Contributor& b) { return a.bytes > b.bytes; });
   return out;
 }
 
@@ -236,7 +237,8 @@ MemoryFit check_memory_fit(const config::Config& cfg, const ir::Plan& plan, cons
   g_oom_text = "out of memory on rank " + std::to_string(env.rank()) + " (" + env.host() +
                "): an allocation failed; the estimate for this rank was " + fmt_bytes(mine.total) + " (" + cats +
                ") and the host had " + available + " for " + std::to_string(on_host) +
-               " rank(s) when the run started (other processes, or a limit such as ulimit -v, may have left less); " + remedy + " (docs/config.md, Memory check)";
+               " rank(s) when the run started (other processes, or a limit such as ulimit -v, may have left less); " +
+               remedy + " (docs/config.md, Memory check)";
   return {mine, host_need, host, on_host};
 }
 

@@ -142,7 +142,8 @@ TEST_P(HugeSize, IsRefusedNamingTheKeyAndTheBound) {
   const Huge& h = GetParam();
   const std::string msg = refusal(h.sets);
   ASSERT_FALSE(msg.empty()) << "validate() accepted it (a ConfigError, exit 2, was expected)";
-  for (const std::string& s : h.needs) EXPECT_NE(msg.find(s), std::string::npos) << "missing '" << s << "' in:\n" << msg;
+  for (const std::string& s : h.needs)
+    EXPECT_NE(msg.find(s), std::string::npos) << "missing '" << s << "' in:\n" << msg;
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, HugeSize, testing::ValuesIn(kHuge),
