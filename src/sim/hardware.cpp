@@ -124,9 +124,9 @@ double positive(const json& j, const std::string& where, const std::string& key,
   const double v = j.get<double>();
   if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
     bad(where, key, std::string("expected a ") + (allow_zero ? "non-negative" : "positive") + " number, got " + j.dump());
-  if (v > hi || (v != 0 && v < lo) || (v == 0 && lo > 0))
-    bad(where, key, "expected " + std::string(allow_zero ? "0 or " : "") + "a number from " + fmt(lo) + " to " +
-                        fmt(hi) + ", got " + j.dump());
+  if (v > hi || (v != 0 && v < lo))
+    bad(where, key, "expected " + std::string(allow_zero && lo > 0 ? "0 or " : "") + "a number from " + fmt(lo) +
+                        " to " + fmt(hi) + ", got " + j.dump());
   if (!std::isfinite(v * unit)) bad(where, key, "too large, got " + j.dump());
   return v * unit;
 }

@@ -102,5 +102,67 @@ TEST(SimulateCli, AnalyticCostsFromTheHardwareTable) {
   EXPECT_NE(r.output.find("h100-sxm"), std::string::npos) << "the message lists the known names: " << r.output;
 }
 
+// Refusals that must come quickly: each run is wrapped in `timeout 30`, so a hang reads 124, not 2.
+RunResult run_bounded(const std::string& args) { return run("timeout 30 " + simulate(args)); }
+
+TEST(SimulateLimits, WorldZeroIsRefusedWithASaneRange) {
+  TempDir dir("sim-world0");
+  const std::string cost = dir.write("cost.json", kAbstractCost);
+  const RunResult r = run_bounded("--cost " + cost + " --world 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--world"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 to 16384"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("17976931"), std::string::npos) << "no 309-digit range: " << r.output;
+  EXPECT_LT(r.output.size(), 400u) << r.output;
+}
+
+TEST(SimulateLimits, WorldAboveTheLimitIsRefusedQuickly) {
+  TempDir dir("sim-world-big");
+  const std::string cost = dir.write("cost.json", kAbstractCost);
+  RunResult r = run_bounded("--cost " + cost + " --world 100000 --set parallel.dp=100000 --set train.global_batch=100000");
+  EXPECT_EQ(r.code, 2) << "2 is a refusal; 124 would be the timeout: " << r.output;
+  EXPECT_NE(r.output.find("--world"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("16384"), std::string::npos) << r.output;
+  // The config's own grid above the limit, without --world: the keys are named.
+  r = run_bounded("--cost " + cost + " --set parallel.dp=20000 --set train.global_batch=20000");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.dp x parallel.tp x parallel.pp = 20000 x 1 x 1 = 20000"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("allowed: 1 to 16384 ranks"), std::string::npos) << r.output;
+  // Within the world limit but too many instructions: refused before compiling, with the figure.
+  r = run_bounded("--cost " + cost +
+                  " --world 16384 --set parallel.dp=16384 --set parallel.microbatches=64 --set train.global_batch=1048576");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--world 16384 with this config plays at least 14680064 instructions"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("limit of 4194304"), std::string::npos) << r.output;
+}
+
+TEST(SimulateLimits, CostsThatWouldOverflowAreRefused) {
+  TempDir dir("sim-huge");
+  const std::string huge = dir.write("huge.json", R"({"free_comm": true, "ops": [
+    {"kind": "e", "f": 0}, {"kind": "h", "f": 0}, {"kind": "M", "f": 1e308, "b": 1e308, "bi": 1e308, "bw": 1e308},
+    {"kind": "*", "f": 1e308, "b": 1e308}, {"kind": "-", "f": 1e308, "b": 1e308}]})");
+  RunResult r = run_bounded("--cost " + huge + " --set parallel.pp=2 --set parallel.microbatches=4 --json");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(r.output.find("null"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("huge.json: ops[2].f: the constant 1e+308 ms is out of range (allowed: 0 to 1e+12"),
+            std::string::npos)
+      << r.output;
+  // The slowdown that made host sharing loop forever.
+  const std::string slow = dir.write("slow.json", R"({"free_comm": true, "host_slowdown": [1, 1e308], "ops": [
+    {"kind": "e", "f": 0}, {"kind": "h", "f": 0}, {"kind": "M", "f": 1, "b": 2}, {"kind": "*", "f": 1, "b": 2},
+    {"kind": "-", "f": 1, "b": 2}]})");
+  r = run_bounded("--cost " + slow + " --set parallel.pp=2 --set parallel.microbatches=4 --ranks-per-host 2 --json");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("slow.json: host_slowdown[1]"), std::string::npos) << r.output;
+  // Negative times and absurd core counts.
+  const std::string neg = dir.write("neg.json", R"({"free_comm": true, "host_cores": -5, "ops": []})");
+  r = run_bounded("--cost " + neg);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("neg.json: host_cores: expected an integer from 0 to 4096, got -5"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace piper::e2e

@@ -1,7 +1,10 @@
-// test_cost_model.cpp — the cost file: JSON round trip, errors naming the key, lookups with their
-// fallbacks (tp, group size), measured communication points, and the host-sharing slowdown.
+// test_cost_model.cpp — the cost file: JSON round trip, errors naming the key, the bounds every number
+// is held to (finite, typed, negative times refused), lookups with their fallbacks (tp, group size),
+// measured communication points, and the host-sharing slowdown.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "sim/cost_model.hpp"
@@ -59,6 +62,116 @@ TEST(CostFile, ErrorsNameTheFileAndTheKey) {
   EXPECT_NE(message("{").find("not JSON"), std::string::npos);
 }
 
+// The message parse_cost refuses `text` with ("no error" when it accepts it).
+std::string refusal(const std::string& text) {
+  try {
+    parse_cost(text, "bad.json");
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what());
+  }
+  return "no error";
+}
+
+// Each refusal names the file, the key path and what is allowed.
+void expect_refused(const std::string& text, const std::string& key, const std::string& allowed) {
+  const std::string m = refusal(text);
+  EXPECT_NE(m.find("bad.json: " + key + ":"), std::string::npos) << text << "\n  -> " << m;
+  EXPECT_NE(m.find(allowed), std::string::npos) << text << "\n  -> " << m;
+}
+
+TEST(CostFileBounds, NegativeTimesAndSizesAreRefused) {
+  expect_refused(R"({"ops": [{"kind": "M", "f": -5}]})", "ops[0].f", "allowed: 0 to 1e+12");
+  expect_refused(R"({"ops": [{"kind": "M", "saved": {"a": -1, "b": 0}}]})", "ops[0].saved", "allowed: 0 to 1e+12");
+  expect_refused(R"({"update": {"a": 1, "b": -1e-6}})", "update.b", "allowed: 0 to 1e+12");
+  expect_refused(R"({"step_overhead": -0.5})", "step_overhead", "allowed: 0 to 1e+12");
+  expect_refused(R"({"comm": [{"op": "p2p", "t": -1}]})", "comm[0].t", "allowed: 0 to 1e+12");
+  expect_refused(R"({"comm": [{"op": "p2p", "t": 1, "points": [[-4096, 1]]}]})", "comm[0].points[0]",
+                 "allowed: 0 to 1e+15");
+  expect_refused(R"({"comm": [{"op": "p2p", "t": 1, "points": [[4096, -1]]}]})", "comm[0].points[0]",
+                 "allowed: 0 to 1e+12");
+  // A fitted line may start below 0 when it rises (calibrate's fits do); the time is 0 there.
+  const CostModel m = parse_cost(R"({"ops": [{"kind": "M", "f": {"a": -0.09, "b": 0.0129}}]})", "fit.json");
+  EXPECT_DOUBLE_EQ(m.compute_ms('M', ir::Pass::PASS_F, 1, 1), 0.0);
+  EXPECT_NEAR(m.compute_ms('M', ir::Pass::PASS_F, 1, 256), -0.09 + 0.0129 * 256, 1e-12);
+}
+
+// Values whose sums would overflow to inf (printed as null) are refused at the key.
+TEST(CostFileBounds, HugeValuesAreRefused) {
+  expect_refused(R"({"ops": [{"kind": "M", "f": 1e308, "b": 1e308}]})", "ops[0].f", "allowed: 0 to 1e+12");
+  expect_refused(R"({"ops": [{"kind": "*", "bw": {"a": 0, "b": 1e300}}]})", "ops[0].bw.b", "allowed: 0 to 1e+12");
+  expect_refused(R"({"ops": [{"kind": "*", "bw": {"a": -1e300, "b": 1}}]})", "ops[0].bw.a",
+                 "allowed: -1e+12 to 1e+12");
+  expect_refused(R"({"comm": [{"op": "allreduce", "ranks": 4, "t": {"a": 1e13, "b": 0}}]})", "comm[0].t",
+                 "allowed: 0 to 1e+12");
+  expect_refused(R"({"comm": [{"op": "p2p", "t": 1, "points": [[1e300, 1]]}]})", "comm[0].points[0]",
+                 "allowed: 0 to 1e+15");
+  expect_refused(R"({"host_slowdown": [1, 1e308]})", "host_slowdown[1]", "at most 1000");
+  expect_refused(R"({"host_slowdown": [1, 1001]})", "host_slowdown[1]", "at most 1000");
+  expect_refused(R"({"host_slowdown": [1, -2]})", "host_slowdown[1]", "above 0");
+  // JSON has no inf or NaN; a literal beyond the double range is refused by the parser.
+  EXPECT_NE(refusal(R"({"update": 1e309})").find("not JSON (numbers must be finite"), std::string::npos);
+}
+
+TEST(CostFileBounds, CoreAndThreadCountsWithinStatedBounds) {
+  expect_refused(R"({"host_cores": -5})", "host_cores", "an integer from 0 to 4096");
+  expect_refused(R"({"host_cores": 100000})", "host_cores", "an integer from 0 to 4096");
+  expect_refused(R"({"host_cores": 1e9})", "host_cores", "an integer from 0 to 4096");
+  expect_refused(R"({"threads_per_rank": 0})", "threads_per_rank", "an integer from 1 to 4096");
+  expect_refused(R"({"threads_per_rank": -3})", "threads_per_rank", "an integer from 1 to 4096");
+  expect_refused(R"({"threads_per_rank": 1000000000})", "threads_per_rank", "an integer from 1 to 4096");
+  expect_refused(R"({"threads_per_rank": 2.5})", "threads_per_rank", "an integer from 1 to 4096");
+  expect_refused(R"({"ops": [{"kind": "M", "tp": 0}]})", "ops[0].tp", "an integer from 1 to 65536");
+  expect_refused(R"({"comm": [{"op": "p2p", "ranks": 1, "t": 1}]})", "comm[0].ranks", "an integer from 2 to 65536");
+  const CostModel ok = parse_cost(R"({"host_cores": 4096, "threads_per_rank": 4096})", "ok.json");
+  EXPECT_EQ(ok.host_cores, 4096);
+  EXPECT_EQ(ok.threads_per_rank, 4096);
+}
+
+TEST(CostFileBounds, WrongTypesNameTheKey) {
+  expect_refused(R"({"threads_per_rank": "4"})", "threads_per_rank", "expected an integer");
+  expect_refused(R"({"host_cores": true})", "host_cores", "expected an integer");
+  expect_refused(R"({"host_slowdown": 3})", "host_slowdown", "expected an array");
+  expect_refused(R"({"host_slowdown": [1, "x"]})", "host_slowdown[1]", "expected a number");
+  expect_refused(R"({"free_comm": "yes"})", "free_comm", "expected true or false");
+  expect_refused(R"({"source": 5})", "source", "expected a string");
+  expect_refused(R"({"format": 1})", "format", "expected a string");
+  expect_refused(R"({"ops": {"kind": "M"}})", "ops", "expected an array");
+  expect_refused(R"({"ops": [3]})", "ops[0]", "expected an object");
+  expect_refused(R"({"ops": [{"f": 1}]})", "ops[0].kind", "missing");
+  expect_refused(R"({"ops": [{"kind": 3}]})", "ops[0].kind", "expected a string");
+  expect_refused(R"({"ops": [{"kind": "M", "f": "1"}]})", "ops[0].f", "expected a number or {");
+  expect_refused(R"({"ops": [{"kind": "M", "f": {"a": null}}]})", "ops[0].f.a", "expected a number");
+  expect_refused(R"({"ops": [{"kind": "M", "tp": 1.5}]})", "ops[0].tp", "expected an integer");
+  expect_refused(R"({"comm": [{"op": 2, "t": 1}]})", "comm[0].op", "expected a string");
+  expect_refused(R"({"comm": [{"op": "p2p", "ranks": "2", "t": 1}]})", "comm[0].ranks", "expected an integer");
+  expect_refused(R"({"comm": [{"op": "p2p"}]})", "comm[0].t", "missing");
+  expect_refused(R"({"comm": [{"op": "p2p", "t": 1, "pts": []}]})", "comm[0]", "unknown key \"pts\"");
+  expect_refused(R"({"comm": [{"op": "p2p", "t": 1, "points": [[1, 2, 3]]}]})", "comm[0].points[0]",
+                 "expected a [bytes, ms] pair");
+}
+
+// check_cost holds a CostModel built in code (analytic_cost, tests) to the same bounds.
+TEST(CostFileBounds, CheckCostNamesTheField) {
+  auto message = [](const CostModel& m) {
+    try {
+      check_cost(m, "model");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(sample()), "no error");
+  CostModel m = sample();
+  m.ops[0].b.b = std::numeric_limits<double>::infinity();
+  EXPECT_NE(message(m).find("model: ops[0].b.b:"), std::string::npos) << message(m);
+  m = sample();
+  m.host_slowdown[2] = std::nan("");
+  EXPECT_NE(message(m).find("model: host_slowdown[2]:"), std::string::npos) << message(m);
+  m = sample();
+  m.threads_per_rank = -1;
+  EXPECT_NE(message(m).find("model: threads_per_rank:"), std::string::npos) << message(m);
+}
+
 TEST(CostFile, LookupsFallBackAsDocumented) {
   const CostModel m = sample();
   EXPECT_DOUBLE_EQ(m.compute_ms('M', ir::Pass::PASS_F, 1, 100), 0.5 + 0.01 * 100);
@@ -84,6 +197,17 @@ TEST(CostFile, HostSharingInterpolatesAndExtends) {
   m.host_slowdown.clear();
   EXPECT_DOUBLE_EQ(m.sharing(1), 1.0);
   EXPECT_DOUBLE_EQ(m.sharing(4), 2.0) << "no measurement: busy threads over cores";
+}
+
+// A busy count that is not a number used to index host_slowdown[-1] (a heap read out of bounds).
+TEST(CostFile, HostSharingRefusesABusyCountThatIsNotANumber) {
+  CostModel m = sample();
+  EXPECT_THROW(m.sharing(std::nan("")), std::logic_error);
+  EXPECT_THROW(m.sharing(std::numeric_limits<double>::infinity()), std::logic_error);
+  EXPECT_THROW(m.sharing(-1), std::logic_error);
+  m.host_slowdown = {1.0, 3.0};
+  EXPECT_DOUBLE_EQ(m.sharing(1.999999), 1.0 * 0.000001 + 3.0 * 0.999999);
+  EXPECT_DOUBLE_EQ(m.sharing(2), 3.0);
 }
 
 }  // namespace

@@ -144,6 +144,33 @@ TEST(HardwareFile, BadFileThrowsNamingFileAndKey) {
   EXPECT_THROW(resolve_hardware("no-such-gpu"), std::invalid_argument);
 }
 
+// Every number within a stated range, in the file's units, so the analytic times stay finite.
+TEST(HardwareFile, NumbersOutsideTheirRangesAreRefused) {
+  auto expect_refused = [](const std::string& extra, const std::string& key, const std::string& allowed) {
+    const std::string e = error_of(R"({"name": "x", "peak_tflops": 1, "mem_bw_gbs": 10, )" + extra + "}");
+    EXPECT_NE(e.find("my_hw.json: key \"" + key + "\""), std::string::npos) << extra << " -> " << e;
+    EXPECT_NE(e.find(allowed), std::string::npos) << extra << " -> " << e;
+  };
+  expect_refused(R"("vector_tflops": 1e-9)", "vector_tflops", "from 1e-06 to 1e+06");
+  expect_refused(R"("mem_bw_gbs": 1e7)", "mem_bw_gbs", "from 1e-06 to 1e+06");
+  expect_refused(R"("launch_us": 1e10)", "launch_us", "a number from 0 to 1e+09");
+  expect_refused(R"("launch_us": -1)", "launch_us", "non-negative");
+  expect_refused(R"("memory_gb": 1e7)", "memory_gb", "a number from 0 to 1e+06");
+  expect_refused(R"("devices_per_node": 100000)", "devices_per_node", "[1, 65536]");
+  expect_refused(R"("devices_per_node": 0)", "devices_per_node", "[1, 65536]");
+  expect_refused(R"("intra_node": {"name": "l", "bandwidth_gbs": 1e-7, "latency_us": 1})", "intra_node.bandwidth_gbs",
+                 "from 1e-06 to 1e+06");
+  expect_refused(R"("inter_node": {"name": "l", "bandwidth_gbs": 10, "latency_us": 1e12})", "inter_node.latency_us",
+                 "a number from 0 to 1e+09");
+  // The slowest hardware a file may describe still gives a cost model within its bounds for a small model.
+  const Hardware slow = parse_hardware(
+      R"({"name": "slow", "peak_tflops": 1e-6, "mem_bw_gbs": 1e-6, "launch_us": 1e9,
+          "intra_node": {"name": "l", "bandwidth_gbs": 1e-6, "latency_us": 1e9}})", "slow.json");
+  config::ModelConfig m;
+  m.pattern = "M-";
+  EXPECT_NO_THROW(analytic_cost(m, 128, slow, {1}, {2}));
+}
+
 // Ring collectives by hand: n = 8 on NVLink 4 (450 GB/s, 2 us), 1 GB per rank.
 TEST(HardwareComm, RingFormulas) {
   const Link& nv = *find_link("nvlink4");

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include "ir/build.hpp"
@@ -154,6 +155,81 @@ TEST(SimulatorHosts, PipelineStagesOnOneCoreShareOnlyWhereTheyOverlap) {
   const double work = 2 * 3.0 * 4;  // both ranks' F + B of 4 microbatches
   EXPECT_GT(one.step_ms, own.step_ms + 1);
   EXPECT_NEAR(one.step_ms, work, 0.02 * work) << "one core does all the work in a row";
+}
+
+// The outside tester's cases, built in code past the cost file's bounds: a host_slowdown of 1e308 or
+// unit times of 1e308 made clocks inf, then NaN, which the simulator read as "not issued yet" and
+// re-issued forever (and the busy count NaN indexed host_slowdown[-1]). Now the first time that is not
+// finite ends the simulation with a SimError saying which rank and instruction overflowed.
+TEST(SimulatorLimits, TimesThatOverflowAreRefusedNamingTheInstruction) {
+  const config::Config cfg = pipeline_config(ir::ScheduleKind::SCHEDULE_1F1B, 2, 1, 4);
+  const ir::Plan plan = one_block_per_stage(cfg);
+  auto message = [&](const CostModel& cost, int ranks_per_host) {
+    SimOptions o;
+    o.ranks_per_host = ranks_per_host;
+    try {
+      simulate(plan, cfg, cost, o);
+    } catch (const SimError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CostModel slow = abstract_costs();
+  slow.host_cores = 1;
+  slow.host_slowdown = {1.0, 1e308};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string m = message(slow, 2);
+  EXPECT_NE(m.find("overflowed at"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank "), std::string::npos) << m;
+  CostModel huge = abstract_costs();
+  for (OpCost& o : huge.ops) o.f = o.b = o.bi = o.bw = {1e308, 0};
+  m = message(huge, 0);
+  EXPECT_NE(m.find("overflowed at FWD"), std::string::npos) << m;
+  EXPECT_NE(message(huge, 2).find("overflowed"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  // The largest slowdown a cost file may hold settles to a finite step.
+  slow.host_slowdown = {1.0, kMaxSlowdown};
+  check_cost(slow, "test");
+  SimOptions shared;
+  shared.ranks_per_host = 2;
+  const SimResult r = simulate(plan, cfg, slow, shared);
+  EXPECT_TRUE(std::isfinite(r.step_ms));
+  EXPECT_GT(r.step_ms, 2 * 3.0 * 4) << "slower than all the work done in a row on one core";
+}
+
+// A slowdown that falls and rises with the ranks computing (1000x at 2 and 4, 1x at 3) makes the
+// damped iteration hop between timelines; it stops after kMaxSharingRounds with a message.
+TEST(SimulatorLimits, HostSharingThatDoesNotSettleStopsWithAMessage) {
+  config::Config cfg = small_config("M*-M-", 8, 64);
+  cfg.parallel.pp = 2;
+  cfg.parallel.dp = 2;
+  cfg.parallel.microbatches = 4;
+  const ir::Plan plan = ir::compile(cfg, 4);
+  CostModel cost = abstract_costs();
+  cost.host_slowdown = {1, 1000, 1, 1000};
+  SimOptions o;
+  o.ranks_per_host = 4;
+  try {
+    simulate(plan, cfg, cost, o);
+    ADD_FAILURE() << "expected the host sharing not to settle";
+  } catch (const SimError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("did not settle: after 30 rounds"), std::string::npos) << m;
+    EXPECT_NE(m.find("--ranks-per-host 4"), std::string::npos) << m;
+  }
+}
+
+TEST(SimulatorLimits, InstructionsCountsWhatEveryRankPlays) {
+  config::Config cfg = small_config("M*-M-", 8, 8);
+  cfg.parallel.pp = 2;
+  cfg.parallel.dp = 2;
+  cfg.parallel.tp = 2;
+  cfg.parallel.microbatches = 2;
+  const ir::Plan plan = ir::compile(cfg, 8);
+  const SimResult r = simulate(plan, cfg, abstract_costs());
+  EXPECT_EQ(instructions(plan), r.nodes);
+  // The CLI's bound before compiling: world / pp ranks run F and B of every unit for every microbatch.
+  EXPECT_GE(r.nodes, 8 / 2 * (5 + 2) * 2 * 2);
 }
 
 // Model state per rank at dp 4 against ZeRO-0: params + grads + both moments = 16 bytes per element;
