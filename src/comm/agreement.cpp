@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/liveness.hpp"
 #include "comm/mpi_comm.hpp"
 
 namespace piper::comm {
@@ -93,8 +94,8 @@ std::string agree(MPI_Comm comm, const std::string& local_error, double timeout_
       (void)new std::vector<char>(std::move(answer));
       throw StallError("piper comm: " + here() + " waited " + seconds(seconds_since(start)) + " at " + phase +
                        " for world rank " + std::to_string(world_rank_of(comm, 0)) +
-                       ", which did not answer (stalled or dead; parallel.comm_timeout_s = " + seconds(timeout_s) +
-                       ")");
+                       ", which did not answer (parallel.comm_timeout_s = " + seconds(timeout_s) + ")" +
+                       liveness_report(kLivenessProbeS));
     }
     if (answer[0] == kStalled) throw StallError(text_of(answer));
     return answer[0] == kFailed ? text_of(answer) : std::string();
@@ -166,8 +167,8 @@ void wait_bounded(MPI_Request* requests, int n, double timeout_s, const std::str
   MPI_Comm_size(comm, &size);
   throw StallError("piper comm: " + here() + " waited " + seconds(seconds_since(start)) + " at " + phase +
                    " for the other " + std::to_string(size - 1) +
-                   " rank(s), and some did not arrive (stalled or dead; parallel.comm_timeout_s = " +
-                   seconds(timeout_s) + ")");
+                   " rank(s), and some did not arrive (parallel.comm_timeout_s = " + seconds(timeout_s) + ")" +
+                   liveness_report(kLivenessProbeS));
 }
 
 }  // namespace piper::comm

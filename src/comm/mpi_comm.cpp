@@ -1,6 +1,8 @@
 // mpi_comm.cpp — the MPI communicator: operations as MPI requests, a progress thread that drives them, timeouts.
 #include "comm/mpi_comm.hpp"
 
+#include "comm/liveness.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -365,7 +367,7 @@ class MpiRequest final : public RequestImpl {
       msg.precision(2);
       msg << "piper comm: timeout on " << where() << ": " << op_->info.describe() << "; waited "
           << seconds_since(start) << " s (timeout " << timeout_s_ << " s), posted " << seconds_since(op_->posted)
-          << " s ago";
+          << " s ago" << liveness_report(kLivenessProbeS);
       throw CommError(msg.str());
     }
     throw_if_failed();
@@ -654,6 +656,7 @@ std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
     }
   }
   auto engine = start_engine(with_thread, options);
+  start_liveness_responder();
   MPI_Comm comm = MPI_COMM_NULL;
   PIPER_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   PIPER_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));

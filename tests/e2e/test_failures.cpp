@@ -1,7 +1,7 @@
 // test_failures.cpp — failures under mpirun. A strategy the world, the schedule or the model cannot run is
 // refused on every rank before any step, with one message and a non-zero exit; a rank that dies
 // (kill -9) or stalls (SIGSTOP, with parallel.comm_timeout_s) mid-run ends the whole job within a
-// bounded time, non-zero, naming a rank.
+// bounded time, non-zero, naming a rank (a stalled one by name: it alone does not answer a liveness probe).
 //
 // piper has no fault-injection switch, so the tests act on a rank's process from outside: they
 // start mpirun in the background, wait for the first step line, find the rank's process by its
@@ -184,6 +184,10 @@ TEST_P(RankFailure, JobEndsBoundedNonZeroNamingARank) {
     EXPECT_NE(out.find("piper comm: timeout on world rank "), std::string::npos) << out;
     EXPECT_TRUE(out.find(" peer ") != std::string::npos || out.find(" on dp ") != std::string::npos ||
                 out.find(" on world ") != std::string::npos)
+        << out;
+    // And the stalled rank itself: the only one that does not answer the survivor's liveness probe.
+    EXPECT_NE(out.find("world rank " + std::to_string(f.victim) + " did not answer a liveness probe"),
+              std::string::npos)
         << out;
   }
 }
