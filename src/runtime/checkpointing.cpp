@@ -301,6 +301,15 @@ int64_t Checkpointer::load(const std::string& where) {
   } catch (const checkpoint::CheckpointError& e) {
     throw UserError(std::string("--resume: ") + e.what());
   }
+  // The data order continues from the checkpoint's position only with the batch and sequence it was made with.
+  const int64_t gb = cfg_.train.global_batch, T = cfg_.train.seq_len;
+  if (meta.step > 0 && (meta.data_position != meta.step * gb || meta.tokens_seen != meta.data_position * T))
+    throw UserError("--resume: checkpoint " + path + " records " + std::to_string(meta.step) + " steps over " +
+                    std::to_string(meta.data_position) + " sequences and " + std::to_string(meta.tokens_seen) +
+                    " tokens, which train.global_batch = " + std::to_string(gb) + " and train.seq_len = " +
+                    std::to_string(T) + " do not give (" + std::to_string(meta.step * gb) + " and " +
+                    std::to_string(meta.step * gb * T) + "); resume with the global_batch and seq_len it was " +
+                    "written with, so the data order goes on where it stopped");
   exec_.set_adam_steps(meta.step);  // one AdamW step per optimiser step
   return meta.step;
 }

@@ -418,3 +418,42 @@ TEST(Checkpoint, H5dumpReadsIt) {
 
 }  // namespace
 }  // namespace piper::checkpoint
+
+namespace piper::checkpoint {
+namespace {
+
+// Rewrites one int64 root attribute of a finished checkpoint, as an edit with HDF5's tools would (checksums
+// cover the tensors, not the attributes, so nothing else notices).
+void edit_attr(const std::string& path, const char* name, int64_t v) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+  ASSERT_GE(a, 0);
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+TEST(Checkpoint, EditedAttributesAreRefused) {
+  const auto dir = scratch("attrs");
+  const std::string path = (dir / "c.h5").string();
+  struct Edit {
+    const char* attr;
+    int64_t value;
+    const char* expect;
+  };
+  for (const Edit& e : {Edit{"step", -1, "attribute step is -1, outside 0.."},
+                        Edit{"tokens_seen", int64_t{1} << 60, "attribute tokens_seen is 1152921504606846976"},
+                        Edit{"data_position", 3, "step 120, data_position 3 and tokens_seen"}}) {
+    save_sample(path);
+    edit_attr(path, e.attr, e.value);
+    const std::string err = error_of([&] { load(path, MPI_COMM_SELF, kSpecs, {}); });
+    std::printf("[ edited %s = %lld ] %s\n", e.attr, static_cast<long long>(e.value), err.c_str());
+    EXPECT_NE(err.find(e.expect), std::string::npos) << err;
+    EXPECT_NE(err.find(path), std::string::npos) << err;
+    EXPECT_NE(error_of([&] { inspect(path, false); }).find(e.expect), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace piper::checkpoint
