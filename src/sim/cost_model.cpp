@@ -102,19 +102,21 @@ Linear linear_from(const json& j, const std::string& at) {
   return l;
 }
 
-// A linear cost a + b x (ms or bytes as x grows): a constant is never negative; a line does not fall
-// as its size grows (b >= 0) and may start below 0 only as a fitted line does (a < 0 with b > 0:
-// the simulator takes 0 where it is negative); both within kMaxCoefficient.
+// A linear cost a + b x (ms or bytes at size x >= 0): a constant is never negative, and neither is a line
+// at every size (a < 0 with b <= 0). A fitted line may be negative on one side only — a negative
+// intercept with a rising line, or (measured on a busy machine) a falling one that is positive at the
+// sizes measured; the simulator takes 0 where it is negative. Both parts within kMaxCoefficient.
 void check_linear(const Linear& l, const std::string& at, const char* unit) {
-  const std::string range = " (allowed: -" + num(kMaxCoefficient) + " to " + num(kMaxCoefficient) + ")";
+  const std::string range = "allowed: -" + num(kMaxCoefficient) + " to " + num(kMaxCoefficient);
   if (l.b == 0 && (!std::isfinite(l.a) || l.a < 0 || l.a > kMaxCoefficient))
-    bad(at, "the constant " + num(l.a) + " " + unit + " is out of range (allowed: 0 to " + num(kMaxCoefficient) +
-                "; a negative intercept only with a positive per-size part b)");
+    bad(at, "the constant " + num(l.a) + " " + unit + " is out of range (allowed: 0 to " + num(kMaxCoefficient) + ")");
   if (!std::isfinite(l.a) || std::abs(l.a) > kMaxCoefficient)
-    bad(at + ".a", "the intercept " + num(l.a) + " " + unit + " is out of range" + range);
-  if (!std::isfinite(l.b) || l.b < 0 || l.b > kMaxCoefficient)
-    bad(at + ".b", "the per-size part " + num(l.b) + " " + unit + " is out of range (allowed: 0 to " +
-                       num(kMaxCoefficient) + "; a cost does not fall as its size grows)");
+    bad(at + ".a", "the intercept " + num(l.a) + " " + unit + " is out of range (" + range + ")");
+  if (!std::isfinite(l.b) || std::abs(l.b) > kMaxCoefficient)
+    bad(at + ".b", "the per-size part " + num(l.b) + " " + unit + " is out of range (" + range + ")");
+  if (l.a < 0 && l.b <= 0)
+    bad(at, num(l.a) + " + " + num(l.b) + " x size is negative at every size (a " + unit +
+                " count is at least 0 somewhere: a >= 0, or a rising line b > 0)");
 }
 
 json linear_to(const Linear& l) { return {{"a", l.a}, {"b", l.b}}; }

@@ -82,7 +82,8 @@ void expect_refused(const std::string& text, const std::string& key, const std::
 TEST(CostFileBounds, NegativeTimesAndSizesAreRefused) {
   expect_refused(R"({"ops": [{"kind": "M", "f": -5}]})", "ops[0].f", "allowed: 0 to 1e+12");
   expect_refused(R"({"ops": [{"kind": "M", "saved": {"a": -1, "b": 0}}]})", "ops[0].saved", "allowed: 0 to 1e+12");
-  expect_refused(R"({"update": {"a": 1, "b": -1e-6}})", "update.b", "allowed: 0 to 1e+12");
+  expect_refused(R"({"update": {"a": -1, "b": -1e-6}})", "update", "negative at every size");
+  expect_refused(R"({"ops": [{"kind": "M", "bi": {"a": -0.5}}]})", "ops[0].bi", "allowed: 0 to 1e+12");
   expect_refused(R"({"step_overhead": -0.5})", "step_overhead", "allowed: 0 to 1e+12");
   expect_refused(R"({"comm": [{"op": "p2p", "t": -1}]})", "comm[0].t", "allowed: 0 to 1e+12");
   expect_refused(R"({"comm": [{"op": "p2p", "t": 1, "points": [[-4096, 1]]}]})", "comm[0].points[0]",
@@ -93,12 +94,17 @@ TEST(CostFileBounds, NegativeTimesAndSizesAreRefused) {
   const CostModel m = parse_cost(R"({"ops": [{"kind": "M", "f": {"a": -0.09, "b": 0.0129}}]})", "fit.json");
   EXPECT_DOUBLE_EQ(m.compute_ms('M', ir::Pass::PASS_F, 1, 1), 0.0);
   EXPECT_NEAR(m.compute_ms('M', ir::Pass::PASS_F, 1, 256), -0.09 + 0.0129 * 256, 1e-12);
+  // A noisy calibration can fit a falling line, right at the microbatch it is anchored at (256 rows).
+  const CostModel noisy = parse_cost(R"({"ops": [{"kind": "h", "f": {"a": 141.9, "b": -0.2722}}]})", "noisy.json");
+  EXPECT_NEAR(noisy.compute_ms('h', ir::Pass::PASS_F, 1, 256), 141.9 - 0.2722 * 256, 1e-9);
+  EXPECT_DOUBLE_EQ(noisy.compute_ms('h', ir::Pass::PASS_F, 1, 4096), 0.0);
 }
 
 // Values whose sums would overflow to inf (printed as null) are refused at the key.
 TEST(CostFileBounds, HugeValuesAreRefused) {
   expect_refused(R"({"ops": [{"kind": "M", "f": 1e308, "b": 1e308}]})", "ops[0].f", "allowed: 0 to 1e+12");
-  expect_refused(R"({"ops": [{"kind": "*", "bw": {"a": 0, "b": 1e300}}]})", "ops[0].bw.b", "allowed: 0 to 1e+12");
+  expect_refused(R"({"ops": [{"kind": "*", "bw": {"a": 0, "b": 1e300}}]})", "ops[0].bw.b",
+                 "allowed: -1e+12 to 1e+12");
   expect_refused(R"({"ops": [{"kind": "*", "bw": {"a": -1e300, "b": 1}}]})", "ops[0].bw.a",
                  "allowed: -1e+12 to 1e+12");
   expect_refused(R"({"comm": [{"op": "allreduce", "ranks": 4, "t": {"a": 1e13, "b": 0}}]})", "comm[0].t",
