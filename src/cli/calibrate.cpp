@@ -19,6 +19,7 @@ int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     const config::Config cfg = config::load(a.config, a.sets);
+    env.set_timeout(cfg.parallel.comm_timeout_s);
     // Refuse an unwritable output before measuring for minutes.
     bool bad_output = false;
     if (env.rank() == 0) {

@@ -66,6 +66,7 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
   runtime::MpiEnv env(argc, argv);
   try {
     config::Config cfg = config::load(path, sets);
+    env.set_timeout(cfg.parallel.comm_timeout_s);
     config::validate(cfg, env.world_size());
     runtime::train(cfg, opts, env);
     return 0;

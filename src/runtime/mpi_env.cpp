@@ -1,6 +1,7 @@
 // mpi_env.cpp — MPI start-up, shutdown and world-level agreement checks.
 #include "runtime/mpi_env.hpp"
 
+#include "comm/agreement.hpp"
 #include "comm/mpi_comm.hpp"
 
 #include <mpi.h>
@@ -24,7 +25,9 @@ MpiEnv::~MpiEnv() { comm::finalize_mpi(); }
 
 bool MpiEnv::all_equal(uint64_t value) const {
   std::vector<uint64_t> all(static_cast<size_t>(size_));
-  MPI_Allgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  MPI_Request r;
+  MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD, &r);
+  comm::wait_bounded(&r, 1, timeout_s_, "a check every rank makes (the plan hash)", MPI_COMM_WORLD);
   for (uint64_t v : all)
     if (v != value) return false;
   return true;
@@ -32,7 +35,9 @@ bool MpiEnv::all_equal(uint64_t value) const {
 
 bool MpiEnv::any(bool flag) const {
   int in = flag ? 1 : 0, out = 0;
-  MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Request r;
+  MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r);
+  comm::wait_bounded(&r, 1, timeout_s_, "a check every rank makes (a flag any rank may raise)", MPI_COMM_WORLD);
   return out != 0;
 }
 

@@ -19,6 +19,10 @@ class MpiEnv {
   int world_size() const { return size_; }
   const std::string& host() const { return host_; }
 
+  // Bounds the waits of all_equal() and any() (parallel.comm_timeout_s once the config is read): a rank
+  // that does not arrive within it is a comm::StallError naming the ranks that do not answer.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+
   // True on every rank when all ranks passed the same value.
   bool all_equal(uint64_t value) const;
   // True on every rank when any rank passed true.
@@ -30,6 +34,7 @@ class MpiEnv {
   int rank_ = 0;
   int size_ = 1;
   std::string host_;
+  double timeout_s_ = 300;
 };
 
 }  // namespace piper::runtime

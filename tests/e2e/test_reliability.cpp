@@ -3,6 +3,8 @@
 // (checkpoint.on_error: continue); no segfault, no hang, no Open MPI help text; the temporary is gone,
 // `latest` still names the previous checkpoint, and that checkpoint verifies and resumes.
 //
+// A signal during a long step (a text sample) is honoured at once.
+//
 // Faults come from outside piper: the write-fault shim (tests/fault/write_fault.c, LD_PRELOAD) fails or slows
 // the writes of one checkpoint file on one rank; a small tmpfs is a file system that fills up; a read-only bind
 // mount is a folder nobody may write. Mounting needs root; where it is refused those cases report themselves
@@ -330,6 +332,33 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RankFault{"sync_stall_rank1", false, 1, SIGSTOP}, RankFault{"sync_stall_rank0", false, 0, SIGSTOP},
                       RankFault{"async_stall_rank1", true, 1, SIGSTOP}, RankFault{"sync_kill_rank1", false, 1, SIGKILL}),
     [](const ::testing::TestParamInfo<RankFault>& p) { return std::string(p.param.name); });
+
+// ---- a signal during a long step: a text sample of 100,000 tokens ----------------------------------
+
+TEST(SignalDuringSample, SigtermEndsTheSampleAndCheckpointsAtOnce) {
+  TempDir tmp("sigterm-sample");
+  const std::string dir = tmp.file("ckpt"), marker = tmp.file("marker-metrics.jsonl");
+  const std::string cmd = mpirun(1) + piper() +
+                          train_args("--set train.steps=100 --set train.sample_every=1 --set train.sample_tokens=100000 "
+                                     "--set checkpoint.dir=" + dir) +
+                          " --metrics " + marker;
+  Job job(cmd, tmp.file("out.txt"), marker);
+  ASSERT_TRUE(job.wait_for_step(120)) << job.output();  // the sample after step 0 is under way
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const pid_t rank = job.rank_pid(0);
+  ASSERT_GT(rank, 0);
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(rank, SIGTERM), 0);
+  const bool ended = job.wait_end(60);
+  const double took = seconds_since(t0);
+  std::printf("[ sigterm during a sample ] ended %s after %.2f s, exit %d\n", ended ? "" : "NOT", took, job.code());
+  ASSERT_TRUE(ended);
+  // A whole sample takes minutes here; the signal cuts it short, and the checkpoint follows.
+  EXPECT_LT(took, 20.0);
+  EXPECT_EQ(job.code(), 0) << job.output();
+  EXPECT_NE(job.output().find("piper: checkpointed at step 1 after signal"), std::string::npos) << job.output();
+  EXPECT_EQ(latest_of(dir), "step_00000001.h5");
+}
 
 }  // namespace
 }  // namespace piper::e2e
