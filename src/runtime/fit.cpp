@@ -180,7 +180,24 @@ RankMemory estimate_rank_memory(const config::Config& cfg, const ir::Plan& plan,
 }
 
 MemoryFit check_memory_fit(const config::Config& cfg, const ir::Plan& plan, const MpiEnv& env) {
-  const RankMemory mine = estimate_rank_memory(cfg, plan, env.rank());
+  // Every rank plays the whole plan; beyond what the simulator plays in seconds, or when it
+  // cannot time the plan, there is no estimate (the same on every rank: the plan is).
+  std::string skipped;
+  RankMemory mine;
+  if (const int64_t n = sim::instructions(plan); n > kFitMaxInstructions) {
+    skipped = "the plan has " + std::to_string(n) + " instructions over all ranks, more than the " +
+              std::to_string(kFitMaxInstructions) + " the estimate plays in seconds (docs/config.md, Memory check)";
+  } else {
+    try {
+      mine = estimate_rank_memory(cfg, plan, env.rank());
+    } catch (const sim::SimError& e) {
+      skipped = e.what();
+    }
+  }
+  if (!skipped.empty()) {
+    if (env.rank() == 0) std::printf("piper: memory check skipped: %s\n", skipped.c_str());
+    return {};
+  }
   const HostMemory host = host_memory();
 
   // The ranks of this host share its memory.
@@ -246,7 +263,7 @@ void out_of_memory(const MpiEnv& env) {
   const std::string text = !g_oom_text.empty()
                                ? g_oom_text
                                : "out of memory on rank " + std::to_string(env.rank()) + " (" + env.host() +
-                                     "): an allocation failed before the memory check (docs/config.md, Memory check)";
+                                     "): an allocation failed (there is no memory estimate for this plan; docs/config.md, Memory check)";
   if (env.world_size() == 1) throw UserError(text);
   // The other ranks are waiting for this one: say it here, stop them all.
   std::fprintf(stderr, "piper: error: %s\n", text.c_str());

@@ -42,6 +42,9 @@ RankMemory estimate_rank_memory(const config::Config& cfg, const ir::Plan& plan,
 // the plan and programs, which the estimate does not count).
 inline constexpr double kFitMargin = 0.10;
 inline constexpr double kFitPerRankBytes = 128.0 * 1024 * 1024;
+// Every rank plays the whole plan for the estimate (some 300k instructions a
+// second): beyond this many instructions over all ranks the check is skipped.
+inline constexpr int64_t kFitMaxInstructions = int64_t{1} << 21;
 
 // The result of the check on this rank.
 struct MemoryFit {
@@ -56,7 +59,10 @@ struct MemoryFit {
 // same UserError (rank 0 prints it): the host and rank, the figure needed
 // against the figure available, the keys of the largest contributors (e.g.
 // model.vocab_size x model.d_model for the embedding) and what would make it
-// fit. Collective: every rank calls it at the same point.
+// fit. Collective: every rank calls it at the same point. A plan too large
+// to play in seconds (kFitMaxInstructions), or one the simulator cannot
+// time, is not checked: rank 0 prints "piper: memory check skipped"
+// and the reason, and the result is empty.
 MemoryFit check_memory_fit(const config::Config& cfg, const ir::Plan& plan, const MpiEnv& env);
 
 // What `train` does with a std::bad_alloc (the model, the optimiser state or
