@@ -1241,7 +1241,8 @@ void check_placement(const Config& c, const Applied& a, int64_t n_stages, Checke
 constexpr int64_t kMaxVocab = 2147483647;            // 2^31 - 1: token ids are 32-bit
 constexpr int64_t kMaxWidth = int64_t{1} << 20;      // d_model
 constexpr int64_t kMaxFfn = int64_t{1} << 24;        // ffn_hidden
-constexpr int64_t kMaxSmall = int64_t{1} << 16;      // heads, groups, d_state, head_dim
+constexpr int64_t kMaxSmall = int64_t{1} << 16;      // heads, groups
+constexpr int64_t kMaxState = 4096;                  // d_state, head_dim: a P x N state per Mamba-2 head
 constexpr int64_t kMaxExpand = 1024;
 constexpr int64_t kMaxConv = 1024;
 constexpr int64_t kMaxChunk = 4096;                  // ssd_chunk: a [chunk, chunk] scratch per thread
@@ -1252,7 +1253,7 @@ constexpr int64_t kMaxBatch = int64_t{1} << 24;      // global_batch
 constexpr int64_t kMaxSeq = int64_t{1} << 24;        // seq_len
 constexpr int64_t kMaxStepTokens = int64_t{1} << 36; // global_batch x seq_len
 constexpr int64_t kMaxRunTokens = int64_t{1} << 62;  // steps x global_batch x seq_len
-constexpr int64_t kMaxSampleTokens = int64_t{1} << 20;
+constexpr int64_t kMaxSampleTokens = int64_t{1} << 16;  // one forward pass per generated token
 constexpr int64_t kMaxThreads = 4096;
 constexpr int64_t kMaxRanks = int64_t{1} << 16;      // dp, tp, pp each
 constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
@@ -1269,8 +1270,8 @@ void check_model(const ModelConfig& m, Checker& ck) {
       {"model.n_heads", m.n_heads, kMaxSmall, "2^16"},
       {"model.n_kv_heads", m.n_kv_heads, kMaxSmall, "2^16"},
       {"model.ffn_hidden", m.ffn_hidden, kMaxFfn, "2^24, the largest MLP width"},
-      {"model.d_state", m.d_state, kMaxSmall, "2^16"},
-      {"model.head_dim", m.head_dim, kMaxSmall, "2^16"},
+      {"model.d_state", m.d_state, kMaxState, "each Mamba-2 head holds a head_dim x d_state state"},
+      {"model.head_dim", m.head_dim, kMaxState, "each Mamba-2 head holds a head_dim x d_state state"},
       {"model.expand", m.expand, kMaxExpand, "d_inner = expand x d_model"},
       {"model.n_groups", m.n_groups, kMaxSmall, "2^16"},
       {"model.d_conv", m.d_conv, kMaxConv, "the causal conv width"},
@@ -1374,7 +1375,7 @@ void check_train(const TrainConfig& t, Checker& ck) {
   ck.at_least("train.warmup_steps", t.warmup_steps, 0);
   ck.at_least("train.log_every", t.log_every, 1);
   ck.at_least("train.sample_every", t.sample_every, 0);
-  ck.within("train.sample_tokens", t.sample_tokens, 1, kMaxSampleTokens, "2^20 tokens per generated sample");
+  ck.within("train.sample_tokens", t.sample_tokens, 1, kMaxSampleTokens, "2^16 tokens per generated sample, one forward pass each");
   ck.within("train.threads", t.threads, 0, kMaxThreads, "OpenMP threads per rank");
 }
 

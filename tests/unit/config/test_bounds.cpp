@@ -94,8 +94,8 @@ const std::vector<Huge> kHuge = {
     {"FfnHidden", {std::string("model.ffn_hidden=") + k31}, {"model.ffn_hidden=2147483647: must be at most 16777216"}},
     {"Heads", {std::string("model.n_heads=") + k31}, {"model.n_heads=2147483647: must be at most 65536"}},
     {"KvHeads", {std::string("model.n_kv_heads=") + k31}, {"model.n_kv_heads=2147483647: must be at most 65536"}},
-    {"DState", {std::string("model.d_state=") + k31}, {"model.d_state=2147483647: must be at most 65536"}},
-    {"HeadDim", {std::string("model.head_dim=") + k63}, {"model.head_dim=9223372036854775807: must be at most 65536"}},
+    {"DState", {std::string("model.d_state=") + k31}, {"model.d_state=2147483647: must be at most 4096", "head_dim x d_state"}},
+    {"HeadDim", {std::string("model.head_dim=") + k63}, {"model.head_dim=9223372036854775807: must be at most 4096"}},
     {"Expand", {std::string("model.expand=") + k31}, {"model.expand=2147483647: must be at most 1024"}},
     {"Groups", {std::string("model.n_groups=") + k31}, {"model.n_groups=2147483647: must be at most 65536"}},
     {"Conv", {std::string("model.d_conv=") + k31}, {"model.d_conv=2147483647: must be at most 1024"}},
@@ -106,7 +106,7 @@ const std::vector<Huge> kHuge = {
      {"--set train.global_batch=2147483647: must be at most 16777216"}},
     {"SeqLen", {std::string("train.seq_len=") + k31}, {"--set train.seq_len=2147483647: must be at most 16777216"}},
     {"Threads", {std::string("train.threads=") + k31}, {"--set train.threads=2147483647: must be at most 4096"}},
-    {"SampleTokens", {std::string("train.sample_tokens=") + k63}, {"train.sample_tokens=9223372036854775807"}},
+    {"SampleTokens", {std::string("train.sample_tokens=") + k63}, {"train.sample_tokens=9223372036854775807: must be at most 65536"}},
     {"Dp", {std::string("parallel.dp=") + k31}, {"parallel.dp=2147483647: must be at most 65536"}},
     {"Tp", {std::string("parallel.tp=") + k63}, {"parallel.tp=9223372036854775807: must be at most 65536"}},
     {"Pp", {std::string("parallel.pp=") + k31}, {"parallel.pp=2147483647: must be at most 65536"}},
@@ -156,6 +156,8 @@ TEST(Bounds, TheLargestValueOfEachBoundIsAccepted) {
            {"model.vocab_size=2147483647", "model.d_model=256"},
            {"model.d_model=1048576", "model.pattern=*"},  // d_model x d_model = 2^40
            {"model.ssd_chunk=4096"},
+           {"model.d_state=4096", "model.head_dim=4096", "model.expand=16"},  // d_inner 4096 = one head
+           {"train.sample_tokens=65536"},
            {"train.threads=4096"},
            {"train.global_batch=16777216", "train.seq_len=4096"},
            {"train.seq_len=16777216", "train.global_batch=4096"},
