@@ -1,11 +1,20 @@
-# piper — the two commands a user needs: `make run` and `make test`.
+# piper — the two commands a user needs: `make run` and `make test`; `make fuzz` and `make sanitize`
+# for the fuzzers and the sanitizer build (docs/testing.md).
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
 NP      ?= 1
 CONFIG  ?= config/default.yaml
 CMAKE_FLAGS ?=
+# make fuzz: clang + libFuzzer + ASan/UBSan in FUZZ_BUILD, FUZZ_TIME seconds per harness (FUZZ_READERS: a subset).
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_TIME    ?= 60
+FUZZ_READERS ?=
+# make sanitize: g++ ASan + UBSan build in ASAN_BUILD running the SANITIZE_TESTS selection (docs/testing.md).
+ASAN_BUILD   ?= build-asan
+SANITIZE_TESTS ?= -L '^(kernel_tests|unit_.*|comm_mpi|checkpoint_mpi|fuzz)$$'
+SANITIZE_E2E ?= -R '^(Cli|Errors|Failures|Training|Checkpoint|Directives)\.'
 
-.PHONY: all deps build run test bench corpus clean
+.PHONY: all deps build run test bench corpus clean fuzz sanitize
 
 all: build
 
@@ -33,6 +42,18 @@ bench: deps build corpus
 	@scripts/bench-parallel.sh $(BUILD)
 	@scripts/bench-checkpoint.sh $(BUILD)
 	@bench/sim_accuracy.py $(BUILD)
+
+fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+	  -DPIPER_LIBFUZZER=ON -DPIPER_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_tests
+	tests/fuzz/run-libfuzzer.sh $(FUZZ_BUILD) $(FUZZ_TIME) $(FUZZ_READERS)
+
+sanitize: deps
+	cmake -S . -B $(ASAN_BUILD) -DPIPER_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@scripts/make-corpus.sh $(ASAN_BUILD)
+	tests/sanitizers/run.sh $(ASAN_BUILD) $(JOBS) "$(SANITIZE_TESTS)" "$(SANITIZE_E2E)"
 
 clean:
 	rm -rf $(BUILD)
