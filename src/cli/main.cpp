@@ -114,7 +114,8 @@ int main(int argc, char** argv) {
   auto* plan = app.add_subcommand("plan", "Print the global training DAG and each rank's program");
   plan->add_option("config", config_path, "YAML config")->required();
   plan->add_option("--set", sets, "Override a config key (repeatable)");
-  plan->add_option("--world", world, "World size to compile for")->check(CLI::PositiveNumber);
+  // plan lowers every rank's program, as the simulator does: the same world limit.
+  plan->add_option("--world", world, "World size to compile for")->check(CLI::Range(1, sim::kMaxWorld));
   plan->add_flag("--directives", directives, "Print the directives the parallel shorthand expands to");
 
   cli::SimulateArgs sim_args;
