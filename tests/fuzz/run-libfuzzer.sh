@@ -17,11 +17,8 @@ readers=("$@")
 # libFuzzer checks every input for leaks itself (more mallocs than frees in one run); the check at exit would
 # only see what MPI_Init (checkpoint harness) never frees, so it is off.
 export ASAN_OPTIONS="detect_leaks=1:leak_check_at_exit=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-# Suppressions: Open MPI's own leaks (tests/sanitizers/lsan.supp) and HDF5's on damaged files
-# (tests/sanitizers/lsan-fuzz.supp), each entry explained there.
-mkdir -p "$build/fuzz"
-cat "$root/../sanitizers/lsan.supp" "$root/../sanitizers/lsan-fuzz.supp" >"$build/fuzz/lsan.supp"
-export LSAN_OPTIONS="suppressions=$build/fuzz/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# Suppressions: Open MPI's own leaks and HDF5's on damaged files, each entry explained in the file.
+export LSAN_OPTIONS="suppressions=$root/../sanitizers/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 
 failed=()
