@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
+#include "io/regular_file.hpp"
 
 namespace piper::checkpoint {
 namespace fs = std::filesystem;
@@ -106,6 +107,8 @@ std::string resolve(const std::string& spec) {
     if (p.filename() == "latest") return read_latest(p);
     return p.string();
   }
+  if (const std::string why = io::why_not_regular(spec); !why.empty())
+    throw CheckpointError("checkpoint " + spec + ": " + why + " (expected a checkpoint file or a folder of them)");
   throw CheckpointError("checkpoint " + spec + ": no such file or directory");
 }
 

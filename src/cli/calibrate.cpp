@@ -7,6 +7,7 @@
 
 #include "cli/commands.hpp"
 #include "config/config.hpp"
+#include "io/regular_file.hpp"
 #include "runtime/calibrate.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
@@ -24,7 +25,7 @@ int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a) {
     bool bad_output = false;
     if (env.rank() == 0) {
       const bool existed = std::filesystem::exists(a.output);
-      bad_output = !std::ofstream(a.output, std::ios::app);
+      bad_output = !io::why_not_regular(a.output).empty() || !std::ofstream(a.output, std::ios::app);
       if (!existed && !bad_output) std::filesystem::remove(a.output);
     }
     if (env.any(bad_output)) throw runtime::UserError("-o: cannot write the cost file '" + a.output + "'");

@@ -13,21 +13,28 @@
 #include "trace/svg.hpp"
 #include "trace/trace.hpp"
 
+#include "io/regular_file.hpp"
+
 namespace piper::cli {
 
 namespace {
 
 // A Chrome trace holds a "traceEvents" key; a metrics line never does.
 bool looks_like_trace(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw trace::TraceError("cannot read " + path + ": " + std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string text;
+  try {
+    text = io::read_regular(path, trace::kMaxTraceFileBytes);
+  } catch (const io::FileError& e) {
+    throw trace::TraceError("cannot read " + path + ": " + e.what());
+  }
   return text.find("\"traceEvents\"") != std::string::npos;
 }
 
 }  // namespace
 
 void write_file(const std::string& path, const std::string& text) {
+  if (const std::string why = io::why_not_regular(path); !why.empty())
+    throw trace::TraceError("cannot write " + path + ": " + why);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw trace::TraceError("cannot write " + path);
   f << text;

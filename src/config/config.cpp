@@ -1,10 +1,6 @@
 // config.cpp — reads a run config from YAML plus --set overrides, validates it, and writes it back out.
 #include "config/config.hpp"
-#include "config/checked.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -21,6 +17,9 @@
 #include <string_view>
 #include <tuple>
 #include <variant>
+
+#include "config/checked.hpp"
+#include "io/regular_file.hpp"
 
 namespace piper::config {
 namespace {
@@ -1470,63 +1469,16 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
 
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;  // 16 MiB: a config is a page of text
 
-std::string file_kind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "not a regular file";
-}
-
-// The config file's bytes. Only a regular file of at most kMaxConfigBytes is
-// read: a FIFO, device or directory is refused by stat() before it is opened
-// (opening a FIFO for reading would wait for a writer), and the opened file is
-// checked again with fstat() (it is opened non-blocking, so a path that turned
-// into a FIFO in between cannot hang the read).
+// The config file's bytes: a regular file of at most kMaxConfigBytes (io::read_regular: a FIFO, a device or a
+// directory is refused before it is opened).
 std::string read_file(const std::string& path) {
-  const std::string name = "config file " + path;
-  auto refuse_kind = [&](mode_t mode) {
-    throw ConfigError(name + ": is " + file_kind(mode) + ", not a regular file; give the path of a YAML file");
-  };
-  auto refuse_size = [&](int64_t bytes) {
-    throw ConfigError(name + ": is " + std::to_string(bytes) + " bytes, more than the " +
-                      std::to_string(kMaxConfigBytes >> 20) + " MiB a config file may have; give the path of a YAML "
-                      "config (docs/config.md)");
-  };
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw ConfigError("cannot open " + name + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) refuse_kind(st.st_mode);
-  if (st.st_size > kMaxConfigBytes) refuse_size(st.st_size);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw ConfigError("cannot open " + name + ": " + std::strerror(errno));
-  std::string text;
-  int err = 0;
-  if (::fstat(fd, &st) != 0) {
-    err = errno;
-  } else if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    refuse_kind(st.st_mode);
-  } else {
-    char buf[1 << 16];
-    for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        err = errno;
-        break;
-      }
-      if (n == 0) break;
-      text.append(buf, static_cast<size_t>(n));
-      if (static_cast<int64_t>(text.size()) > kMaxConfigBytes) {  // grew while being read
-        ::close(fd);
-        refuse_size(static_cast<int64_t>(text.size()));
-      }
-    }
+  try {
+    return io::read_regular(path, kMaxConfigBytes);
+  } catch (const io::FileError& e) {
+    const std::string why = e.what(), open = "cannot open: ";
+    if (why.rfind(open, 0) == 0) throw ConfigError("cannot open config file " + path + ": " + why.substr(open.size()));
+    throw ConfigError("config file " + path + ": " + why + "; give the path of a YAML config (docs/config.md)");
   }
-  ::close(fd);
-  if (err) throw ConfigError("cannot read " + name + ": " + std::strerror(err));
-  return text;
 }
 
 // CRLF (Windows) and lone CR (classic Mac OS) line breaks become LF, one for

@@ -16,6 +16,8 @@
 #include <memory>
 #include <utility>
 
+#include "io/regular_file.hpp"
+
 namespace piper::data {
 
 // Ids and header fields are read and written as native integers.
@@ -82,36 +84,19 @@ void copy_ids(const unsigned char* ids, int64_t first, int64_t count, int32_t* o
   }
 }
 
-std::string not_regular(mode_t mode) {
-  const char* kind = S_ISDIR(mode)    ? "a directory"
-                     : S_ISFIFO(mode) ? "a FIFO (named pipe)"
-                     : S_ISSOCK(mode) ? "a socket"
-                     : S_ISCHR(mode)  ? "a character device"
-                     : S_ISBLK(mode)  ? "a block device"
-                                      : "of another kind";
-  return std::string("not a regular file: it is ") + kind + " (expected a token file; `piper prepare` makes one)";
-}
-
 }  // namespace
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
-  // Only a regular file is opened: stat() refuses a FIFO, device or directory first (opening a
-  // FIFO for reading would wait for a writer forever), and the open is non-blocking, so a path
-  // that became a FIFO in between is refused by the fstat() below instead of hanging.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) fail(path, not_regular(st.st_mode));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    fail(path, std::string("cannot open: ") + std::strerror(errno) +
-                   " (expected a readable token file; `piper prepare` makes one)");
+  // Only a regular file is opened (io::open_regular: a FIFO, a device or a directory is refused before the
+  // open, which would wait for a writer forever).
+  io::Opened f{};
+  try {
+    f = io::open_regular(path);
+  } catch (const io::FileError& e) {
+    fail(path, std::string(e.what()) + " (expected a readable token file; `piper prepare` makes one)");
   }
-  const int stat_rc = ::fstat(fd, &st);
-  const int stat_errno = errno;
-  if (stat_rc != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, stat_rc != 0 ? std::string("cannot stat: ") + std::strerror(stat_errno) : not_regular(st.st_mode));
-  }
-  const auto file_bytes = static_cast<uint64_t>(st.st_size);
+  const int fd = f.fd;
+  const auto file_bytes = static_cast<uint64_t>(f.bytes);
   if (file_bytes < static_cast<uint64_t>(kTokenHeaderBytes)) {
     ::close(fd);
     fail(path, "file is " + std::to_string(file_bytes) + " bytes, shorter than the " +

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "data/tokenizer.hpp"
 #include "comm/mpi_comm.hpp"
 #include "ir/compile.hpp"
+#include "io/regular_file.hpp"
 #include "ir/grid.hpp"
 #include "kernels.hpp"
 #include "model/model.hpp"
@@ -221,13 +223,26 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
 
   // Rank 0 writes the metrics; every rank learns whether it can, so a bad
   // path stops the whole job at once rather than leaving the others waiting.
+  // A FIFO or a device is refused before it is opened (opening a FIFO for writing waits for a reader).
   std::unique_ptr<std::ofstream> metrics;
-  if (!opts.metrics_path.empty() && lead) metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::trunc);
-  if (env.any(metrics && !*metrics))
-    throw UserError("--metrics: cannot write '" + opts.metrics_path + "' (on rank 0, " + env.host() + ")");
+  std::string metrics_problem;
+  if (!opts.metrics_path.empty() && lead) {
+    metrics_problem = io::why_not_regular(opts.metrics_path);
+    if (metrics_problem.empty()) metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::trunc);
+    if (metrics && !*metrics) metrics_problem = std::strerror(errno);
+  }
+  if (env.any(!metrics_problem.empty()))
+    throw UserError("--metrics: cannot write '" + opts.metrics_path + "' (on rank 0, " + env.host() + "): " +
+                    metrics_problem);
   // Appending does not spoil an existing file before the run has a trace to replace it with.
-  if (env.any(lead && !opts.trace_path.empty() && !std::ofstream(opts.trace_path, std::ios::app)))
-    throw UserError("--trace: cannot write '" + opts.trace_path + "' (on rank 0, " + env.host() + ")");
+  std::string trace_problem;
+  if (lead && !opts.trace_path.empty()) {
+    trace_problem = io::why_not_regular(opts.trace_path);
+    if (trace_problem.empty() && !std::ofstream(opts.trace_path, std::ios::app)) trace_problem = std::strerror(errno);
+  }
+  if (env.any(!trace_problem.empty()))
+    throw UserError("--trace: cannot write '" + opts.trace_path + "' (on rank 0, " + env.host() + "): " +
+                    trace_problem);
   const bool can_sample = held.size() == plan.model.units.size();
   const int64_t tokens_per_step = cfg.train.global_batch * cfg.train.seq_len;
   if (lead) {

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/regular_file.hpp"
+
 namespace piper::sim {
 
 using nlohmann::json;
@@ -386,11 +388,11 @@ CostModel parse_cost(const std::string& text, const std::string& where) {
 }
 
 CostModel load_cost(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::invalid_argument("cannot read the cost file " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_cost(ss.str(), path);
+  try {
+    return parse_cost(io::read_regular(path, kMaxInputFileBytes), path);
+  } catch (const io::FileError& e) {
+    throw std::invalid_argument("cannot read the cost file " + path + ": " + e.what());
+  }
 }
 
 void save_cost(const CostModel& m, const std::string& path) {

@@ -103,6 +103,7 @@ constexpr int kMaxHostRanks = 4096;       // entries of host_slowdown: ranks of 
 constexpr int kMaxHostCores = 4096;       // host_cores
 constexpr int kMaxThreadsPerRank = 4096;  // threads_per_rank (as the config's train.threads)
 constexpr int kMaxGroupRanks = 65536;     // an op's tp, a comm entry's ranks (2^16, the config's bound per grid axis)
+constexpr int64_t kMaxInputFileBytes = int64_t{64} << 20;  // a cost or hardware file: a few KiB of JSON
 
 // Checks every field of `m` against the bounds above; throws
 // std::invalid_argument naming `where`, the key path (ops[2].f.b) and the

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -15,6 +16,8 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+
+#include "io/regular_file.hpp"
 
 namespace piper::sim {
 
@@ -346,11 +349,11 @@ Hardware parse_hardware(const std::string& json_text, const std::string& where) 
 }
 
 Hardware load_hardware(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::invalid_argument(path + ": cannot read the hardware file");
-  std::stringstream s;
-  s << f.rdbuf();
-  return parse_hardware(s.str(), path);
+  try {
+    return parse_hardware(io::read_regular(path, kMaxInputFileBytes), path);
+  } catch (const io::FileError& e) {
+    throw std::invalid_argument(path + ": cannot read the hardware file: " + e.what());
+  }
 }
 
 std::string hardware_to_json(const Hardware& hw) {
@@ -372,7 +375,8 @@ std::string hardware_to_json(const Hardware& hw) {
 
 Hardware resolve_hardware(const std::string& name_or_file) {
   if (const Hardware* h = find_hardware(name_or_file)) return *h;
-  if (std::ifstream(name_or_file)) return load_hardware(name_or_file);
+  std::error_code ec;
+  if (std::filesystem::exists(name_or_file, ec)) return load_hardware(name_or_file);
   throw std::invalid_argument("unknown hardware \"" + name_or_file + "\": neither a table name (" + hardware_names() +
                               ") nor a readable JSON file; --hardware help lists the table");
 }

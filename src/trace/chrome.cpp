@@ -7,6 +7,8 @@
 
 #include "trace/trace.hpp"
 
+#include "io/regular_file.hpp"
+
 namespace piper::trace {
 
 using nlohmann::json;
@@ -53,11 +55,15 @@ void write_chrome(const Trace& t, const std::string& path) {
 }
 
 Trace read_chrome(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw TraceError("cannot read the trace file " + path);
+  std::string text;
+  try {
+    text = io::read_regular(path, kMaxTraceFileBytes);
+  } catch (const io::FileError& e) {
+    throw TraceError("cannot read the trace file " + path + ": " + e.what());
+  }
   json doc;
   try {
-    doc = json::parse(f);
+    doc = json::parse(text);
   } catch (const json::exception& e) {
     throw TraceError(path + ": not a JSON trace: " + e.what());
   }

@@ -14,6 +14,8 @@
 #include "trace/svg.hpp"
 #include "trace/trace.hpp"
 
+#include "io/regular_file.hpp"
+
 namespace piper::trace {
 
 namespace {
@@ -161,11 +163,13 @@ std::vector<MetricsRow> parse_metrics(const std::string& text_in, const std::str
 }
 
 std::vector<MetricsRow> read_metrics(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw TraceError("cannot read the metrics file " + path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  std::vector<MetricsRow> rows = parse_metrics(ss.str(), path);
+  std::string text;
+  try {
+    text = io::read_regular(path, kMaxTraceFileBytes);
+  } catch (const io::FileError& e) {
+    throw TraceError("cannot read the metrics file " + path + ": " + e.what());
+  }
+  std::vector<MetricsRow> rows = parse_metrics(text, path);
   if (rows.empty()) throw TraceError(path + ": no metrics lines (expected one JSON object per step, as piper train --metrics writes)");
   return rows;
 }

@@ -18,6 +18,10 @@ class TraceError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The largest trace or metrics file piper reads: a million ranks' steps fit well below it.
+inline constexpr int64_t kMaxTraceFileBytes = int64_t{8} << 30;
+
+
 // Which of a rank's two streams an event ran on.
 enum class Lane : uint8_t { LANE_COMPUTE, LANE_COMM };
 

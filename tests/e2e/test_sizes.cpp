@@ -157,7 +157,7 @@ TEST(Files, AFifoAsTheConfigFileIsRefusedNotWaitedOn) {
   const std::string fifo = dir.file("run.yaml");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   expect_refused(run_timed(tiny_train(fifo)),
-                 {"config file " + fifo + ": is a FIFO (named pipe), not a regular file"});
+                 {"config file " + fifo + ": not a regular file: it is a FIFO (named pipe)"});
 }
 
 TEST(Files, AFifoAsDataPathIsRefusedNotWaitedOn) {
