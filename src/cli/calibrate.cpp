@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 
 #include "cli/commands.hpp"
 #include "config/config.hpp"
@@ -40,6 +41,12 @@ int run_calibrate(int* argc, char*** argv, const CalibrateArgs& a) {
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return 0;
+  } catch (const std::bad_alloc&) {
+    // calibrate runs the whole model on each measuring rank: what `train` would split may not fit here.
+    return job_failed(runtime::UserError("calibrate: out of memory while measuring the model of " + a.config +
+                                         "; calibrate a smaller model (model.* sizes, train.global_batch, "
+                                         "train.seq_len) on this machine, or use --hardware in piper simulate"),
+                      env);
   } catch (const std::exception& e) {
     return job_failed(e, env);
   }
