@@ -963,7 +963,9 @@ class Checker {
 };
 
 std::string multiples_hint(int64_t v, int64_t m) {
-  int64_t lo = v / m * m, hi = lo + m;
+  const int64_t lo = v / m * m;
+  if (lo > std::numeric_limits<int64_t>::max() - m) return std::to_string(lo);  // no multiple above fits
+  const int64_t hi = lo + m;
   return lo > 0 ? std::to_string(lo) + " or " + std::to_string(hi) : std::to_string(hi);
 }
 
