@@ -71,8 +71,29 @@ void on_fatal_signal(int sig) {
   ::raise(sig);
 }
 
+#if defined(__SANITIZE_ADDRESS__)  // g++ -fsanitize=address (PIPER_SANITIZE)
+#define PIPER_FUZZ_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)  // clang
+#define PIPER_FUZZ_SANITIZED 1
+#endif
+#endif
+#ifdef PIPER_FUZZ_SANITIZED
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void));
+// A sanitizer report ends the process without a signal this driver sees: write the input first.
+void on_sanitizer_death() {
+  write_current();
+  say("\nfuzz: SANITIZER REPORT on an input (above); written to ");
+  say(g_crash_path);
+  say("\n");
+}
+#endif
+
 void install_handlers() {
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGALRM}) ::signal(sig, on_fatal_signal);
+#ifdef PIPER_FUZZ_SANITIZED
+  __sanitizer_set_death_callback(on_sanitizer_death);
+#endif
 }
 
 // ---- deterministic randomness -----------------------------------------------------------------

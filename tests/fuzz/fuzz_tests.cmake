@@ -43,7 +43,11 @@ foreach(entry ${PIPER_FUZZ_READERS})
     add_test(NAME ${exe}
              COMMAND ${exe} --mutations ${mutations} --seed 1 --crash-dir ${CMAKE_BINARY_DIR}/fuzz/crashes
                      ${dict_args} ${PIPER_FUZZ_DIR}/corpus/${reader})
-    set_tests_properties(${exe} PROPERTIES LABELS fuzz TIMEOUT 300)
+    set(labels fuzz)
+    if(reader STREQUAL "checkpoint")
+      list(APPEND labels fuzz_mpi)  # initialises MPI: the sanitizer build runs it with the MPI tests
+    endif()
+    set_tests_properties(${exe} PROPERTIES LABELS "${labels}" TIMEOUT 300)
   endif()
 endforeach()
 
