@@ -336,6 +336,7 @@ std::shared_ptr<ProgressEngine> start_engine(bool with_thread, const CommOptions
     int keyval = MPI_KEYVAL_INVALID;
     PIPER_MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, stop_engines_at_finalize, &keyval, nullptr));
     PIPER_MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr));
+    PIPER_MPI_CHECK(MPI_Comm_free_keyval(&keyval));  // released when MPI_Finalize deletes the attribute
   });
   auto engine =
       std::make_shared<ProgressEngine>(with_thread, options.progress_min_sleep_us, options.progress_max_sleep_us);
