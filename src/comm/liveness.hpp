@@ -1,6 +1,8 @@
-// liveness.hpp — which ranks of the job still answer: every process keeps a small thread that answers probes
-// on a communicator of its own, so a rank whose wait timed out can tell a stalled or dead rank (no answer)
-// from one that is alive but waiting itself. A SIGSTOPped or killed process answers nothing.
+// liveness.hpp — which ranks of the job still answer: every process keeps a small thread that answers
+// probes on a UDP socket of its own (addresses exchanged once over MPI when the world communicator is made),
+// so a rank whose wait timed out can tell a stalled or dead rank (no answer) from one that is alive but
+// waiting itself. A SIGSTOPped or killed process answers nothing. No MPI call is made after start-up, so the
+// responder does not advance MPI transfers (docs/comm.md).
 #pragma once
 
 #include <string>
@@ -11,7 +13,7 @@ namespace piper::comm {
 // How long a rank whose wait timed out waits for the others to answer its probe.
 inline constexpr double kLivenessProbeS = 1.0;
 
-// Starts this process's responder once (needs MPI_THREAD_MULTIPLE; a no-op otherwise). It stops when MPI is
+// Collective over MPI_COMM_WORLD the first time: starts this process's responder once. It stops when MPI is
 // finalised.
 void start_liveness_responder();
 

@@ -333,13 +333,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RankFault{"async_stall_rank1", true, 1, SIGSTOP}, RankFault{"sync_kill_rank1", false, 1, SIGKILL}),
     [](const ::testing::TestParamInfo<RankFault>& p) { return std::string(p.param.name); });
 
-// ---- a signal during a long step: a text sample of 100,000 tokens ----------------------------------
+// ---- a signal during a long step: a text sample of 60,000 tokens ----------------------------------
 
 TEST(SignalDuringSample, SigtermEndsTheSampleAndCheckpointsAtOnce) {
   TempDir tmp("sigterm-sample");
   const std::string dir = tmp.file("ckpt"), marker = tmp.file("marker-metrics.jsonl");
   const std::string cmd = mpirun(1) + piper() +
-                          train_args("--set train.steps=100 --set train.sample_every=1 --set train.sample_tokens=100000 "
+                          train_args("--set train.steps=100 --set train.sample_every=1 --set train.sample_tokens=60000 "
                                      "--set checkpoint.dir=" + dir) +
                           " --metrics " + marker;
   Job job(cmd, tmp.file("out.txt"), marker);
