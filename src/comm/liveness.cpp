@@ -175,6 +175,7 @@ void start_liveness_responder() {
   int keyval = MPI_KEYVAL_INVALID;
   MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, stop_at_finalize, &keyval, nullptr);
   MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr);
+  MPI_Comm_free_keyval(&keyval);  // released when MPI_Finalize deletes the attribute
   g_responder = std::make_unique<Responder>();
 }
 
