@@ -1,4 +1,4 @@
-// layout.hpp — the virtual parameter space (DESIGN.md idea 4, docs/state.md).
+// layout.hpp — the virtual parameter space: every state tensor in one global coordinate space (docs/state.md).
 // Every state tensor (parameter values, Adam exp_avg, exp_avg_sq) has its
 // global shape; a strategy maps each rank to the elements of it the rank
 // holds, as sorted, disjoint runs of global flat (row-major) indices. From
