@@ -25,12 +25,6 @@ namespace piper::runtime {
 namespace {
 namespace fs = std::filesystem;
 
-std::string human_mib(int64_t b) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return s;
-}
-
 // Every dataset of the model, the same list on every rank.
 std::vector<checkpoint::DatasetSpec> all_datasets(const ir::ModelGraph& g) {
   std::vector<checkpoint::DatasetSpec> all;
@@ -134,7 +128,7 @@ void Checkpointer::preflight() {
     } else {
       const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
       if (free_bytes < needed)
-        err = key + human_mib(free_bytes) + " free, but a checkpoint of this model takes up to " + human_mib(one) +
+        err = key + human_bytes(free_bytes) + " free, but a checkpoint of this model takes up to " + human_bytes(one) +
               (has_one ? "" : " and the temporary of the next save as much again") +
               "; free space there or choose a folder on a larger file system";
     }

@@ -145,22 +145,22 @@ void load_step(const data::TokenFile& tf, const config::Config& cfg, int64_t ste
     b.mbs.push_back({b.inputs.data() + i * per * T, b.targets.data() + i * per * T, per, T, scale});
 }
 
+void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
+  data::ByteTokenizer tok;
+  const std::vector<int32_t> prompt = tok.encode("The ");
+  // A stop signal cuts the sample short: the checkpoint at the step boundary comes first.
+  auto out = m.generate(prompt, cfg.train.sample_tokens, cfg.train.seq_len,
+                        cfg.train.seed + static_cast<uint64_t>(step), 0.8f, [] { return g_stop_signal != 0; });
+  std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
+}
+
+}  // namespace
+
 std::string human_bytes(int64_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
   return s;
 }
-
-void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
-  data::ByteTokenizer tok;
-  const std::vector<int32_t> prompt = tok.encode("The ");
-  // A stop signal cuts the sample short: the checkpoint at the step boundary comes first.
-  auto out = m.generate(prompt, cfg.train.sample_tokens, cfg.train.seq_len, cfg.train.seed + static_cast<uint64_t>(step),
-                        0.8f, [] { return g_stop_signal != 0; });
-  std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
-}
-
-}  // namespace
 
 // Per-rank figures of a step, one slot of kRankFigures per rank, summed into
 // place over the world so rank 0 can write them: compute, comm, idle ms; peak

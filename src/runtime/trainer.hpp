@@ -27,6 +27,9 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A byte count as the trainer's messages print it: "12.3 MiB".
+std::string human_bytes(int64_t bytes);
+
 // Trains the model of `cfg` with its strategy. Throws UserError for bad input.
 void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env);
 
