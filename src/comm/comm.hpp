@@ -119,8 +119,10 @@ class Communicator {
   void allgather(const float* in, float* out, size_t n_per_rank) { iallgather(in, out, n_per_rank).wait(); }
   void alltoall(const float* in, float* out, size_t n_per_rank) { ialltoall(in, out, n_per_rank).wait(); }
 
-  // Blocking sum in double (norms, losses); honours the timeout.
-  virtual void allreduce_double(double* buf, size_t n) = 0;
+  // buf (n doubles) <- sum over ranks of buf, in place (norms, losses).
+  virtual Request iallreduce_double(double* buf, size_t n) = 0;
+  // Blocking; honours the timeout.
+  void allreduce_double(double* buf, size_t n) { iallreduce_double(buf, n).wait(); }
   // Blocking; honours the timeout.
   virtual void barrier() = 0;
 

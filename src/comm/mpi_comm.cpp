@@ -465,11 +465,11 @@ class MpiCommunicator final : public Communicator {
                 });
   }
 
-  void allreduce_double(double* buf, size_t n) override {
+  Request iallreduce_double(double* buf, size_t n) override {
     int count = checked_count(n, "allreduce_double");
-    post(coll_info(OpKind::OP_ALLREDUCE, n * sizeof(double)), [&](MPI_Request* r) {
+    return post(coll_info(OpKind::OP_ALLREDUCE, n * sizeof(double)), [&](MPI_Request* r) {
       return MPI_Iallreduce(MPI_IN_PLACE, buf, count, MPI_DOUBLE, MPI_SUM, comm_, r);
-    }).wait();
+    });
   }
   void barrier() override {
     post(coll_info(OpKind::OP_BARRIER, 0), [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); }).wait();

@@ -9,6 +9,7 @@
 
 #include "ir/grid.hpp"
 #include "ir/pipeline_schedules.hpp"
+#include "ir/unit_passes.hpp"
 
 namespace piper::ir {
 
@@ -47,6 +48,17 @@ std::vector<int> balance(const ModelGraph& model, int stages) {
   return stage_of;
 }
 
+// The nodes of one unit pass: its compute segments in order, and the node
+// whose completion gives the pass's result (the last segment, or the
+// collective that ends the pass).
+struct PassNodes {
+  std::vector<int> segments;
+  int out = -1;
+  bool exists() const { return !segments.empty(); }
+  int first() const { return segments.front(); }
+  int last() const { return segments.back(); }
+};
+
 struct Builder {
   const ModelGraph& model;
   const Strategy& strategy;
@@ -56,9 +68,10 @@ struct Builder {
   int n_units = 0, n_mb = 0, n_stages = 1;
   std::vector<int> stage_of_unit;
   std::vector<std::vector<int>> devices_of_stage;
-  // Node ids by [unit][microbatch]; -1 where a unit has no such node.
-  std::vector<std::vector<int>> fwd, bwd, bwd_i, bwd_w;
+  // Pass nodes by [unit][microbatch]; empty where a unit has no such pass.
+  std::vector<std::vector<PassNodes>> fwd, bwd, bwd_i, bwd_w;
   std::vector<int> upd;
+  std::vector<int> norm_of_pp;  // NORM node per pipeline rank
 
   Builder(const ModelGraph& m, const Strategy& s)
       : model(m),
@@ -128,6 +141,43 @@ struct Builder {
     return grid.rank_of(coords);
   }
 
+  int64_t d_model() const { return strategy.activation_bytes / std::max<int64_t>(1, 4 * strategy.microbatch_rows); }
+
+  // A collective over the unit's tp group at communication point k of a pass.
+  Node tp_collective(const CommPoint& point, const Node& segment, int k) const {
+    Node n = segment;
+    n.kind = point.kind;
+    n.tags.segment = k;
+    n.stream = Stream::STREAM_COMM;
+    n.group = GroupDim::GROUP_TP;
+    n.payload = Payload::PAYLOAD_UNIT;
+    // As every collective node: the whole buffer each member holds afterwards.
+    n.bytes = point.floats_per_row * strategy.microbatch_rows * 4 *
+              (point.kind == NodeKind::ALLGATHER ? strategy.shard.tp : 1);
+    return n;
+  }
+
+  // One unit pass: its segments chained through the collectives between them.
+  PassNodes add_pass(NodeKind kind, Pass pass, int u, int mb) {
+    const PassShape shape =
+        pass_shape(model.units[static_cast<size_t>(u)].kind, kind, strategy.shard.tp, d_model());
+    PassNodes p;
+    for (int k = 0; k < shape.segments; ++k) {
+      Node seg = compute_node(kind, pass, u, mb);
+      seg.tags.segment = k;
+      const int c = g.add_node(seg);
+      if (p.out >= 0) g.add_edge(p.out, c, EdgeKind::EDGE_DATA);
+      p.segments.push_back(c);
+      p.out = c;
+      if (static_cast<size_t>(k) < shape.points.size()) {
+        const int x = g.add_node(tp_collective(shape.points[static_cast<size_t>(k)], seg, k));
+        g.add_edge(c, x, EdgeKind::EDGE_DATA);
+        p.out = x;
+      }
+    }
+    return p;
+  }
+
   // A data edge from src to dst; SEND/RECV in between when they run on different ranks.
   void connect(int src, int dst, Payload payload) {
     const Node a = g.node(src);
@@ -160,43 +210,41 @@ struct Builder {
   void split() {
     const bool sb = strategy.split_backward;
     auto table = [&] {
-      return std::vector<std::vector<int>>(static_cast<size_t>(n_units), std::vector<int>(static_cast<size_t>(n_mb), -1));
+      return std::vector<std::vector<PassNodes>>(static_cast<size_t>(n_units), std::vector<PassNodes>(static_cast<size_t>(n_mb)));
     };
     fwd = table(), bwd = table(), bwd_i = table(), bwd_w = table();
     for (int mb = 0; mb < n_mb; ++mb) {
       for (int u = 0; u < n_units; ++u) {
-        const int f = g.add_node(compute_node(NodeKind::FWD, Pass::PASS_F, u, mb));
-        fwd[u][mb] = f;
-        if (u > 0) connect(fwd[u - 1][mb], f, Payload::PAYLOAD_ACTIVATION);
+        fwd[u][mb] = add_pass(NodeKind::FWD, Pass::PASS_F, u, mb);
+        if (u > 0) connect(fwd[u - 1][mb].out, fwd[u][mb].first(), Payload::PAYLOAD_ACTIVATION);
       }
       for (int u = n_units - 1; u >= 0; --u) {
         // The embedding has no input gradient: only its weight half exists.
         const bool has_input_grad = u > 0;
-        const int upstream = u + 1 < n_units ? (sb ? bwd_i[u + 1][mb] : bwd[u + 1][mb]) : -1;
+        // The input gradient of the unit after, and the saved state of this one's forward.
+        const int upstream = u + 1 < n_units ? (sb ? bwd_i[u + 1][mb].out : bwd[u + 1][mb].out) : -1;
+        const int saved = fwd[u][mb].last();
         if (!sb) {
-          const int b = g.add_node(compute_node(NodeKind::BWD, Pass::PASS_B, u, mb));
-          bwd[u][mb] = b;
-          g.add_edge(fwd[u][mb], b, EdgeKind::EDGE_DATA);
-          if (upstream >= 0) connect(upstream, b, Payload::PAYLOAD_GRADIENT);
+          bwd[u][mb] = add_pass(NodeKind::BWD, Pass::PASS_B, u, mb);
+          g.add_edge(saved, bwd[u][mb].first(), EdgeKind::EDGE_DATA);
+          if (upstream >= 0) connect(upstream, bwd[u][mb].first(), Payload::PAYLOAD_GRADIENT);
           continue;
         }
-        int w_src = fwd[u][mb];
+        int w_src = saved;
         if (has_input_grad) {
-          const int bi = g.add_node(compute_node(NodeKind::BWD_I, Pass::PASS_BI, u, mb));
-          bwd_i[u][mb] = bi;
-          g.add_edge(fwd[u][mb], bi, EdgeKind::EDGE_DATA);
-          if (upstream >= 0) connect(upstream, bi, Payload::PAYLOAD_GRADIENT);
-          w_src = bi;
+          bwd_i[u][mb] = add_pass(NodeKind::BWD_I, Pass::PASS_BI, u, mb);
+          g.add_edge(saved, bwd_i[u][mb].first(), EdgeKind::EDGE_DATA);
+          if (upstream >= 0) connect(upstream, bwd_i[u][mb].first(), Payload::PAYLOAD_GRADIENT);
+          w_src = bwd_i[u][mb].last();
         }
-        const int bw = g.add_node(compute_node(NodeKind::BWD_W, Pass::PASS_BW, u, mb));
-        bwd_w[u][mb] = bw;
-        g.add_edge(w_src, bw, EdgeKind::EDGE_DATA);
-        if (!has_input_grad && upstream >= 0) connect(upstream, bw, Payload::PAYLOAD_GRADIENT);
+        bwd_w[u][mb] = add_pass(NodeKind::BWD_W, Pass::PASS_BW, u, mb);
+        g.add_edge(w_src, bwd_w[u][mb].first(), EdgeKind::EDGE_DATA);
+        if (!has_input_grad && upstream >= 0) connect(upstream, bwd_w[u][mb].first(), Payload::PAYLOAD_GRADIENT);
       }
     }
   }
 
-  int last_grad_node(int u, int mb) const { return strategy.split_backward ? bwd_w[u][mb] : bwd[u][mb]; }
+  int last_grad_node(int u, int mb) const { return (strategy.split_backward ? bwd_w[u][mb] : bwd[u][mb]).last(); }
 
   Node collective(NodeKind kind, Payload payload, const std::vector<int>& units, int mb) const {
     const int u0 = units.front();
@@ -236,15 +284,21 @@ struct Builder {
   void updates() {
     upd.assign(static_cast<size_t>(n_units), -1);
     for (int u = 0; u < n_units; ++u) upd[u] = g.add_node(compute_node(NodeKind::UPD, Pass::PASS_U, u, -1));
+    norms();
+    auto norm_of = [&](int u) { return norm_of_pp[static_cast<size_t>(sched.rank_of(stage_of_unit[static_cast<size_t>(u)]))]; };
     const int zero = strategy.replicate.zero;
     if (strategy.replicate.dp <= 1) {
       for (int u = 0; u < n_units; ++u)
-        for (int mb = 0; mb < n_mb; ++mb) g.add_edge(last_grad_node(u, mb), upd[u], EdgeKind::EDGE_DATA);
+        for (int mb = 0; mb < n_mb; ++mb) {
+          g.add_edge(last_grad_node(u, mb), upd[u], EdgeKind::EDGE_DATA);
+          g.add_edge(last_grad_node(u, mb), norm_of(u), EdgeKind::EDGE_DATA);
+        }
       return;
     }
     for (const auto& bucket : buckets()) {
       const NodeKind k = zero >= 2 ? NodeKind::REDUCE_SCATTER : NodeKind::ALLREDUCE;
       const int red = g.add_node(collective(k, Payload::PAYLOAD_WGRAD, bucket, -1));
+      g.add_edge(red, norm_of(bucket.front()), EdgeKind::EDGE_DATA);
       for (int u : bucket) {
         for (int mb = 0; mb < n_mb; ++mb) g.add_edge(last_grad_node(u, mb), red, EdgeKind::EDGE_DATA);
         g.add_edge(red, upd[u], EdgeKind::EDGE_DATA);
@@ -257,6 +311,36 @@ struct Builder {
     if (zero == 3) gather_before_use();
   }
 
+  // Gradient clipping: each pipeline rank sums the squares of its gradients
+  // once they are final (NORM), the world adds the sums (an all-reduce of
+  // one double), and every update waits for the total.
+  void norms() {
+    norm_of_pp.assign(static_cast<size_t>(sched.ranks), -1);
+    for (int p = 0; p < sched.ranks; ++p) {
+      Node n;
+      n.kind = NodeKind::NORM;
+      n.tags = {sched.stage_of(p, 0), -1, Pass::PASS_U, -1, -1, '?'};
+      n.devices = devices_of_stage[static_cast<size_t>(sched.stage_of(p, 0))];
+      norm_of_pp[static_cast<size_t>(p)] = g.add_node(n);
+    }
+    int total = -1;
+    if (strategy.world_size > 1) {
+      Node n;
+      n.kind = NodeKind::ALLREDUCE;
+      n.tags = {0, -1, Pass::PASS_COMM, -1, -1, '?'};
+      for (int r = 0; r < strategy.world_size; ++r) n.devices.push_back(r);
+      n.stream = Stream::STREAM_COMM;
+      n.group = GroupDim::GROUP_WORLD;
+      n.payload = Payload::PAYLOAD_NORM;
+      n.bytes = sizeof(double);
+      total = g.add_node(n);
+      for (int id : norm_of_pp) g.add_edge(id, total, EdgeKind::EDGE_DATA);
+    }
+    for (int u = 0; u < n_units; ++u)
+      g.add_edge(total >= 0 ? total : norm_of_pp[static_cast<size_t>(sched.rank_of(stage_of_unit[static_cast<size_t>(u)]))],
+                 upd[static_cast<size_t>(u)], EdgeKind::EDGE_DATA);
+  }
+
   // ZeRO-3: an all-gather of unit u's parameters before each forward and each
   // backward that needs them, issued once the unit two before has run.
   void gather_before_use() {
@@ -264,14 +348,14 @@ struct Builder {
       for (int u = 0; u < n_units; ++u) {
         const int f = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
         g.node_mut(f).tags.pass = Pass::PASS_F;
-        g.add_edge(f, fwd[u][mb], EdgeKind::EDGE_DATA);
-        if (u >= 2 && stage_of_unit[u - 2] == stage_of_unit[u]) g.add_edge(fwd[u - 2][mb], f, EdgeKind::EDGE_DATA);
-        const int first_b = strategy.split_backward ? (u > 0 ? bwd_i[u][mb] : bwd_w[u][mb]) : bwd[u][mb];
+        // Every segment of a pass reads the parameters.
+        for (int seg : fwd[u][mb].segments) g.add_edge(f, seg, EdgeKind::EDGE_DATA);
+        if (u >= 2 && stage_of_unit[u - 2] == stage_of_unit[u]) g.add_edge(fwd[u - 2][mb].last(), f, EdgeKind::EDGE_DATA);
         const int b = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
         g.node_mut(b).tags.pass = Pass::PASS_B;
-        g.add_edge(b, first_b, EdgeKind::EDGE_DATA);
-        if (strategy.split_backward && u > 0) g.add_edge(b, bwd_w[u][mb], EdgeKind::EDGE_DATA);
-        g.add_edge(fwd[u][mb], b, EdgeKind::EDGE_DATA);
+        for (const PassNodes* pass : {&bwd[u][mb], &bwd_i[u][mb], &bwd_w[u][mb]})
+          for (int seg : pass->segments) g.add_edge(b, seg, EdgeKind::EDGE_DATA);
+        g.add_edge(fwd[u][mb].last(), b, EdgeKind::EDGE_DATA);
       }
   }
 
@@ -289,13 +373,17 @@ struct Builder {
                       : op.pass == Pass::PASS_B  ? bwd
                       : op.pass == Pass::PASS_BI ? bwd_i
                                                  : bwd_w;
+        auto append = [&](int u) {
+          const PassNodes& p = table[static_cast<size_t>(u)][static_cast<size_t>(op.microbatch)];
+          seq.insert(seq.end(), p.segments.begin(), p.segments.end());
+        };
         if (op.pass == Pass::PASS_F) {
-          for (int u : units) seq.push_back(table[u][op.microbatch]);
+          for (int u : units) append(u);
         } else {
-          for (auto it = units.rbegin(); it != units.rend(); ++it)
-            if (table[*it][op.microbatch] >= 0) seq.push_back(table[*it][op.microbatch]);
+          for (auto it = units.rbegin(); it != units.rend(); ++it) append(*it);
         }
       }
+      seq.push_back(norm_of_pp[static_cast<size_t>(r)]);
       for (int u = 0; u < n_units; ++u)
         if (sched.rank_of(stage_of_unit[static_cast<size_t>(u)]) == r) seq.push_back(upd[u]);
       for (size_t i = 1; i < seq.size(); ++i) g.add_edge(seq[i - 1], seq[i], EdgeKind::EDGE_ORDER);

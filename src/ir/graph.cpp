@@ -56,6 +56,7 @@ const char* node_kind_name(NodeKind k) {
     case NodeKind::BWD_W: return "BWD_W";
     case NodeKind::BWD: return "BWD";
     case NodeKind::UPD: return "UPD";
+    case NodeKind::NORM: return "NORM";
     case NodeKind::SEND: return "SEND";
     case NodeKind::RECV: return "RECV";
     case NodeKind::ALLREDUCE: return "ALLREDUCE";
@@ -80,11 +81,24 @@ const char* pass_name(Pass p) {
 
 bool is_compute(NodeKind k) {
   return k == NodeKind::FWD || k == NodeKind::BWD_I || k == NodeKind::BWD_W ||
-         k == NodeKind::BWD || k == NodeKind::UPD;
+         k == NodeKind::BWD || k == NodeKind::UPD || k == NodeKind::NORM;
+}
+
+bool is_p2p(NodeKind k) { return k == NodeKind::SEND || k == NodeKind::RECV; }
+
+const char* group_name(GroupDim g) {
+  switch (g) {
+    case GroupDim::GROUP_NONE: return "";
+    case GroupDim::GROUP_DP: return "dp";
+    case GroupDim::GROUP_TP: return "tp";
+    case GroupDim::GROUP_WORLD: return "world";
+  }
+  return "?";
 }
 
 std::string describe(const Node& n, const std::vector<std::string>& unit_names) {
   std::string s = node_kind_name(n.kind);
+  if (!is_compute(n.kind) && !is_p2p(n.kind)) (s += ' ') += group_name(n.group);
   if (n.tags.unit >= 0) {
     s += ' ';
     s += static_cast<size_t>(n.tags.unit) < unit_names.size()
@@ -92,6 +106,8 @@ std::string describe(const Node& n, const std::vector<std::string>& unit_names) 
              : "unit" + std::to_string(n.tags.unit);
   }
   if (n.tags.microbatch >= 0) s += " mb" + std::to_string(n.tags.microbatch);
+  if (n.payload == Payload::PAYLOAD_UNIT) s += std::string(" ") + pass_name(n.tags.pass) + "." + std::to_string(n.tags.segment);
+  else if (is_compute(n.kind) && n.tags.segment > 0) s += " part " + std::to_string(n.tags.segment);
   if (!n.peers.empty()) s += (n.kind == NodeKind::SEND ? " to rank " : " from rank ") + std::to_string(n.peers.front());
   if (!n.units.empty()) {
     s += " units " + std::to_string(n.units.front());

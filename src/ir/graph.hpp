@@ -15,6 +15,7 @@ enum class NodeKind : uint8_t {
   BWD_W,           // weight-gradient half of a backward
   BWD,             // fused backward (input and weight gradients)
   UPD,             // optimiser update of one unit's parameters
+  NORM,            // the squared L2 norm of a pipeline rank's gradients, for clipping
   SEND,
   RECV,
   ALLREDUCE,
@@ -22,7 +23,7 @@ enum class NodeKind : uint8_t {
   ALLGATHER,
   ALLTOALL,
 };
-constexpr int kNodeKindCount = 11;
+constexpr int kNodeKindCount = 12;
 
 // The pass a node belongs to, as directive filters name it.
 enum class Pass : uint8_t { PASS_F, PASS_B, PASS_BI, PASS_BW, PASS_U, PASS_COMM };
@@ -43,6 +44,11 @@ struct Tags {
   int unit = -1;        // ModelGraph unit index
   int block = -1;       // global block index in the pattern, -1 for embed/head
   char block_kind = '?';  // unit_symbol(): 'e', 'M', '*', '-', 'E', 'h'
+  // A unit pass is split at its communication points (ir/unit_passes.hpp):
+  // a compute node runs segment `segment` of its pass, a collective of
+  // payload PAYLOAD_UNIT moves the buffer of point `segment`, between
+  // segments `segment` and `segment + 1`.
+  int segment = 0;
 };
 
 // What a communication node moves.
@@ -52,11 +58,14 @@ enum class Payload : uint8_t {
   PAYLOAD_GRADIENT,    // SEND/RECV: the gradient w.r.t. a unit's input, backward
   PAYLOAD_WGRAD,       // ALLREDUCE / REDUCE_SCATTER: weight gradients of `units`
   PAYLOAD_PARAMS,      // ALLGATHER: parameters of `units`
+  PAYLOAD_UNIT,        // a unit pass's buffer at a communication point (tensor-parallel partial sums, row maxima)
+  PAYLOAD_NORM,        // ALLREDUCE: the squared gradient norm (one double)
 };
 
 // The process-group dimension a collective runs over, within each group of
 // the rank grid that the node's devices contain.
-enum class GroupDim : uint8_t { GROUP_NONE, GROUP_DP, GROUP_TP };
+enum class GroupDim : uint8_t { GROUP_NONE, GROUP_DP, GROUP_TP, GROUP_WORLD };
+const char* group_name(GroupDim g);  // "", "dp", "tp", "world"
 
 struct Node {
   int id = -1;
@@ -107,9 +116,10 @@ class Graph {
 
 const char* node_kind_name(NodeKind k);  // "FWD", "BWD_I", ...
 const char* pass_name(Pass p);           // "F", "B", "BI", "BW", "U", "C"
-bool is_compute(NodeKind k);             // FWD / BWD* / UPD
+bool is_compute(NodeKind k);             // FWD / BWD* / UPD / NORM
+bool is_p2p(NodeKind k);                 // SEND / RECV
 
-// "FWD layers.3 mb1" — a node as users read it.
+// "FWD layers.3 mb1", "ALLREDUCE tp layers.3 mb1 F.0" — a node as users read it.
 std::string describe(const Node& n, const std::vector<std::string>& unit_names);
 
 }  // namespace piper::ir

@@ -37,8 +37,8 @@ Program lower(const Graph& g, int rank) {
     const int v = q.top();
     q.pop();
     const Node& nd = g.node(v);
-    Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.tags.pass, -1, nd.tag, nd.group, nd.payload,
-             nd.units, nd.bytes, {}};
+    Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.tags.pass, nd.tags.segment, -1, nd.tag, nd.group,
+             nd.payload, nd.units, nd.bytes, {}};
     if (!nd.peers.empty()) in.peer = nd.peers[static_cast<size_t>(slot[static_cast<size_t>(v)])];
     for (int e : g.in_edges()[static_cast<size_t>(v)]) {
       const Edge& ed = g.edges()[static_cast<size_t>(e)];
@@ -85,6 +85,7 @@ uint64_t plan_hash(const Graph& g) {
     f.value<int32_t>(n.tags.unit);
     f.value<int32_t>(n.tags.block);
     f.value<char>(n.tags.block_kind);
+    f.value<int32_t>(n.tags.segment);
     f.value<uint8_t>(static_cast<uint8_t>(n.stream));
     f.value<uint64_t>(n.peers.size());
     for (int q : n.peers) f.value<int32_t>(q);
@@ -163,8 +164,12 @@ std::string format_program(const Program& p, const ModelGraph& model) {
       std::string extra;
       if (v[i].peer >= 0) extra = (v[i].kind == NodeKind::SEND ? " to rank " : " from rank ") + std::to_string(v[i].peer);
       if (!v[i].units.empty())
-        extra = std::string(v[i].group == GroupDim::GROUP_DP ? " dp" : " tp") + " units " +
-                std::to_string(v[i].units.front()) + ".." + std::to_string(v[i].units.back());
+        extra = std::string(" ") + group_name(v[i].group) + " units " + std::to_string(v[i].units.front()) + ".." +
+                std::to_string(v[i].units.back());
+      else if (!is_p2p(v[i].kind) && !is_compute(v[i].kind))
+        extra = std::string(" ") + group_name(v[i].group) + " " + std::to_string(v[i].bytes) + " bytes";
+      if (v[i].segment > 0 || v[i].payload == Payload::PAYLOAD_UNIT)
+        extra += (is_compute(v[i].kind) ? " part " : " point ") + std::to_string(v[i].segment);
       std::snprintf(line, sizeof line, "    %4zu  %-14s %-12s %-5s node %d%s\n", i,
                     node_kind_name(v[i].kind), unit.c_str(), mb.c_str(), v[i].node, extra.c_str());
       o << line;

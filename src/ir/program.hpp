@@ -17,6 +17,8 @@ struct Instr {
   int unit = -1;
   int microbatch = -1;
   Pass pass = Pass::PASS_F;
+  int segment = 0;               // segment of a unit pass, or the communication point a collective is
+
   int peer = -1;                 // SEND/RECV: this rank's partner
   int tag = -1;                  // SEND/RECV: message tag
   GroupDim group = GroupDim::GROUP_NONE;

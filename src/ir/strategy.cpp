@@ -80,6 +80,7 @@ Strategy expand(const config::Config& cfg, int world_size) {
       {per_microbatch, cfg.train.seq_len, cfg.model.d_model, static_cast<int64_t>(sizeof(float))},
       "the activation of one microbatch, train.global_batch / (dp x microbatches) x train.seq_len x model.d_model "
       "x 4 bytes");
+  s.microbatch_rows = per_microbatch * cfg.train.seq_len;  // a factor of activation_bytes: fits
   return s;
 }
 

@@ -71,6 +71,7 @@ struct Strategy {
   ReplicateDirective replicate;
   ShardDirective shard;
   OrderDirective order;
+  int64_t microbatch_rows = 0;   // tokens of one microbatch on one data-parallel replica
   int64_t activation_bytes = 0;  // one microbatch's activation between units, per rank
   bool operator==(const Strategy&) const = default;
 };

@@ -23,10 +23,11 @@ std::string where(const Node& n, const std::vector<std::string>& names) {
   return describe(n, names) + " on rank " + (ranks.empty() ? "<none>" : ranks);
 }
 
-// Follows data edges backwards through SEND/RECV to the compute node producing a value.
+// Follows data edges backwards through SEND/RECV and the tensor-parallel
+// collective ending a pass to the compute node producing a value.
 int producer(const Graph& g, int edge) {
   int src = g.edges()[static_cast<size_t>(edge)].src;
-  while (g.node(src).kind == NodeKind::RECV || g.node(src).kind == NodeKind::SEND) {
+  while (is_p2p(g.node(src).kind) || g.node(src).payload == Payload::PAYLOAD_UNIT) {
     int next = -1;
     for (int e : g.in_edges()[static_cast<size_t>(src)])
       if (g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_DATA) next = e;
@@ -47,10 +48,16 @@ void check_edges(const Graph& g, const std::vector<std::string>& names) {
                         " nodes)");
     const Node& a = g.node(e.src);
     const Node& b = g.node(e.dst);
+    // A value moves between ranks by a SEND/RECV pair, or within a collective
+    // whose ranks include those of the node on the other side.
+    auto within = [](const Node& part, const Node& whole) {
+      return !is_compute(whole.kind) && !is_p2p(whole.kind) &&
+             std::includes(whole.devices.begin(), whole.devices.end(), part.devices.begin(), part.devices.end());
+    };
     if (e.kind == EdgeKind::EDGE_DATA && a.devices != b.devices &&
-        !(a.kind == NodeKind::SEND && b.kind == NodeKind::RECV))
+        !(a.kind == NodeKind::SEND && b.kind == NodeKind::RECV) && !within(a, b) && !within(b, a))
       throw VerifyError("data edge from " + where(a, names) + " to " + where(b, names) +
-                        " crosses ranks without a SEND/RECV pair");
+                        " crosses ranks without a SEND/RECV pair or a collective over both");
     if (e.kind == EdgeKind::EDGE_ORDER && (a.devices != b.devices || a.stream != b.stream))
       throw VerifyError("ordering edge from " + where(a, names) + " to " + where(b, names) +
                         " joins different ranks or streams; an order applies within one rank");
@@ -83,19 +90,24 @@ void check_edges(const Graph& g, const std::vector<std::string>& names) {
 }
 
 // Every (unit, microbatch) has its forward and backward, every unit its
-// update, and each compute node's inputs come from the right producers.
+// update, and each compute node's inputs come from the right producers: the
+// first segment of a pass from the passes before it, every later segment
+// from the one before it.
 void check_complete(const Graph& g, const ModelGraph& model, const std::vector<std::string>& names) {
   const int n_units = static_cast<int>(model.units.size());
-  std::map<std::tuple<NodeKind, int, int>, int> index;  // (kind, unit, mb) -> node
+  std::map<std::tuple<NodeKind, int, int, int>, int> segment;  // (kind, unit, mb, segment) -> node
+  std::map<std::tuple<NodeKind, int, int>, int> index;  // (kind, unit, mb) -> its last segment's node
   int n_mb = 0;
   for (const Node& nd : g.nodes()) {
-    if (!is_compute(nd.kind)) continue;
+    if (!is_compute(nd.kind) || nd.kind == NodeKind::NORM) continue;
     if (nd.tags.unit < 0 || nd.tags.unit >= n_units)
       throw VerifyError(where(nd, names) + " names unit " + std::to_string(nd.tags.unit) +
                         "; the model has units 0.." + std::to_string(n_units - 1));
-    auto key = std::make_tuple(nd.kind, nd.tags.unit, nd.tags.microbatch);
-    if (!index.emplace(key, nd.id).second)
+    if (!segment.emplace(std::make_tuple(nd.kind, nd.tags.unit, nd.tags.microbatch, nd.tags.segment), nd.id).second)
       throw VerifyError(where(nd, names) + " appears twice in the graph");
+    auto key = std::make_tuple(nd.kind, nd.tags.unit, nd.tags.microbatch);
+    auto it = index.find(key);
+    if (it == index.end() || g.node(it->second).tags.segment < nd.tags.segment) index[key] = nd.id;
     n_mb = std::max(n_mb, nd.tags.microbatch + 1);
   }
   auto has = [&](NodeKind k, int u, int mb) { return index.count({k, u, mb}) > 0; };
@@ -115,12 +127,19 @@ void check_complete(const Graph& g, const ModelGraph& model, const std::vector<s
   // Inputs: FWD(u) needs FWD(u-1); a backward of u needs FWD(u) and the input
   // gradient of u+1.
   for (const Node& nd : g.nodes()) {
-    if (nd.kind == NodeKind::UPD || !is_compute(nd.kind)) continue;
+    if (nd.kind == NodeKind::UPD || nd.kind == NodeKind::NORM || !is_compute(nd.kind)) continue;
     const int u = nd.tags.unit, mb = nd.tags.microbatch;
     std::set<int> producers;
     for (int e : g.in_edges()[static_cast<size_t>(nd.id)])
       if (g.edges()[static_cast<size_t>(e)].kind == EdgeKind::EDGE_DATA)
         producers.insert(producer(g, e));
+    if (nd.tags.segment > 0) {
+      auto prev = segment.find(std::make_tuple(nd.kind, u, mb, nd.tags.segment - 1));
+      if (prev == segment.end() || !producers.count(prev->second))
+        throw VerifyError(where(nd, names) + ": input not produced: segment " + std::to_string(nd.tags.segment - 1) +
+                          " of its pass is not connected to it");
+      continue;
+    }
     auto need = [&](NodeKind k, int pu, const char* what) {
       auto it = index.find({k, pu, mb});
       if (it == index.end() || !producers.count(it->second))

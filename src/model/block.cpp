@@ -21,31 +21,47 @@ LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp) {
   vocab_offset = vocab * tp.rank;
 }
 
-double Block::forward(int slot, const MicroBatch& mb, const float* x, float* y) {
-  const int64_t M = mb.rows(), D = cfg_.d_model;
-  Saved s{M, act(M * D), act(M)};
-  k::rmsnorm_fwd(x, w(0), s.xn.data(), s.rstd.data(), M, D, kNormEps);
-  mixer_forward(slot, mb, s.xn.data(), y);
-  tp_allreduce(y, M * D);  // row-parallel output projections leave partial sums
-  for (int64_t i = 0; i < M * D; ++i) y[i] += x[i];  // residual
-  saved_[slot] = std::move(s);
+// tp 1: one segment per pass. tp > 1 (ir::pass_shape): the forward's
+// row-parallel output projection leaves partial sums that point 0 adds over
+// the group before the residual; the backward's column-parallel input
+// projections leave a partial dxn that point 0 adds before the norm.
+double Block::forward(int k, int slot, const PassArgs& a) {
+  const int64_t D = cfg_.d_model;
+  if (k == 0) {
+    const int64_t M = a.mb->rows();
+    Saved s{M, act(M * D), act(M), a.y, {}};
+    k::rmsnorm_fwd(a.x, w(0), s.xn.data(), s.rstd.data(), M, D, kNormEps);
+    mixer_forward(slot, *a.mb, s.xn.data(), a.y);
+    saved_[slot] = std::move(s);
+  }
+  if (last(ir::NodeKind::FWD, k)) {
+    const int64_t n = saved_.at(slot).rows * D;
+    for (int64_t i = 0; i < n; ++i) a.y[i] += a.x[i];  // residual
+  }
   return 0.0;
 }
 
-void Block::backward_input(int slot, const float* x, const float* dy, float* dx) {
+void Block::backward_input(int k, int slot, const PassArgs& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
-  Tensor dxn = scratch(M * D);
-  mixer_backward_input(slot, s.xn.data(), dy, dxn.data());
-  tp_allreduce(dxn.data(), M * D);  // column-parallel input projections: partial input gradients
-  k::rmsnorm_bwd(dxn.data(), x, w(0), s.rstd.data(), dx, g(0), M, D);
-  for (int64_t i = 0; i < M * D; ++i) dx[i] += dy[i];  // residual
+  if (k == 0) {
+    s.dxn = scratch(M * D);
+    mixer_backward_input(slot, s.xn.data(), a.dy, s.dxn.data());
+  }
+  if (last(ir::NodeKind::BWD_I, k)) {
+    k::rmsnorm_bwd(s.dxn.data(), a.x, w(0), s.rstd.data(), a.dx, g(0), M, D);
+    for (int64_t i = 0; i < M * D; ++i) a.dx[i] += a.dy[i];  // residual
+    s.dxn = {};
+  }
 }
 
-void Block::backward_weight(int slot) {
-  mixer_backward_weight(slot, saved_.at(slot).xn.data());
-  release(slot);
+CommBuffer Block::point(ir::NodeKind pass, int /*k*/, int slot) {
+  Saved& s = saved_.at(slot);
+  float* buf = pass == ir::NodeKind::FWD ? s.out : s.dxn.data();
+  return {buf, buf, s.rows * cfg_.d_model};
 }
+
+void Block::weight_grads(int slot, const PassArgs& /*a*/) { mixer_backward_weight(slot, saved_.at(slot).xn.data()); }
 
 void Block::release(int slot) {
   mixer_release(slot);

@@ -38,12 +38,12 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
     MicroBatch mb{ctx.data(), nullptr, 1, static_cast<int64_t>(ctx.size()), 1.0f};
     Tensor a(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
     Tensor b(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
-    units_.front()->forward(kSlot, mb, nullptr, a.data());
+    play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, nullptr, nullptr, a.data(), nullptr}, nullptr);
     for (size_t u = 1; u + 1 < units_.size(); ++u) {
-      units_[u]->forward(kSlot, mb, a.data(), b.data());
+      play_pass(*units_[u], ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, b.data(), nullptr}, nullptr);
       std::swap(a, b);
     }
-    units_.back()->forward(kSlot, mb, a.data(), nullptr);
+    play_pass(*units_.back(), ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, nullptr, nullptr}, nullptr);
     const float* last = units_.back()->logits(kSlot) + (mb.rows() - 1) * V;
     int32_t next = 0;
     if (temperature <= 0.0f) {

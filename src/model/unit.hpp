@@ -1,6 +1,8 @@
 // unit.hpp — the executable form of one model unit (embedding, a block, the
 // head): forward, the two halves of backward, and per-microbatch saved state.
-// The runtime calls these for FWD / BWD_I / BWD_W / BWD nodes.
+// Each pass runs as the segments ir::pass_shape gives it, so that its
+// tensor-parallel collectives are DAG nodes between them; the runtime calls
+// Unit::run for each FWD / BWD_I / BWD_W / BWD segment node.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include "comm/comm.hpp"
 #include "config/config.hpp"
 #include "ir/model_graph.hpp"
+#include "ir/unit_passes.hpp"
 #include "model/params.hpp"
 
 namespace piper::model {
@@ -42,47 +45,64 @@ struct LocalDims {
   LocalDims(const config::ModelConfig& c, const TpInfo& tp);
 };
 
+// What a segment of a pass reads and writes. Each segment of one pass gets
+// the same arguments.
+struct PassArgs {
+  const MicroBatch* mb = nullptr;  // FWD: the tokens
+  const float* x = nullptr;        // the input activation [rows, D] (not the embedding's)
+  const float* dy = nullptr;       // backward: gradient of the output [rows, D] (not the head's)
+  float* y = nullptr;              // FWD: the output [rows, D] (not the head's), written from the first segment
+  float* dx = nullptr;             // BWD_I, BWD: the input gradient (not the embedding's), written by the last segment
+};
+
+// The buffer a communication point moves over the tp group: an all-reduce
+// sums `send` in place (recv == send); an all-gather puts every rank's
+// `count` floats of `send` into `recv`, rank order.
+struct CommBuffer {
+  float* send = nullptr;
+  float* recv = nullptr;
+  int64_t count = 0;  // floats this rank contributes
+};
+
 class Unit {
  public:
   Unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params,
-       backend::Backend& be, TpInfo tp = {})
-      : spec_(spec), cfg_(cfg), params_(params), be_(be), tp_(tp), dims_(cfg, tp) {}
+       backend::Backend& be, TpInfo tp = {});
   virtual ~Unit() = default;
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
   const ir::UnitSpec& spec() const { return spec_; }
+  // Segments and communication points of a pass (ir::pass_shape for this unit).
+  const ir::PassShape& shape(ir::NodeKind pass) const;
 
-  // x: input activations [rows, D] (unused by the embedding); y: output [rows, D]
-  // (unused by the head). Saves what backward needs under `slot`. Returns the
-  // sum of token losses for the head, 0 otherwise.
-  virtual double forward(int slot, const MicroBatch& mb, const float* x, float* y) = 0;
-  // dy: gradient of the output (unused by the head); dx: gradient of the input,
-  // overwritten (unused by the embedding). Accumulates the cheap parameter
-  // gradients and keeps what backward_weight needs.
-  virtual void backward_input(int slot, const float* x, const float* dy, float* dx) = 0;
-  // Accumulates the matrix weight gradients and releases the slot.
-  virtual void backward_weight(int slot) = 0;
-  // Fused backward.
-  void backward(int slot, const float* x, const float* dy, float* dx) {
-    backward_input(slot, x, dy, dx);
-    backward_weight(slot);
-  }
+  // Segment k of `pass` (FWD, BWD_I, BWD_W or BWD) for microbatch `slot`;
+  // segment k > 0 runs once communication point k - 1 has completed. FWD
+  // saves what backward needs under `slot`; BWD_I accumulates the cheap
+  // parameter gradients and keeps what BWD_W needs; BWD_W accumulates the
+  // matrix weight gradients and releases the slot; BWD does both. The
+  // embedding has no input gradient: its BWD_W is its whole backward and
+  // reads dy. Returns the sum of token losses for the head's last forward
+  // segment, 0 otherwise.
+  double run(ir::NodeKind pass, int k, int slot, const PassArgs& a);
+  // The buffer communication point k of `pass` moves (after segment k ran).
+  virtual CommBuffer point(ir::NodeKind pass, int k, int slot) = 0;
   // Drops a slot's saved state without a backward (inference).
   virtual void release(int slot) = 0;
   // The head keeps logits [rows, V] of an inference forward; nullptr elsewhere.
   virtual const float* logits(int /*slot*/) const { return nullptr; }
 
  protected:
+  virtual double forward(int k, int slot, const PassArgs& a) = 0;
+  virtual void backward_input(int k, int slot, const PassArgs& a) = 0;
+  // Accumulates the matrix weight gradients; the slot stays until release.
+  virtual void weight_grads(int slot, const PassArgs& a) = 0;
+  bool last(ir::NodeKind pass, int k) const { return k + 1 == shape(pass).segments; }
+
   float* w(size_t i) { return params_.value(spec_.index, i); }
   float* g(size_t i) { return params_.grad(spec_.index, i); }
   Tensor act(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_ACTIVATIONS); }
   Tensor scratch(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_BUFFERS); }
-
-  // Sums a tp-partial buffer over the tp group (a no-op without tensor parallelism).
-  void tp_allreduce(float* buf, int64_t n) {
-    if (tp_.comm) tp_.comm->allreduce(buf, static_cast<size_t>(n));
-  }
 
   const ir::UnitSpec& spec_;
   const config::ModelConfig& cfg_;
@@ -90,19 +110,29 @@ class Unit {
   backend::Backend& be_;
   TpInfo tp_;
   LocalDims dims_;
+  ir::PassShape shapes_[4];  // FWD, BWD_I, BWD_W, BWD
 };
+
+// Plays one pass of `unit` alone: its segments in order, each communication
+// point as a blocking collective over `tp` (null without tensor parallelism).
+// Adds the time in the segments, not in the collectives, to *compute_ms when
+// given. Returns what the pass returns (the head's forward: the loss sum).
+// For inference, calibration and tests; training plays DAG nodes instead.
+double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, comm::Communicator* tp,
+                 double* compute_ms = nullptr);
 
 // A residual pre-norm block: y = x + mixer(rmsnorm(x, norm.weight)).
 // Parameter 0 is norm.weight; the mixer's follow in spec order.
 class Block : public Unit {
  public:
   using Unit::Unit;
-  double forward(int slot, const MicroBatch& mb, const float* x, float* y) final;
-  void backward_input(int slot, const float* x, const float* dy, float* dx) final;
-  void backward_weight(int slot) final;
+  CommBuffer point(ir::NodeKind pass, int k, int slot) final;
   void release(int slot) final;
 
  protected:
+  double forward(int k, int slot, const PassArgs& a) final;
+  void backward_input(int k, int slot, const PassArgs& a) final;
+  void weight_grads(int slot, const PassArgs& a) final;
   // xn, out: [rows, D]. Saves under `slot`.
   virtual void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) = 0;
   // dout [rows, D] -> dxn [rows, D] (overwritten); keeps the weight-gradient stash.
@@ -114,6 +144,8 @@ class Block : public Unit {
   struct Saved {
     int64_t rows = 0;
     Tensor xn, rstd;
+    float* out = nullptr;  // the forward's output, summed over the tp group at point 0
+    Tensor dxn;            // backward: the mixer's input gradient, summed over the tp group at point 0
   };
   std::map<int, Saved> saved_;
 };

@@ -9,15 +9,18 @@ namespace piper::model {
 class EmbedUnit final : public Unit {
  public:
   using Unit::Unit;
-  double forward(int slot, const MicroBatch& mb, const float* x, float* y) override;
-  void backward_input(int slot, const float* x, const float* dy, float* dx) override;
-  void backward_weight(int slot) override;
+  CommBuffer point(ir::NodeKind pass, int k, int slot) override;
   void release(int slot) override { saved_.erase(slot); }
+
+ protected:
+  double forward(int k, int slot, const PassArgs& a) override;
+  void backward_input(int /*k*/, int /*slot*/, const PassArgs& /*a*/) override {}  // no input gradient
+  void weight_grads(int slot, const PassArgs& a) override;
 
  private:
   struct Saved {
     std::vector<int32_t> ids;
-    Tensor dy;  // [rows, D], kept for the weight half
+    float* out = nullptr;  // tp > 1: the partial lookup, summed over the group at point 0
   };
   std::map<int, Saved> saved_;
 };
@@ -25,21 +28,31 @@ class EmbedUnit final : public Unit {
 class HeadUnit final : public Unit {
  public:
   using Unit::Unit;
-  double forward(int slot, const MicroBatch& mb, const float* x, float* y) override;
-  void backward_input(int slot, const float* x, const float* dy, float* dx) override;
-  void backward_weight(int slot) override;
+  CommBuffer point(ir::NodeKind pass, int k, int slot) override;
   void release(int slot) override { saved_.erase(slot); }
   const float* logits(int slot) const override;
 
+ protected:
+  double forward(int k, int slot, const PassArgs& a) override;
+  void backward_input(int k, int slot, const PassArgs& a) override;
+  void weight_grads(int slot, const PassArgs& a) override;
+
  private:
-  double vocab_parallel_cross_entropy(const float* logits, const int32_t* targets, float* dlogits, int64_t M,
-                                      float scale);
   struct Saved {
     int64_t rows = 0;
     Tensor xn, rstd;
     Tensor dlogits;  // [rows, V]: d(loss)/d(logits), or the logits of an inference forward
     bool inference = false;
+    // The vocab-parallel loss between its points: logits [rows, V/tp] until
+    // the exponential sums, this rank's row maxima, everyone's, their max,
+    // and [sum of exp | target logit] per row.
+    Tensor logits;
+    std::vector<float> local_max, all_max, row_max, sums;
+    Tensor dxn;  // backward: the partial input gradient of the norm, summed at point 0
   };
+  void vocab_parallel_maxima(Saved& s);
+  void vocab_parallel_sums(Saved& s, const int32_t* targets);
+  double vocab_parallel_loss(Saved& s, const int32_t* targets, float scale);
   std::map<int, Saved> saved_;
 };
 

@@ -267,40 +267,51 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
       mb.batch = b;
       UnitSample s;
       s.rows = mb.rows();
+      // Each pass as training plays it, its tensor-parallel collectives
+      // blocking between its segments; only the segments are timed (the
+      // simulator times the collectives from their nodes).
+      auto pass = [&](ir::NodeKind p, double* ms) {
+        const model::PassArgs args{&mb, xin, p == ir::NodeKind::FWD ? nullptr : dyin,
+                                   p == ir::NodeKind::FWD ? yout : nullptr,
+                                   p == ir::NodeKind::FWD || p == ir::NodeKind::BWD_W ? nullptr : dxout};
+        model::play_pass(*unit, p, 0, args, tp.comm, ms);
+      };
+      // The embedding has no input-gradient half: its BWD_W is its whole backward.
+      const ir::NodeKind bi = embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I;
       // Memory, on the first (warm-up) call: the levels around each pass.
       auto level = [&] { return be.memory().total_current; };
       auto peak = [&] { return be.memory().total_peak; };
       const int64_t l0 = level();
       be.reset_peak();
-      unit->forward(0, mb, xin, yout);
+      pass(ir::NodeKind::FWD, nullptr);
       const int64_t l1 = level(), pf = peak() - l0;
       be.reset_peak();
-      unit->backward_input(0, xin, dyin, dxout);
+      pass(bi, nullptr);
       const int64_t l2 = level(), pbi = peak() - l1;
       be.reset_peak();
-      unit->backward_weight(0);
+      if (!embed) pass(ir::NodeKind::BWD_W, nullptr);
       const int64_t pbw = peak() - l2;
       s.saved = static_cast<double>(l1 - l0);
       s.kept = static_cast<double>(l2 - l0);
       s.transient = static_cast<double>(std::max({pf, pbi, pbw}));
       // One repetition: F, BI, BW, then F and the fused backward.
       std::vector<double> tf, tbi, tbw, tb;
+      auto timed = [&](ir::NodeKind p, std::vector<double>& into) {
+        double ms = 0;
+        pass(p, &ms);
+        into.push_back(ms);
+      };
       auto rep = [&] {
-        auto t0 = Clock::now();
-        unit->forward(0, mb, xin, yout);
-        tf.push_back(ms_since(t0));
-        t0 = Clock::now();
-        unit->backward_input(0, xin, dyin, dxout);
-        tbi.push_back(ms_since(t0));
-        t0 = Clock::now();
-        unit->backward_weight(0);
-        tbw.push_back(ms_since(t0));
-        t0 = Clock::now();
-        unit->forward(0, mb, xin, yout);
-        tf.push_back(ms_since(t0));
-        t0 = Clock::now();
-        unit->backward(0, xin, dyin, dxout);
-        tb.push_back(ms_since(t0));
+        timed(ir::NodeKind::FWD, tf);
+        if (embed) {
+          timed(ir::NodeKind::BWD_W, tbw);
+          tbi.push_back(0.0);
+        } else {
+          timed(ir::NodeKind::BWD_I, tbi);
+          timed(ir::NodeKind::BWD_W, tbw);
+        }
+        timed(ir::NodeKind::FWD, tf);
+        timed(ir::NodeKind::BWD, tb);
       };
       // A second warm-up, timed to choose the repetitions; twice as many at
       // the strategy's microbatch, where the time fits are anchored.
@@ -529,9 +540,12 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   auto once = [&] {
     const auto t0 = Clock::now();
     for (size_t i = 0; i < made.size(); ++i)
-      made[i]->forward(0, mb, i ? x.data() : nullptr, i < last ? y.data() : nullptr);
+      model::play_pass(*made[i], ir::NodeKind::FWD, 0,
+                       {&mb, i ? x.data() : nullptr, nullptr, i < last ? y.data() : nullptr, nullptr}, nullptr);
     for (size_t i = made.size(); i-- > 0;)
-      made[i]->backward(0, i ? x.data() : nullptr, i < last ? dy.data() : nullptr, i ? dx.data() : nullptr);
+      model::play_pass(*made[i], ir::NodeKind::BWD, 0,
+                       {nullptr, i ? x.data() : nullptr, i < last ? dy.data() : nullptr, nullptr, i ? dx.data() : nullptr},
+                       nullptr);
     return ms_since(t0);
   };
   double reps_d = std::clamp(std::ceil((quick ? 60.0 : 300.0) / std::max(1e-3, (once(), once()))), 3.0, 15.0);

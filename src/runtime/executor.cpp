@@ -1,5 +1,6 @@
-// executor.cpp — instruction dispatch for one training step: the compute
-// stream in program order, the communication stream issued ahead of it.
+// executor.cpp — one training step of a rank's program, played by
+// ir::Player: compute dispatched to the units and the optimiser,
+// communication issued non-blocking on the communicator of its group.
 #include "runtime/executor.hpp"
 
 #include <algorithm>
@@ -19,20 +20,34 @@ using ir::Payload;
 
 namespace {
 
-// How many compute instructions ahead a receive or a ZeRO-3 gather is posted:
-// enough to hide its latency, few enough to keep memory at the schedule's.
-constexpr size_t kLookahead = 2;
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-bool zero3_gather(const ir::Instr& c) { return c.kind == NodeKind::ALLGATHER && c.microbatch >= 0; }
+// The unit pass a segment or a communication point belongs to.
+NodeKind pass_kind(ir::Pass p) {
+  switch (p) {
+    case ir::Pass::PASS_F: return NodeKind::FWD;
+    case ir::Pass::PASS_BI: return NodeKind::BWD_I;
+    case ir::Pass::PASS_BW: return NodeKind::BWD_W;
+    default: return NodeKind::BWD;
+  }
+}
 
 }  // namespace
 
+comm::Communicator* Groups::of(ir::GroupDim g) const {
+  switch (g) {
+    case ir::GroupDim::GROUP_DP: return dp;
+    case ir::GroupDim::GROUP_TP: return tp;
+    case ir::GroupDim::GROUP_WORLD: return world;
+    case ir::GroupDim::GROUP_NONE: break;
+  }
+  return nullptr;
+}
+
 Executor::Executor(model::Model& model, ir::Program program, const config::TrainConfig& train, Groups groups)
-    : model_(model), program_(std::move(program)), train_(train), groups_(groups) {
+    : model_(model), program_(std::move(program)), player_(program_), train_(train), groups_(groups) {
   last_unit_ = static_cast<int>(model.graph().units.size()) - 1;
   model::ParamStore& ps = model.params();
   for (int u : ps.units()) {
@@ -43,17 +58,17 @@ Executor::Executor(model::Model& model, ir::Program program, const config::Train
     m.zero();
     v.zero();
   }
-  for (size_t c = 0; c < program_.comm.size(); ++c) comm_index_[program_.comm[c].node] = c;
-  first_use_.assign(program_.comm.size(), program_.compute.size());
-  for (size_t i = 0; i < program_.compute.size(); ++i)
-    for (int w : program_.compute[i].waits) {
-      auto it = comm_index_.find(w);
-      if (it != comm_index_.end()) first_use_[it->second] = std::min(first_use_[it->second], i);
-    }
-  const bool needs_dp = std::any_of(program_.comm.begin(), program_.comm.end(),
-                                    [](const ir::Instr& c) { return c.group == ir::GroupDim::GROUP_DP; });
-  if (needs_dp && !groups_.dp)
-    throw std::logic_error("rank " + std::to_string(program_.rank) + ": data-parallel collectives without a dp group");
+  for (const ir::Instr& c : program_.comm) group_of(c);  // every group this program talks over exists
+}
+
+// A message goes over the world; a collective over the communicator of its group.
+comm::Communicator& Executor::group_of(const ir::Instr& c) const {
+  comm::Communicator* g = ir::is_p2p(c.kind) ? groups_.world : groups_.of(c.group);
+  if (!g)
+    throw std::logic_error("rank " + std::to_string(program_.rank) + ": " + ir::node_kind_name(c.kind) + " node " +
+                           std::to_string(c.node) + " runs over the " + ir::group_name(c.group) +
+                           " group, which this rank has no communicator for");
+  return *g;
 }
 
 Tensor Executor::buffer(int64_t n, MemCategory c) { return Tensor(model_.backend(), n, c); }
@@ -77,63 +92,102 @@ float* Executor::get(std::map<Key, Tensor>& m, Key k, const char* what) {
 
 // ---- compute stream -----------------------------------------------------------
 
-void Executor::forward(const ir::Instr& in, const model::MicroBatch& mb, StepStats& st) {
-  const int u = in.unit, i = in.microbatch;
-  const float* x = u > 0 ? get(acts_, {u - 1, i}, "the input activation") : nullptr;
-  float* y = nullptr;
-  if (u < last_unit_) {
-    Tensor out = buffer(mb.rows() * model_.config().d_model, MemCategory::MEM_ACTIVATIONS);
-    y = out.data();
-    acts_[{u, i}] = std::move(out);
+void Executor::run(size_t i) {
+  const ir::Instr& in = program_.compute[i];
+  if (step_trace_) poll_traced();
+  model::ParamStore& ps = model_.params();
+  std::vector<int> gathers;  // ZeRO-3: the unit computes with its gathered parameters
+  for (int w : in.waits)
+    if (uses_left_.count(w)) gathers.push_back(w);
+  for (int w : gathers) ps.bind_full_values(in.unit, held_[static_cast<size_t>(player_.comm_index(w))].front().data());
+  const auto t0 = std::chrono::steady_clock::now();
+  switch (in.kind) {
+    case NodeKind::FWD:
+    case NodeKind::BWD:
+    case NodeKind::BWD_I:
+    case NodeKind::BWD_W:
+      run_segment(in);
+      break;
+    case NodeKind::NORM:
+      norm_squares();
+      break;
+    case NodeKind::UPD:
+      update(in.unit);
+      break;
+    default:
+      throw std::logic_error(std::string("communication instruction ") + ir::node_kind_name(in.kind) +
+                             " on the compute stream");
   }
-  st.loss_sum += model_.unit(u).forward(i, mb, x, y);
+  const auto t1 = std::chrono::steady_clock::now();
+  stats_->compute_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  if (step_trace_) step_trace_->add(in.node, step_, t0, t1);
+  for (int w : gathers) {
+    ps.unbind_full_values(in.unit);
+    if (--uses_left_[w] == 0) held_[static_cast<size_t>(player_.comm_index(w))].clear();
+  }
+  if (step_trace_) poll_traced();
 }
 
-// BWD and BWD_I: input gradients (and, fused, weight gradients); BWD_W: weight gradients.
-void Executor::backward(const ir::Instr& in) {
+// One segment of a unit pass. The output activation is allocated by the
+// forward's first segment; the input gradient is written by the backward's
+// last, which also releases what the pass consumed.
+void Executor::run_segment(const ir::Instr& in) {
   const int u = in.unit, i = in.microbatch;
   model::Unit& unit = model_.unit(u);
-  if (in.kind == NodeKind::BWD_W && u > 0) {
-    unit.backward_weight(i);
+  const bool first = in.segment == 0, last = in.segment + 1 == unit.shape(in.kind).segments;
+  model::PassArgs a;
+  if (in.kind == NodeKind::FWD) {
+    const model::MicroBatch& mb = mbs_->at(static_cast<size_t>(i));
+    a.mb = &mb;
+    if (u > 0) a.x = get(acts_, {u - 1, i}, "the input activation");
+    if (u < last_unit_) {
+      if (first) acts_[{u, i}] = buffer(mb.rows() * model_.config().d_model, MemCategory::MEM_ACTIVATIONS);
+      a.y = get(acts_, {u, i}, "the output activation");
+    }
+    stats_->loss_sum += unit.run(NodeKind::FWD, in.segment, i, a);
     return;
   }
-  const float* x = u > 0 ? get(acts_, {u - 1, i}, "the input activation") : nullptr;
-  const float* dy = u < last_unit_ ? get(grads_, {u + 1, i}, "the output gradient") : nullptr;
-  Tensor grad_in;  // the input gradient has the shape of the input activation
-  if (u > 0) grad_in = buffer(acts_.at({u - 1, i}).numel(), MemCategory::MEM_BUFFERS);
-  // The embedding has no input gradient: its weight half is the whole backward.
-  if (in.kind == NodeKind::BWD || u == 0) {
-    unit.backward(i, x, dy, grad_in.data());
-  } else {
-    unit.backward_input(i, x, dy, grad_in.data());
+  // BWD_W of a unit with an input gradient reads only what its BWD_I kept; the
+  // embedding's BWD_W is its whole backward.
+  const bool weight_half = in.kind == NodeKind::BWD_W && u > 0;
+  if (weight_half) {
+    unit.run(in.kind, in.segment, i, a);
+    return;
   }
+  if (u > 0) a.x = get(acts_, {u - 1, i}, "the input activation");
+  if (u < last_unit_) a.dy = get(grads_, {u + 1, i}, "the output gradient");
+  Tensor grad_in;  // the input gradient has the shape of the input activation
+  if (u > 0 && last) {
+    grad_in = buffer(acts_.at({u - 1, i}).numel(), MemCategory::MEM_BUFFERS);
+    a.dx = grad_in.data();
+  }
+  unit.run(in.kind, in.segment, i, a);
+  if (!last) return;
   take(grads_, {u + 1, i});
   take(acts_, {u - 1, i});
   if (u > 0) grads_[{u, i}] = std::move(grad_in);
 }
 
-// Clipping needs the norm over every gradient of the step: all reductions
-// complete, then each rank sums the squares of its shard and the world adds.
-void Executor::prepare_norm(int64_t step, StepStats& st) {
-  for (const ir::Instr& c : program_.comm)
-    if (c.payload == Payload::PAYLOAD_WGRAD) complete(c.node, st);
+// NORM: the sum of squares of this rank's gradients, once they are final;
+// each data-parallel rank adds its shard, and a parameter replicated over the
+// tp group counts once. The world's total arrives by the norm's all-reduce.
+void Executor::norm_squares() {
   model::ParamStore& ps = model_.params();
   double sq = 0.0;
   const bool tp_lead = ps.sharding().tp_rank == 0;
   for (int u : ps.units())
     for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
-      // Each data-parallel rank adds its shard; a parameter replicated over the tp group counts once.
       if (model_.graph().units[static_cast<size_t>(u)].params[p].tp_dim < 0 && !tp_lead) return;
       sq += optim::sum_squares(ps.shard_grads(u) + (lo - base), hi - lo);
     });
-  if (groups_.world && groups_.world->size() > 1) {
-    const auto t0 = std::chrono::steady_clock::now();
-    groups_.world->allreduce_double(&sq, 1);
-    st.comm_ms += ms_since(t0);
-  }
-  st.grad_norm = std::sqrt(sq);
-  clip_scale_ = optim::clip_coefficient(st.grad_norm, train_.grad_clip);
-  st.lr = optim::lr_at(train_, step);
+  norm_sq_ = sq;
+}
+
+// Before the first update: the clipping coefficient and the learning rate.
+void Executor::finish_norm() {
+  stats_->grad_norm = std::sqrt(norm_sq_);
+  clip_scale_ = optim::clip_coefficient(stats_->grad_norm, train_.grad_clip);
+  stats_->lr = optim::lr_at(train_, step_);
   norm_ready_ = true;
   ++adam_steps_;
 }
@@ -155,10 +209,10 @@ void Executor::for_each_owned_range(int unit, bool shard, Fn&& fn) {
   }
 }
 
-void Executor::update(int unit, int64_t step, StepStats& st) {
-  if (!norm_ready_) prepare_norm(step, st);
+void Executor::update(int unit) {
+  if (!norm_ready_) finish_norm();
   model::ParamStore& ps = model_.params();
-  const optim::AdamWHyper h{st.lr, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
+  const optim::AdamWHyper h{stats_->lr, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
   auto& [m, v] = moments_.at(unit);
   const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
   const bool sharded = ps.sharding().zero >= 1;  // each rank updates its shard, else everything
@@ -173,51 +227,28 @@ void Executor::update(int unit, int64_t step, StepStats& st) {
 
 // ---- communication stream -------------------------------------------------------
 
-bool Executor::ready(const ir::Instr& c) const {
-  return std::all_of(c.waits.begin(), c.waits.end(), [&](int w) { return done_.count(w) > 0; });
-}
-
-// Issues every communication instruction whose inputs are ready. Point-to-point
-// messages are matched by tag and may go out of program order; collectives go
-// in program order (every member of a group issues them alike). Receives and
-// ZeRO-3 gathers wait until their consumer is near.
-void Executor::pump(size_t compute_index) {
-  if (step_trace_) poll_traced();
-  bool collective_blocked = false;
-  for (size_t k = comm_next_; k < program_.comm.size(); ++k) {
-    if (issued_[k]) continue;
-    const ir::Instr& c = program_.comm[k];
-    const bool p2p = c.kind == NodeKind::SEND || c.kind == NodeKind::RECV;
-    if (!p2p && collective_blocked) continue;
-    const bool deferred = (c.kind == NodeKind::RECV || zero3_gather(c)) && first_use_[k] > compute_index + kLookahead;
-    if (!ready(c) || deferred) {
-      collective_blocked |= !p2p;
-      continue;
-    }
-    issue_at(k);
-  }
-}
-
-void Executor::issue_at(size_t k) {
+void Executor::issue(size_t k) {
+  const ir::Instr& c = program_.comm[k];
   if (step_trace_) issued_at_[k] = TraceClock::now();
-  issue(program_.comm[k]);
-  issued_[k] = 1;
-  while (comm_next_ < issued_.size() && issued_[comm_next_]) ++comm_next_;
-}
-
-void Executor::issue(const ir::Instr& c) {
   model::ParamStore& ps = model_.params();
-  auto& reqs = inflight_[c.node];
-  auto& held = held_[c.node];
+  comm::Communicator& group = group_of(c);
+  auto& reqs = inflight_[k];
+  auto& held = held_[k];
   const Key key{c.unit, c.microbatch};
   auto& values_map = c.payload == Payload::PAYLOAD_ACTIVATION ? acts_ : grads_;
+  if (c.payload == Payload::PAYLOAD_UNIT) {  // a tensor-parallel collective between two segments of a pass
+    const model::CommBuffer b = model_.unit(c.unit).point(pass_kind(c.pass), c.segment, c.microbatch);
+    const auto n = static_cast<size_t>(b.count);
+    reqs.push_back(c.kind == NodeKind::ALLGATHER ? group.iallgather(b.send, b.recv, n) : group.iallreduce(b.send, n));
+    return;
+  }
   switch (c.kind) {
     case NodeKind::SEND: {
       Tensor t = take(values_map, key);
       if (t.empty())
         throw std::logic_error("rank " + std::to_string(program_.rank) + ": nothing to send for unit " +
                                std::to_string(c.unit) + " mb" + std::to_string(c.microbatch));
-      reqs.push_back(groups_.world->isend(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
+      reqs.push_back(group.isend(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
       held.push_back(std::move(t));
       break;
     }
@@ -225,29 +256,32 @@ void Executor::issue(const ir::Instr& c) {
       Tensor t = buffer(c.bytes / static_cast<int64_t>(sizeof(float)),
                         c.payload == Payload::PAYLOAD_ACTIVATION ? MemCategory::MEM_ACTIVATIONS
                                                                  : MemCategory::MEM_BUFFERS);
-      reqs.push_back(groups_.world->irecv(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
+      reqs.push_back(group.irecv(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
       values_map[key] = std::move(t);  // the consumer waits for this node before reading
       break;
     }
     case NodeKind::ALLREDUCE:
-      for (int u : c.units)
-        reqs.push_back(groups_.dp->iallreduce(ps.grads(u), static_cast<size_t>(ps.padded_numel(u))));
+      if (c.payload == Payload::PAYLOAD_NORM) {
+        reqs.push_back(group.iallreduce_double(&norm_sq_, 1));
+        break;
+      }
+      for (int u : c.units) reqs.push_back(group.iallreduce(ps.grads(u), static_cast<size_t>(ps.padded_numel(u))));
       break;
     case NodeKind::REDUCE_SCATTER:
       for (int u : c.units)
-        reqs.push_back(groups_.dp->ireduce_scatter(ps.grads(u), ps.shard_grads(u), static_cast<size_t>(ps.shard_len(u))));
+        reqs.push_back(group.ireduce_scatter(ps.grads(u), ps.shard_grads(u), static_cast<size_t>(ps.shard_len(u))));
       break;
     case NodeKind::ALLGATHER:
       for (int u : c.units) {
         const auto n = static_cast<size_t>(ps.shard_len(u));
-        if (zero3_gather(c)) {  // into a fresh full buffer the unit borrows
+        if (ir::is_zero3_gather(c)) {  // into a fresh full buffer the unit borrows
           Tensor full = buffer(ps.padded_numel(u), MemCategory::MEM_PARAMS);
-          reqs.push_back(groups_.dp->iallgather(ps.shard_values(u), full.data(), n));
+          reqs.push_back(group.iallgather(ps.shard_values(u), full.data(), n));
           held.push_back(std::move(full));
         } else {  // updated shards back into every replica's full values
           Tensor mine = buffer(ps.shard_len(u), MemCategory::MEM_BUFFERS);
           model_.backend().copy(mine.data(), ps.shard_values(u), n * sizeof(float));
-          reqs.push_back(groups_.dp->iallgather(mine.data(), ps.values(u), n));
+          reqs.push_back(group.iallgather(mine.data(), ps.values(u), n));
           held.push_back(std::move(mine));
         }
       }
@@ -257,40 +291,27 @@ void Executor::issue(const ir::Instr& c) {
   }
 }
 
-// Waits for communication node `node` (issuing it, and what precedes it, first).
-void Executor::complete(int node, StepStats& st) {
-  if (done_.count(node)) return;
-  const size_t idx = comm_index_.at(node);
-  // Collectives before it go first, in order; a point-to-point message alone.
-  const bool p2p = program_.comm[idx].kind == NodeKind::SEND || program_.comm[idx].kind == NodeKind::RECV;
-  for (size_t k = p2p ? idx : comm_next_; k <= idx; ++k) {
-    const ir::Instr& c = program_.comm[k];
-    if (issued_[k] || (k != idx && (c.kind == NodeKind::SEND || c.kind == NodeKind::RECV))) continue;
-    if (!ready(c))
-      throw std::logic_error("rank " + std::to_string(program_.rank) + ": communication node " +
-                             std::to_string(c.node) + " waits for compute that has not run");
-    issue_at(k);
-  }
-  const ir::Instr& c = program_.comm[idx];
+// Waits for communication instruction k (the player issued it).
+bool Executor::complete(size_t k) {
+  const ir::Instr& c = program_.comm[k];
   const auto t0 = std::chrono::steady_clock::now();
-  comm::wait_all(inflight_[node]);
-  (c.kind == NodeKind::RECV ? st.idle_ms : st.comm_ms) += ms_since(t0);
-  if (step_trace_) trace_comm_end(idx);
-  inflight_.erase(node);
+  comm::wait_all(inflight_[k]);
+  (c.kind == NodeKind::RECV ? stats_->idle_ms : stats_->comm_ms) += ms_since(t0);
+  if (step_trace_) trace_comm_end(k);
+  inflight_[k].clear();
   if (c.kind == NodeKind::REDUCE_SCATTER)
     for (int u : c.units) model_.params().release_full_grads(u);
-  if (!zero3_gather(c)) held_.erase(node);
-  done_.insert(node);
+  if (!ir::is_zero3_gather(c)) held_[k].clear();
+  return true;
 }
 
 // While tracing: ends the event of every in-flight communication now complete.
 // Request::test only polls; waiting stays with complete().
 void Executor::poll_traced() {
-  for (auto& [node, reqs] : inflight_) {
-    const size_t k = comm_index_.at(node);
-    if (comm_traced_[k]) continue;
+  for (size_t k = 0; k < inflight_.size(); ++k) {
+    if (inflight_[k].empty() || comm_traced_[k]) continue;
     bool all = true;
-    for (comm::Request& r : reqs) all = r.test() && all;
+    for (comm::Request& r : inflight_[k]) all = r.test() && all;
     if (all) trace_comm_end(k);
   }
 }
@@ -301,67 +322,34 @@ void Executor::trace_comm_end(size_t k) {
   step_trace_->add(program_.comm[k].node, step_, issued_at_[k], TraceClock::now());
 }
 
-void Executor::drain(StepStats& st) {
-  for (const ir::Instr& c : program_.comm) complete(c.node, st);
-}
-
 StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>& mbs) {
   StepStats st;
-  norm_ready_ = false;
-  done_.clear();
-  comm_next_ = 0;
-  issued_.assign(program_.comm.size(), 0);
-  uses_left_.clear();
   step_ = step;
+  mbs_ = &mbs;
+  stats_ = &st;
+  norm_ready_ = false;
+  norm_sq_ = 0.0;
+  inflight_.clear();
+  inflight_.resize(program_.comm.size());
+  held_.clear();
+  held_.resize(program_.comm.size());
+  uses_left_.clear();
   step_trace_ = recorder_ && recorder_->traces(step) ? recorder_ : nullptr;
   if (step_trace_) {
     issued_at_.assign(program_.comm.size(), TraceClock::time_point{});
     comm_traced_.assign(program_.comm.size(), 0);
   }
   for (const ir::Instr& in : program_.compute)
-    for (int w : in.waits)
-      if (comm_index_.count(w) && zero3_gather(program_.comm[comm_index_.at(w)])) ++uses_left_[w];
-  model::ParamStore& ps = model_.params();
-  for (size_t i = 0; i < program_.compute.size(); ++i) {
-    const ir::Instr& in = program_.compute[i];
-    pump(i);
-    std::vector<int> gathers;
     for (int w : in.waits) {
-      complete(w, st);
-      if (uses_left_.count(w)) gathers.push_back(w);
+      const int k = player_.comm_index(w);
+      if (k >= 0 && ir::is_zero3_gather(program_.comm[static_cast<size_t>(k)])) ++uses_left_[w];
     }
-    for (int w : gathers) ps.bind_full_values(in.unit, held_.at(w).front().data());
-    // The first update's wait for every reduction and the norm's all-reduce
-    // count as communication, not as the update's compute.
-    if (in.kind == NodeKind::UPD && !norm_ready_) prepare_norm(step, st);
-    const auto t0 = std::chrono::steady_clock::now();
-    switch (in.kind) {
-      case NodeKind::FWD:
-        forward(in, mbs.at(static_cast<size_t>(in.microbatch)), st);
-        break;
-      case NodeKind::BWD:
-      case NodeKind::BWD_I:
-      case NodeKind::BWD_W:
-        backward(in);
-        break;
-      case NodeKind::UPD:
-        update(in.unit, step, st);
-        break;
-      default:
-        throw std::logic_error(std::string("communication instruction ") + ir::node_kind_name(in.kind) +
-                               " on the compute stream");
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    st.compute_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-    if (step_trace_) step_trace_->add(in.node, step, t0, t1);
-    for (int w : gathers) {
-      ps.unbind_full_values(in.unit);
-      if (--uses_left_[w] == 0) held_.erase(w);
-    }
-    done_.insert(in.node);
-    pump(i);
-  }
-  drain(st);
+  player_.start();
+  // Every wait blocks until complete, so one advance plays the whole step.
+  if (!player_.advance(*this).finished)
+    throw std::logic_error("rank " + std::to_string(program_.rank) + ": the program stopped before its end");
+  stats_ = nullptr;
+  mbs_ = nullptr;
   if (!acts_.empty() || !grads_.empty())
     throw std::logic_error("rank " + std::to_string(program_.rank) + ": " +
                            std::to_string(acts_.size() + grads_.size()) +

@@ -1,19 +1,22 @@
-// executor.hpp — runs a rank's Program for one training step: dispatches
-// FWD / BWD / BWD_I / BWD_W / UPD to the model's units on the compute stream,
-// issues SEND / RECV / ALLREDUCE / REDUCE_SCATTER / ALLGATHER non-blocking on
-// the communication stream as soon as their inputs are ready, holds the
-// activations and gradients flowing between units, and owns the optimiser
-// state. It does not decide order: the Program does.
+// executor.hpp — runs a rank's Program for one training step: plays it by
+// ir::Player's rules, with real compute and communicators. Compute
+// instructions (segments of FWD / BWD / BWD_I / BWD_W, NORM, UPD) go to the
+// model's units and the optimiser; communication instructions (SEND / RECV,
+// data-parallel buckets, ZeRO gathers, tensor-parallel collectives between
+// segments, the norm's all-reduce) are issued non-blocking on the
+// communicator of their group. The executor holds the activations and
+// gradients flowing between units and owns the optimiser state. It does not
+// decide order: the Program does.
 #pragma once
 
 #include <map>
-#include <set>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "comm/comm.hpp"
 #include "config/config.hpp"
+#include "ir/player.hpp"
 #include "ir/program.hpp"
 #include "model/model.hpp"
 #include "runtime/tracing.hpp"
@@ -22,9 +25,11 @@ namespace piper::runtime {
 
 // The process groups a rank's program talks over (null when of size 1).
 struct Groups {
-  comm::Communicator* world = nullptr;  // point-to-point and step totals
+  comm::Communicator* world = nullptr;  // point-to-point, the gradient norm, step totals
   comm::Communicator* dp = nullptr;     // data-parallel collectives
   comm::Communicator* tp = nullptr;     // tensor-parallel collectives
+  // The communicator of a collective over `g` (null where this rank has none).
+  comm::Communicator* of(ir::GroupDim g) const;
 };
 
 struct StepStats {
@@ -36,7 +41,7 @@ struct StepStats {
   double idle_ms = 0.0;    // time waiting for another stage's data (bubble)
 };
 
-class Executor {
+class Executor : private ir::PlayHost {
  public:
   Executor(model::Model& model, ir::Program program, const config::TrainConfig& train, Groups groups);
 
@@ -55,25 +60,24 @@ class Executor {
   // --trace: record every instruction of the steps `rec` traces (null: off,
   // which costs one pointer test per instruction). Compute instructions from
   // start to end; communication from issue to the first moment the executor
-  // sees it complete (it polls between compute instructions while tracing).
+  // sees it complete (it polls around compute instructions while tracing).
   void set_recorder(TraceRecorder* rec) { recorder_ = rec; }
 
  private:
   using Key = std::pair<int, int>;  // (unit, microbatch)
-  void forward(const ir::Instr& in, const model::MicroBatch& mb, StepStats& st);
-  void backward(const ir::Instr& in);
-  void update(int unit, int64_t step, StepStats& st);
-  void prepare_norm(int64_t step, StepStats& st);
+  // ir::PlayHost
+  void issue(size_t k) override;
+  bool complete(size_t k) override;
+  void run(size_t i) override;
+
+  void run_segment(const ir::Instr& in);
+  void norm_squares();
+  void finish_norm();
+  void update(int unit);
   template <class Fn>
   void for_each_owned_range(int unit, bool shard, Fn&& fn);
+  comm::Communicator& group_of(const ir::Instr& c) const;
 
-  // Communication stream.
-  void pump(size_t compute_index);
-  void issue(const ir::Instr& c);
-  void issue_at(size_t k);
-  void complete(int node, StepStats& st);
-  void drain(StepStats& st);
-  bool ready(const ir::Instr& c) const;
   void poll_traced();
   void trace_comm_end(size_t k);
 
@@ -83,6 +87,7 @@ class Executor {
 
   model::Model& model_;
   ir::Program program_;
+  ir::Player player_;
   const config::TrainConfig& train_;
   Groups groups_;
   int last_unit_ = 0;
@@ -90,24 +95,22 @@ class Executor {
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
   std::map<int, std::pair<backend::Tensor, backend::Tensor>> moments_;  // AdamW m, v per unit
   int64_t adam_steps_ = 0;
+  double norm_sq_ = 0.0;   // NORM: this rank's sum of squares, then (all-reduced) the world's
   bool norm_ready_ = false;
   float clip_scale_ = 1.0f;
 
-  // Per step: what ran, what is in flight.
-  std::set<int> done_;                               // nodes completed on this rank
-  size_t comm_next_ = 0;                             // first communication instruction not issued
-  std::vector<char> issued_;                         // per communication instruction
-  std::map<int, size_t> comm_index_;                 // node -> index in program_.comm
-  std::vector<size_t> first_use_;                    // comm index -> first compute index waiting on it
-  std::map<int, std::vector<comm::Request>> inflight_;
-  std::map<int, std::vector<backend::Tensor>> held_;  // buffers a request reads or writes (sends, gathers)
-  std::map<int, int> uses_left_;                     // ZeRO-3 gather node -> compute uses left this step
+  // Per step.
+  int64_t step_ = 0;
+  const std::vector<model::MicroBatch>* mbs_ = nullptr;
+  StepStats* stats_ = nullptr;
+  std::vector<std::vector<comm::Request>> inflight_;  // per communication instruction
+  std::vector<std::vector<backend::Tensor>> held_;    // buffers a request reads or writes (sends, gathers)
+  std::map<int, int> uses_left_;                      // ZeRO-3 gather node -> compute uses left this step
 
   // Tracing: the recorder (null when off), the one of this step (null when
   // the step is not traced), issue times and whether an end was recorded.
   TraceRecorder* recorder_ = nullptr;
   TraceRecorder* step_trace_ = nullptr;
-  int64_t step_ = 0;
   std::vector<TraceClock::time_point> issued_at_;    // per communication instruction
   std::vector<char> comm_traced_;                    // per communication instruction
 };

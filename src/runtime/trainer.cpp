@@ -211,7 +211,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
 
   std::vector<int> held;
   for (const auto& in : program.compute)
-    if (std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
+    if (in.unit >= 0 && std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
   std::sort(held.begin(), held.end());
   model::Model m(cfg.model, plan.model, held, backend::cpu(),
                  {replica, replicas, plan.strategy.replicate.zero, grid.coord(env.rank(), "tp"), grid.size("tp")},

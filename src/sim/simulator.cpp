@@ -1,14 +1,13 @@
 // simulator.cpp — the executor's semantics on a clock instead of a machine.
 //
-// Each rank is a small state machine over its program (ir::lower, as the
-// runtime gets it): before a compute instruction it issues what
-// communication is ready (Executor::pump), waits for the instruction's inputs
-// one by one (Executor::complete), runs it for the cost model's time, and
-// issues again. A transfer completes when both sides have issued it, a
-// collective when every member of its group has, each after the cost
-// model's time. Ranks advance in turns until every program is done; one that
-// cannot advance waits for another's issue. Memory is a list of (time,
-// bytes) changes per rank, summed in time order at the end.
+// Each rank plays its program (ir::lower, as the runtime gets it) with an
+// ir::Player, the executor's player: the same issue order, look-ahead and
+// completions. Here a compute instruction takes the cost model's time, a
+// transfer completes when both sides have issued it and a collective when
+// every member of its group has, each after the cost model's time. Ranks
+// advance in turns until every program is done; one that cannot complete a
+// wait yet waits for another's issue. Memory is a list of (time, bytes)
+// changes per rank, summed in time order at the end.
 #include "sim/simulator.hpp"
 
 #include <algorithm>
@@ -16,10 +15,13 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "ir/grid.hpp"
+#include "ir/player.hpp"
+#include "ir/unit_passes.hpp"
 
 namespace piper::sim {
 
@@ -36,13 +38,14 @@ const char* mem_name(Mem m) {
 namespace {
 
 constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
-// As the executor: receives and ZeRO-3 gathers are posted this many compute
-// instructions ahead of their first consumer.
-constexpr size_t kLookahead = 2;
 
 bool known(double t) { return !std::isnan(t); }
-bool p2p(NodeKind k) { return k == NodeKind::SEND || k == NodeKind::RECV; }
-bool zero3_gather(const Instr& c) { return c.kind == NodeKind::ALLGATHER && c.microbatch >= 0; }
+bool p2p(NodeKind k) { return ir::is_p2p(k); }
+bool zero3_gather(const Instr& c) { return ir::is_zero3_gather(c); }
+// The slot of a unit pass in per-pass tables: FWD, BWD_I, BWD_W, BWD.
+size_t pass_slot(NodeKind k) {
+  return k == NodeKind::FWD ? 0 : k == NodeKind::BWD_I ? 1 : k == NodeKind::BWD_W ? 2 : 3;
+}
 
 CommOp comm_op(NodeKind k) {
   switch (k) {
@@ -68,23 +71,15 @@ struct UnitSize {
 
 struct RankState {
   const ir::Program* prog = nullptr;  // ir::lower's program of this rank, lowered once per simulate()
+  std::unique_ptr<ir::Player> player;
+  std::unique_ptr<ir::PlayHost> host;
   std::unordered_map<int, size_t> comm_of;     // node -> comm index
-  std::unordered_map<int, size_t> compute_of;  // node -> compute index
   std::unordered_map<int, size_t> recv_of_tag; // SEND node id -> comm index of the RECV here
   std::vector<double> issue, done;             // per comm index
   std::vector<double> begin;                   // per comm index: when every party had issued it
-  std::vector<size_t> first_use;               // per comm index: first compute index waiting on it
-  size_t comm_next = 0;
-  size_t pc = 0;          // next compute instruction
-  bool pumped = false;    // pump() ran before instruction pc
-  size_t wait_i = 0;      // next of pc's waits to complete
-  bool norm_ready = false, norm_issued = false;
-  size_t norm_i = 0;      // next gradient reduction to complete before the norm
-  size_t drain_i = 0;
   bool finished = false;
-  double t = 0;           // compute stream clock
-  double cursor = 0;      // time inside a wait
-  size_t dp_group = 0, tp_group = 0;  // indices into Sim::groups_
+  double cursor = 0;      // the rank's clock: end of its last compute, or time inside a wait
+  std::array<size_t, 3> group{};  // [dp, tp, world]: index into Sim::groups_
   std::map<int, int> uses_left;  // ZeRO-3 gather node -> compute uses left
   std::vector<char> grads_alive;  // per unit: ZeRO >= 2 full gradients allocated
   std::map<std::pair<int, int>, int> alive;  // (stage, mb) -> units holding saved state
@@ -120,10 +115,14 @@ class Sim {
       sizes_.push_back(us);
       kind_.push_back(ir::unit_symbol(u.kind));
       names_.push_back(u.name);
+      std::array<int, 4> segs{};
+      for (NodeKind k : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD})
+        segs[pass_slot(k)] = ir::pass_shape(u.kind, k, tp_, cfg.model.d_model).segments;
+      segments_.push_back(segs);
     }
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
     issued_members_.assign(plan.graph.nodes().size(), 0);
-    // Each dp and tp group once (not once per member: a group of n ranks is n ints, not n^2).
+    // Each dp and tp group once (not once per member: a group of n ranks is n ints, not n^2), and the world.
     const char* dims[2] = {"dp", "tp"};
     for (int d = 0; d < 2; ++d) {
       group_of_[d].assign(static_cast<size_t>(world_), 0);
@@ -132,6 +131,9 @@ class Sim {
         groups_.push_back(std::move(g));
       }
     }
+    group_of_[2].assign(static_cast<size_t>(world_), groups_.size());
+    groups_.emplace_back();
+    for (int r = 0; r < world_; ++r) groups_.back().push_back(r);
     ranks_.resize(static_cast<size_t>(world_));
     for (int r = 0; r < world_; ++r) init_rank(r);
   }
@@ -157,9 +159,24 @@ class Sim {
  private:
   RankState& R(int r) { return ranks_[static_cast<size_t>(r)]; }
 
+  // What a rank's player drives: the simulator's clock and cost model.
+  class Host final : public ir::PlayHost {
+   public:
+    Host(Sim& sim, int rank) : sim_(sim), rank_(rank) {}
+    void issue(size_t k) override { sim_.issue_at(rank_, k, sim_.R(rank_).cursor); }
+    bool complete(size_t k) override { return sim_.complete(rank_, k); }
+    void run(size_t i) override { sim_.run(rank_, i); }
+
+   private:
+    Sim& sim_;
+    int rank_;
+  };
+
   void init_rank(int r) {
     RankState& st = R(r);
     st.prog = &programs_[static_cast<size_t>(r)];
+    st.player = std::make_unique<ir::Player>(*st.prog);
+    st.host = std::make_unique<Host>(*this, r);
     st.res.rank = r;
     const auto& comm = st.prog->comm;
     st.issue.assign(comm.size(), kUnknown);
@@ -169,18 +186,12 @@ class Sim {
       st.comm_of[comm[k].node] = k;
       if (comm[k].kind == NodeKind::RECV) st.recv_of_tag[comm[k].tag] = k;
     }
-    st.first_use.assign(comm.size(), st.prog->compute.size());
-    for (size_t i = 0; i < st.prog->compute.size(); ++i) {
-      st.compute_of[st.prog->compute[i].node] = i;
+    for (size_t i = 0; i < st.prog->compute.size(); ++i)
       for (int w : st.prog->compute[i].waits) {
         auto it = st.comm_of.find(w);
-        if (it == st.comm_of.end()) continue;
-        st.first_use[it->second] = std::min(st.first_use[it->second], i);
-        if (zero3_gather(comm[it->second])) ++st.uses_left[w];
+        if (it != st.comm_of.end() && zero3_gather(comm[it->second])) ++st.uses_left[w];
       }
-    }
-    st.dp_group = group_of_[0][static_cast<size_t>(r)];
-    st.tp_group = group_of_[1][static_cast<size_t>(r)];
+    for (int d = 0; d < 3; ++d) st.group[static_cast<size_t>(d)] = group_of_[static_cast<size_t>(d)][static_cast<size_t>(r)];
     st.grads_alive.assign(sizes_.size(), 0);
     // State held between steps, as the parameter store and the optimiser allocate it.
     std::vector<char> held(sizes_.size(), 0);
@@ -195,20 +206,12 @@ class Sim {
     }
     for (int c = 0; c < 3; ++c) add_mem(st, -1.0, static_cast<Mem>(c), st.res.state[static_cast<size_t>(c)]);
     // The step starts after the batch is read.
-    st.t = std::max(0.0, cost_.step_overhead.at(plan_.strategy.split.microbatches));
-    if (!std::isfinite(st.t)) overflow(r, -1, "the step overhead", 0, st.t);
+    st.cursor = std::max(0.0, cost_.step_overhead.at(plan_.strategy.split.microbatches));
+    if (!std::isfinite(st.cursor)) overflow(r, -1, "the step overhead", 0, st.cursor);
   }
 
   void add_mem(RankState& st, double t, Mem c, double bytes) {
     if (bytes != 0) st.mem.push_back({t, static_cast<int>(st.mem.size()), c, bytes});
-  }
-
-  // Whether every compute node `c` waits for is among the first `done` compute instructions.
-  static bool ready(const RankState& st, const Instr& c, size_t done) {
-    return std::all_of(c.waits.begin(), c.waits.end(), [&](int w) {
-      auto it = st.compute_of.find(w);
-      return it != st.compute_of.end() && it->second < done;
-    });
   }
 
   // ---- communication ---------------------------------------------------------
@@ -228,9 +231,7 @@ class Sim {
     RankState& st = R(r);
     if (!std::isfinite(t)) overflow(r, st.prog->comm[k].node, "", t, 0);
     st.issue[k] = t;
-    ++issued_count_;
     ++issued_members_[static_cast<size_t>(st.prog->comm[k].node)];
-    while (st.comm_next < st.issue.size() && known(st.issue[st.comm_next])) ++st.comm_next;
     const Instr& c = st.prog->comm[k];
     if (c.kind == NodeKind::RECV)
       add_mem(st, t, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, act_bytes_);
@@ -242,27 +243,8 @@ class Sim {
       }
   }
 
-  // Executor::pump before (done = pc) or after (done = pc + 1) compute
-  // instruction pc: issue every ready communication instruction at time t.
-  void pump(int r, double t, size_t done) {
-    RankState& st = R(r);
-    bool collective_blocked = false;
-    for (size_t k = st.comm_next; k < st.prog->comm.size(); ++k) {
-      if (known(st.issue[k])) continue;
-      const Instr& c = st.prog->comm[k];
-      const bool pp = p2p(c.kind);
-      if (!pp && collective_blocked) continue;
-      const bool deferred = (c.kind == NodeKind::RECV || zero3_gather(c)) && st.first_use[k] > st.pc + kLookahead;
-      if (!ready(st, c, done) || deferred) {
-        collective_blocked |= !pp;
-        continue;
-      }
-      issue_at(r, k, t);
-    }
-  }
-
   double bytes_of(const Instr& c) const {
-    if (p2p(c.kind)) return static_cast<double>(c.bytes);
+    if (c.units.empty()) return static_cast<double>(c.bytes);  // messages, tensor-parallel points, the norm
     double b = 0;
     for (int u : c.units) b += 4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded);
     return b;
@@ -281,7 +263,8 @@ class Sim {
       parties = {{r, k}, {c.peer, pk}};
     } else {
       // Members issue one by one; only once the last has is the group walked (once per collective).
-      const std::vector<int>& group = groups_[c.group == ir::GroupDim::GROUP_TP ? st.tp_group : st.dp_group];
+      const size_t axis = c.group == ir::GroupDim::GROUP_TP ? 1 : c.group == ir::GroupDim::GROUP_WORLD ? 2 : 0;
+      const std::vector<int>& group = groups_[st.group[axis]];
       if (issued_members_[static_cast<size_t>(c.node)] < static_cast<int>(group.size())) return kUnknown;
       for (int m : group) parties.emplace_back(m, R(m).comm_of.at(c.node));
     }
@@ -337,20 +320,12 @@ class Sim {
     st.cursor = end;
   }
 
-  // Executor::complete: force-issue what must go first, then wait. Returns
-  // false while another rank has not issued its side yet.
-  bool complete(int r, int node) {
+  // Completes comm instruction k of rank r (ir::PlayHost::complete): false
+  // while another rank has not issued its side yet.
+  bool complete(int r, size_t k) {
     RankState& st = R(r);
-    const size_t idx = st.comm_of.at(node);
-    if (!known(st.done[idx])) {
-      const bool pp = p2p(st.prog->comm[idx].kind);
-      for (size_t k = pp ? idx : st.comm_next; k <= idx; ++k) {
-        if (known(st.issue[k]) || (k != idx && p2p(st.prog->comm[k].kind))) continue;
-        issue_at(r, k, st.cursor);
-      }
-      if (!known(resolve(r, idx))) return false;
-    }
-    wait_until(st, st.begin[idx], st.done[idx]);
+    if (!known(st.done[k]) && !known(resolve(r, k))) return false;
+    wait_until(st, st.begin[k], st.done[k]);
     return true;
   }
 
@@ -376,56 +351,32 @@ class Sim {
     st.alive_peak = std::max(st.alive_peak, st.alive_now);
   }
 
-  // Runs compute instruction `in` from `start`: its time, memory and trace.
-  double run(int r, const Instr& in, double start) {
+  // Runs compute instruction i of rank r from the rank's clock (ir::PlayHost::run):
+  // its time, memory and trace. A unit pass's time is its first segment's;
+  // the later ones are the small steps after a tensor-parallel collective
+  // (a residual, a norm's backward, the loss from reduced sums).
+  void run(int r, size_t i) {
     RankState& st = R(r);
+    const Instr& in = st.prog->compute[i];
+    const double start = st.cursor;
     const int u = in.unit;
     const size_t us = static_cast<size_t>(std::max(0, u));
     const int stage = stage_of_node_[static_cast<size_t>(in.node)];
     double dur = 0;
     if (in.kind == NodeKind::UPD) {
       dur = std::max(0.0, cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel)));
-    } else {
+    } else if (in.kind != NodeKind::NORM) {
       const Pass pass = in.kind == NodeKind::FWD ? Pass::PASS_F : in.kind == NodeKind::BWD ? Pass::PASS_B
                         : in.kind == NodeKind::BWD_I ? Pass::PASS_BI : Pass::PASS_BW;
-      dur = cost_.compute_ms(kind_[us], pass, tp_, rows_);
-      const OpCost& oc = cost_.op(kind_[us], tp_);
-      // Bytes as calibrate measures them (docs/calibration.md): `saved` is the rise over the
-      // forward, `kept_for_w` the level between BI and BW above the level before the forward,
-      // `transient` the peak inside a pass above the level before it. An entry taken at another
-      // tp degree has its row-proportional part scaled as the work splits.
-      const double rows = static_cast<double>(rows_) * (oc.tp == tp_ ? 1.0 : static_cast<double>(oc.tp) / tp_);
-      // A fitted line below 0 at these rows (a negative intercept) holds nothing.
-      const double saved = std::max(0.0, oc.saved.at(rows)), kept = std::max(0.0, oc.kept_for_w.at(rows)),
-                   transient = std::max(0.0, oc.transient.at(rows));
-      const double end = start + dur;
-      const bool embed_w = in.kind == NodeKind::BWD_W && u == 0;  // the embedding's whole backward
-      add_mem(st, start, Mem::MEM_BUFFERS, transient);
-      if (in.kind == NodeKind::FWD) {
-        if (u < last_unit_) add_mem(st, start, Mem::MEM_ACTIVATIONS, act_bytes_);
-        add_mem(st, end, Mem::MEM_BUFFERS, -transient);
-        add_mem(st, end, Mem::MEM_ACTIVATIONS, saved);
-        set_alive(st, stage, in.microbatch, +1);
-      } else if (in.kind == NodeKind::BWD_W && !embed_w) {
-        touch_grads(st, u, start);
-        add_mem(st, end, Mem::MEM_BUFFERS, -transient);
-        add_mem(st, end, Mem::MEM_ACTIVATIONS, -kept);
-        set_alive(st, stage, in.microbatch, -1);
-      } else {  // BWD, BWD_I, the embedding's BWD_W: input gradient in, output gradient and input freed
-        touch_grads(st, u, start);
-        if (u > 0) add_mem(st, start, Mem::MEM_BUFFERS, act_bytes_);
-        const bool fused = in.kind != NodeKind::BWD_I;
-        add_mem(st, end, Mem::MEM_BUFFERS, -transient);
-        add_mem(st, end, Mem::MEM_ACTIVATIONS, fused ? -saved : kept - saved);
-        if (u > 0) add_mem(st, end, Mem::MEM_ACTIVATIONS, -act_bytes_);   // the input activation
-        if (u < last_unit_) add_mem(st, end, Mem::MEM_BUFFERS, -act_bytes_);  // the output gradient
-        if (fused) set_alive(st, stage, in.microbatch, -1);
-      }
+      const bool first = in.segment == 0, last = in.segment + 1 == segments_[us][pass_slot(in.kind)];
+      if (first) dur = cost_.compute_ms(kind_[us], pass, tp_, rows_);
+      pass_memory(st, in, first ? start : kUnknown, last ? start + dur : kUnknown);
     }
-    if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][st.pc];
+    if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][i];
     if (!std::isfinite(start + dur)) overflow(r, in.node, "", start, dur);
+    const double end = start + dur;
     st.res.compute_ms += dur;
-    st.busy.push_back({start, start + dur});
+    st.busy.push_back({start, end});
     if (opts_.timeline) {
       trace::Event e;
       e.rank = r;
@@ -436,82 +387,69 @@ class Sim {
       e.stage = stage;
       e.unit = u;
       e.start_us = start * 1000.0;
-      e.end_us = (start + dur) * 1000.0;
+      e.end_us = end * 1000.0;
       events_.push_back(std::move(e));
     }
-    return start + dur;
+    for (int w : in.waits) {
+      auto it = st.uses_left.find(w);
+      if (it != st.uses_left.end() && --it->second == 0)
+        for (int g : st.prog->comm[st.comm_of.at(w)].units)
+          add_mem(st, end, Mem::MEM_PARAMS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(g)].padded));
+    }
+    if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
+    st.cursor = end;
   }
 
-  // Executor::prepare_norm before the first update: every gradient reduction
-  // completes, then the world sums the squares.
-  bool norm(int r) {
-    RankState& st = R(r);
-    for (; st.norm_i < st.prog->comm.size(); ++st.norm_i) {
-      const Instr& c = st.prog->comm[st.norm_i];
-      if (c.payload == Payload::PAYLOAD_WGRAD && !complete(r, c.node)) return false;
-    }
-    if (world_ > 1) {
-      if (!st.norm_issued) {
-        st.norm_issued = true;
-        norm_issue_.push_back(st.cursor);
-        ++issued_count_;
+  // The memory of a unit pass: what it allocates at `start` (its first
+  // segment's), what it frees or keeps at `end` (its last segment's); kUnknown
+  // where this segment is not that one.
+  void pass_memory(RankState& st, const Instr& in, double start, double end) {
+    const int u = in.unit;
+    const int stage = stage_of_node_[static_cast<size_t>(in.node)];
+    const OpCost& oc = cost_.op(kind_[static_cast<size_t>(u)], tp_);
+    // Bytes as calibrate measures them (docs/calibration.md): `saved` is the rise over the
+    // forward, `kept_for_w` the level between BI and BW above the level before the forward,
+    // `transient` the peak inside a pass above the level before it. An entry taken at another
+    // tp degree has its row-proportional part scaled as the work splits.
+    const double rows = static_cast<double>(rows_) * (oc.tp == tp_ ? 1.0 : static_cast<double>(oc.tp) / tp_);
+    // A fitted line below 0 at these rows (a negative intercept) holds nothing.
+    const double saved = std::max(0.0, oc.saved.at(rows)), kept = std::max(0.0, oc.kept_for_w.at(rows)),
+                 transient = std::max(0.0, oc.transient.at(rows));
+    const bool at_start = known(start), at_end = known(end);
+    const bool embed_w = in.kind == NodeKind::BWD_W && u == 0;  // the embedding's whole backward
+    if (at_start) add_mem(st, start, Mem::MEM_BUFFERS, transient);
+    if (at_end) add_mem(st, end, Mem::MEM_BUFFERS, -transient);
+    if (in.kind == NodeKind::FWD) {
+      if (at_start && u < last_unit_) add_mem(st, start, Mem::MEM_ACTIVATIONS, act_bytes_);
+      if (at_start) set_alive(st, stage, in.microbatch, +1);
+      if (at_end) add_mem(st, end, Mem::MEM_ACTIVATIONS, saved);
+    } else if (in.kind == NodeKind::BWD_W && !embed_w) {
+      if (at_start) touch_grads(st, u, start);
+      if (at_end) {
+        add_mem(st, end, Mem::MEM_ACTIVATIONS, -kept);
+        set_alive(st, stage, in.microbatch, -1);
       }
-      if (static_cast<int>(norm_issue_.size()) < world_) return false;
-      const double begin = *std::max_element(norm_issue_.begin(), norm_issue_.end());
-      const double took = cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8);
-      if (!std::isfinite(begin + took)) overflow(r, -1, "the clipping norm's all-reduce", begin, took);
-      wait_until(st, begin, begin + took);
+    } else {  // BWD, BWD_I, the embedding's BWD_W: input gradient in, output gradient and input freed
+      if (at_start) touch_grads(st, u, start);
+      if (at_start && u > 0) add_mem(st, start, Mem::MEM_BUFFERS, act_bytes_);
+      if (!at_end) return;
+      const bool fused = in.kind != NodeKind::BWD_I;
+      add_mem(st, end, Mem::MEM_ACTIVATIONS, fused ? -saved : kept - saved);
+      if (u > 0) add_mem(st, end, Mem::MEM_ACTIVATIONS, -act_bytes_);   // the input activation
+      if (u < last_unit_) add_mem(st, end, Mem::MEM_BUFFERS, -act_bytes_);  // the output gradient
+      if (fused) set_alive(st, stage, in.microbatch, -1);
     }
-    st.norm_ready = true;
-    return true;
   }
 
   // Advances rank r as far as it can; false when it could not move at all.
   bool advance(int r) {
     RankState& st = R(r);
-    const int64_t issued_before = issued_count_;
-    bool moved = false;
-    while (st.pc < st.prog->compute.size()) {
-      const Instr& in = st.prog->compute[st.pc];
-      if (!st.pumped) {
-        pump(r, st.t, st.pc);
-        st.pumped = true;
-        st.cursor = st.t;
-        st.wait_i = 0;
-        moved = true;
-      }
-      for (; st.wait_i < in.waits.size(); ++st.wait_i) {
-        const int w = in.waits[st.wait_i];
-        if (!st.comm_of.count(w)) continue;  // a compute node of this rank: already done
-        if (!complete(r, w)) return moved || issued_count_ != issued_before;
-        moved = true;
-      }
-      if (in.kind == NodeKind::UPD && !st.norm_ready) {
-        if (!norm(r)) return moved || issued_count_ != issued_before;
-      }
-      const double end = run(r, in, st.cursor);
-      for (int w : in.waits) {
-        auto it = st.uses_left.find(w);
-        if (it != st.uses_left.end() && --it->second == 0)
-          for (int u : st.prog->comm[st.comm_of.at(w)].units)
-            add_mem(st, end, Mem::MEM_PARAMS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
-      }
-      if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
-      st.t = end;
-      pump(r, st.t, st.pc + 1);
-      ++st.pc;
-      st.pumped = false;
-      moved = true;
+    const ir::Player::Progress p = st.player->advance(*st.host);
+    if (p.finished) {
+      st.res.finish_ms = st.cursor;
+      st.finished = true;
     }
-    // Executor::drain: every communication instruction completes.
-    if (st.drain_i == 0) st.cursor = st.t;
-    for (; st.drain_i < st.prog->comm.size(); ++st.drain_i) {
-      if (!complete(r, st.prog->comm[st.drain_i].node)) return moved || issued_count_ != issued_before;
-      moved = true;
-    }
-    st.res.finish_ms = st.cursor;
-    st.finished = true;
-    return true;
+    return p.moved || p.finished;
   }
 
   [[noreturn]] void deadlock() {
@@ -520,8 +458,8 @@ class Sim {
       const RankState& st = R(r);
       if (st.finished) continue;
       msg += "\n  rank " + std::to_string(r) + ": ";
-      if (st.pc < st.prog->compute.size())
-        msg += ir::describe(plan_.graph.node(st.prog->compute[st.pc].node), names_);
+      if (st.player->pc() < st.prog->compute.size())
+        msg += ir::describe(plan_.graph.node(st.prog->compute[st.player->pc()].node), names_);
       else
         msg += "draining communication";
     }
@@ -595,12 +533,11 @@ class Sim {
   std::vector<char> kind_;
   std::vector<std::string> names_;
   std::vector<int> stage_of_node_;
+  std::vector<std::array<int, 4>> segments_;  // per unit and pass (pass_slot): segments
   std::vector<RankState> ranks_;
-  std::vector<double> norm_issue_;
-  int64_t issued_count_ = 0;  // issues so far: a blocked rank that issued something made progress
   std::vector<int> issued_members_;  // per graph node: ranks that have issued it
-  std::vector<std::vector<int>> groups_;      // every dp group, then every tp group
-  std::array<std::vector<size_t>, 2> group_of_;  // [dp, tp][rank]: index into groups_
+  std::vector<std::vector<int>> groups_;      // every dp group, every tp group, the world
+  std::array<std::vector<size_t>, 3> group_of_;  // [dp, tp, world][rank]: index into groups_
   std::vector<trace::Event> events_;
 };
 

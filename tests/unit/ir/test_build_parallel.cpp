@@ -112,11 +112,26 @@ std::set<int> data_succs(const Graph& g, int id) {
   return s;
 }
 
+// Nodes of a kind, but for the gradient norm's world all-reduce (checked on its own).
 std::vector<int> nodes_of(const Graph& g, NodeKind kind) {
   std::vector<int> v;
   for (const Node& n : g.nodes())
-    if (n.kind == kind) v.push_back(n.id);
+    if (n.kind == kind && n.payload != Payload::PAYLOAD_NORM) v.push_back(n.id);
   return v;
+}
+
+// The world's all-reduce of the squared gradient norm (-1 on one rank).
+int norm_total(const Graph& g) {
+  for (const Node& n : g.nodes())
+    if (n.payload == Payload::PAYLOAD_NORM) return n.id;
+  return -1;
+}
+
+// The NORM node of `rank`'s pipeline rank.
+int norm_of(const Graph& g, int rank) {
+  for (const Node& n : g.nodes())
+    if (n.kind == NodeKind::NORM && std::count(n.devices.begin(), n.devices.end(), rank)) return n.id;
+  return -1;
 }
 
 // The node after which a unit's weight gradients of one microbatch are complete.
@@ -223,6 +238,7 @@ void check_follows_schedule(const Graph& g, const Strategy& s, const std::vector
         want.push_back(find_node(g, k, u, op.microbatch));
       }
     }
+    want.push_back(norm_of(g, p.rank));
     for (int u = 0; u < n_units; ++u)
       if (sched.rank_of(stage[static_cast<size_t>(u)]) == pr) want.push_back(find_node(g, NodeKind::UPD, u, -1));
     std::vector<int> got;
@@ -299,7 +315,7 @@ void check_collective_order(const Graph& g, const Strategy& s, const std::vector
     for (int r : group) {
       std::vector<int> seq;
       for (const Instr& in : progs[static_cast<size_t>(r)].comm)
-        if (in.kind != NodeKind::SEND && in.kind != NodeKind::RECV) {
+        if (in.kind != NodeKind::SEND && in.kind != NodeKind::RECV && in.payload != Payload::PAYLOAD_NORM) {
           EXPECT_EQ(in.group, GroupDim::GROUP_DP);
           const Node& n = g.node(in.node);
           // the node's device set holds whole dp groups
@@ -404,6 +420,10 @@ TEST(DataParallel, ComputeIsReplicatedOnEveryRank) {
       for (const Node& n : plan.graph.nodes()) {
         EXPECT_EQ(n.devices, all) << describe(n, {});
         EXPECT_TRUE(n.peers.empty());
+        if (n.payload == Payload::PAYLOAD_NORM) {
+          EXPECT_EQ(n.group, GroupDim::GROUP_WORLD);
+          continue;
+        }
         if (is_compute(n.kind)) {
           EXPECT_EQ(n.stream, Stream::STREAM_COMPUTE);
         } else {
@@ -471,14 +491,15 @@ TEST(DataParallel, EveryUnitInExactlyOneAllReduceBucket) {
             EXPECT_TRUE(has_edge(g, id, find_node(g, NodeKind::UPD, u, -1))) << "ALLREDUCE before UPD of unit " << u;
           }
           EXPECT_EQ(data_preds(g, id), want_in);
-          std::set<int> want_out;
+          std::set<int> want_out{norm_of(g, n.devices.front())};  // the norm reads the reduced gradients
           for (int u : n.units) want_out.insert(find_node(g, NodeKind::UPD, u, -1));
           EXPECT_EQ(data_succs(g, id), want_out);
         }
         EXPECT_EQ(static_cast<int>(bucket_of.size()), n_units);
-        // an UPD waits for its bucket only: its gradients are those the all-reduce returns
+        // an UPD waits for its bucket and the norm only: its gradients are those the all-reduce returns
         for (int u = 0; u < n_units; ++u)
-          EXPECT_EQ(data_preds(g, find_node(g, NodeKind::UPD, u, -1)), std::set<int>{bucket_of.at(u)}) << "unit " << u;
+          EXPECT_EQ(data_preds(g, find_node(g, NodeKind::UPD, u, -1)), (std::set<int>{bucket_of.at(u), norm_total(g)}))
+              << "unit " << u;
         if (bucket == tiny) {
           EXPECT_EQ(static_cast<int>(reds.size()), n_units);  // one bucket per unit
         } else if (bucket == huge || bucket == (int64_t{25} << 20)) {
@@ -494,6 +515,9 @@ TEST(DataParallel, EveryUnitInExactlyOneAllReduceBucket) {
         const auto progs = lower_all(g, world);
         std::vector<int> comm;
         for (const Instr& in : progs[0].comm) comm.push_back(in.node);
+        ASSERT_FALSE(comm.empty());
+        EXPECT_EQ(comm.back(), norm_total(g));  // after every bucket it depends on
+        comm.pop_back();
         EXPECT_EQ(comm, reds);
         check_plan(mg, make_strategy(world, p, bucket), g);
       }
@@ -764,7 +788,7 @@ TEST(Pipeline, OneFOneBWarmUpOnRankZero) {
     const Program prog = lower(plan.graph, r);
     std::vector<std::pair<Pass, int>> ops;  // (pass, mb) of each run of one stage's units
     for (const Instr& in : prog.compute) {
-      if (in.kind == NodeKind::UPD) continue;
+      if (in.kind == NodeKind::UPD || in.kind == NodeKind::NORM) continue;
       const std::pair<Pass, int> op{in.pass, in.microbatch};
       if (ops.empty() || ops.back() != op) ops.push_back(op);
     }

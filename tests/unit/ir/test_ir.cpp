@@ -245,10 +245,13 @@ TEST(Build, NodeCountsByKind) {
       }
       EXPECT_EQ(c[NodeKind::SEND], 0);
       EXPECT_EQ(c[NodeKind::RECV], 0);
-      EXPECT_EQ(g.nodes().size(), static_cast<size_t>(units * mb * (sb ? 3 : 2) - (sb ? mb : 0) + units));
+      EXPECT_EQ(c[NodeKind::NORM], 1);  // one rank: its norm is the world's, no all-reduce
+      EXPECT_EQ(g.nodes().size(), static_cast<size_t>(units * mb * (sb ? 3 : 2) - (sb ? mb : 0) + units + 1));
       for (const Node& n : g.nodes()) {
         EXPECT_EQ(n.devices, std::vector<int>{0});
         EXPECT_EQ(n.stream, Stream::STREAM_COMPUTE);
+        EXPECT_EQ(n.tags.segment, 0);  // tp 1: every pass is one segment
+        if (n.kind == NodeKind::NORM) continue;
         EXPECT_EQ(n.tags.block, mg.units[static_cast<size_t>(n.tags.unit)].block);
         EXPECT_EQ(n.tags.microbatch < 0, n.kind == NodeKind::UPD);
       }
@@ -270,9 +273,10 @@ TEST(Build, NodeCountsByKind) {
       // Ordering edges chain the whole program of the one rank, updates last.
       auto chain = order_chain(g, 0);
       ASSERT_EQ(chain.size(), static_cast<size_t>(c[NodeKind::FWD] + c[NodeKind::BWD] + c[NodeKind::BWD_I] +
-                                                  c[NodeKind::BWD_W] + c[NodeKind::UPD]));
+                                                  c[NodeKind::BWD_W] + c[NodeKind::NORM] + c[NodeKind::UPD]));
       for (int i = 0; i < units; ++i)
         EXPECT_EQ(g.node(chain[chain.size() - static_cast<size_t>(units - i)]).kind, NodeKind::UPD);
+      EXPECT_EQ(g.node(chain[chain.size() - static_cast<size_t>(units) - 1]).kind, NodeKind::NORM);
       EXPECT_NO_THROW(verify(g, mg));
     }
   }
@@ -290,6 +294,7 @@ TEST(Build, TwoStagesInsertSendRecvPairs) {
       EXPECT_EQ(c[NodeKind::RECV], 2 * mb);
       EXPECT_EQ(g.world_size(), 2);
       for (const Node& n : g.nodes()) {
+        if (n.kind == NodeKind::NORM || n.payload == Payload::PAYLOAD_NORM) continue;  // per pipeline rank, the world
         if (is_compute(n.kind)) {
           EXPECT_EQ(n.devices.front(), n.tags.unit <= 2 ? 0 : 1);
           EXPECT_EQ(n.tags.stage, n.tags.unit <= 2 ? 0 : 1);
@@ -304,7 +309,8 @@ TEST(Build, TwoStagesInsertSendRecvPairs) {
         }
       }
       for (const Edge& e : g.edges())
-        if (g.node(e.src).devices != g.node(e.dst).devices) {
+        if (g.node(e.src).devices != g.node(e.dst).devices && g.node(e.src).payload != Payload::PAYLOAD_NORM &&
+            g.node(e.dst).payload != Payload::PAYLOAD_NORM) {
           EXPECT_EQ(g.node(e.src).kind, NodeKind::SEND);
           EXPECT_EQ(g.node(e.dst).kind, NodeKind::RECV);
           EXPECT_EQ(e.kind, EdgeKind::EDGE_DATA);
@@ -358,7 +364,7 @@ TEST(Build, BadDirectivesThrowBuildError) {
     // exactly as many stages as units is fine
     const Graph g = build(mg, strategy(7, false, ScheduleKind::SCHEDULE_1F1B, {}, 7));
     for (const Node& n : g.nodes())
-      if (is_compute(n.kind)) {
+      if (is_compute(n.kind) && n.kind != NodeKind::NORM) {
         EXPECT_EQ(n.tags.stage, n.tags.unit);
       }
     EXPECT_NO_THROW(verify(g, mg));
@@ -443,7 +449,7 @@ TEST(Build, PipelinesBuildAndVerify) {
               if (is_compute(n.kind)) {
                 // one stage per rank for these schedules: stage = rank
                 EXPECT_EQ(n.devices, std::vector<int>{n.tags.stage});
-                if (!balanced) {
+                if (!balanced && n.kind != NodeKind::NORM) {
                   EXPECT_EQ(n.tags.stage, placements[p][static_cast<size_t>(n.tags.unit)]);
                 }
               }
@@ -718,7 +724,9 @@ TEST(Lower, ProgramsAreTopologicalAndDeterministic) {
           for (size_t i = 0; i < chain.size(); ++i) EXPECT_EQ(p.compute[i].node, chain[i]);
           total += p.compute.size() + p.comm.size();
         }
-        EXPECT_EQ(total, g.nodes().size());
+        size_t placed = 0;  // every node once per rank it runs on
+        for (const Node& n : g.nodes()) placed += n.devices.size();
+        EXPECT_EQ(total, placed);
       }
 }
 
@@ -733,6 +741,7 @@ TEST(Lower, Default1F1BTwoMicrobatchesOnOneRank) {
     for (int u = 0; u < 7; ++u) want.emplace_back(NodeKind::FWD, u, mb);
     for (int u = 6; u >= 0; --u) want.emplace_back(NodeKind::BWD, u, mb);
   }
+  want.emplace_back(NodeKind::NORM, -1, -1);
   for (int u = 0; u < 7; ++u) want.emplace_back(NodeKind::UPD, u, -1);
   ASSERT_EQ(p.compute.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -854,13 +863,14 @@ TEST(Printing, SummaryAndProgram) {
   const Plan p = compile(small_config("M*-M-", 2), 1);
   const std::string s = summary(p.graph, p.model);
   std::printf("%s", s.c_str());
-  // 7 units x 2 microbatches forward and backward, 7 updates = 35 nodes
-  EXPECT_NE(s.find("35 nodes"), std::string::npos) << s;
+  // 7 units x 2 microbatches forward and backward, the norm, 7 updates = 36 nodes
+  EXPECT_NE(s.find("36 nodes"), std::string::npos) << s;
   EXPECT_NE(s.find("FWD=14"), std::string::npos) << s;
   EXPECT_NE(s.find("BWD=14"), std::string::npos) << s;
   EXPECT_NE(s.find("UPD=7"), std::string::npos) << s;
   EXPECT_EQ(s.find("SEND="), std::string::npos) << s;
-  EXPECT_NE(s.find("34 order"), std::string::npos) << s;  // one chain over 35 nodes
+  EXPECT_NE(s.find("NORM=1"), std::string::npos) << s;
+  EXPECT_NE(s.find("35 order"), std::string::npos) << s;  // one chain over 36 nodes
   EXPECT_NE(s.find("2 microbatch"), std::string::npos) << s;
   EXPECT_NE(s.find("1 rank"), std::string::npos) << s;
   EXPECT_NE(s.find("units (7, " + std::to_string(p.model.param_count()) + " parameters)"), std::string::npos) << s;
@@ -872,8 +882,8 @@ TEST(Printing, SummaryAndProgram) {
   const Program prog = lower(p.graph, 0);
   const std::string t = format_program(prog, p.model);
   std::printf("%s", t.c_str());
-  EXPECT_NE(t.find("rank 0: 35 compute, 0 communication instructions"), std::string::npos) << t;
-  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 2 + 35) << t;
+  EXPECT_NE(t.find("rank 0: 36 compute, 0 communication instructions"), std::string::npos) << t;
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 2 + 36) << t;
   EXPECT_NE(t.find("BWD            layers.3     mb1"), std::string::npos) << t;
   EXPECT_NE(t.find("UPD            head"), std::string::npos) << t;
 

@@ -234,6 +234,7 @@ struct Harness {
   std::unique_ptr<Model> model;
   int n_units = 0;
   std::map<int, std::vector<std::vector<float>>> acts;  // slot -> output of unit u (u < n_units - 1)
+  std::map<int, std::vector<float>> embed_dy;  // slot -> the embedding's output gradient, for its BWD_W
 
   explicit Harness(const config::ModelConfig& c) : cfg(c), graph(ir::make_model_graph(c)) {
     model = std::make_unique<Model>(cfg, graph, std::vector<int>{}, backend::cpu());
@@ -250,7 +251,7 @@ struct Harness {
     for (int u = 0; u < n_units; ++u) {
       const float* x = u > 0 ? a[static_cast<size_t>(u - 1)].data() : nullptr;
       float* y = u + 1 < n_units ? a[static_cast<size_t>(u)].data() : nullptr;
-      loss += model->unit(u).forward(slot, mb, x, y);
+      loss += play_pass(model->unit(u), ir::NodeKind::FWD, slot, {&mb, x, nullptr, y, nullptr}, nullptr);
     }
     return loss;
   }
@@ -273,16 +274,22 @@ struct Harness {
       Unit& unit = model->unit(u);
       const float* x = u > 0 ? a[static_cast<size_t>(u - 1)].data() : nullptr;
       dx.assign(u > 0 ? n : 0, 0.0f);
+      const PassArgs args{nullptr, x, u + 1 < n_units ? dy.data() : nullptr, nullptr, u > 0 ? dx.data() : nullptr};
       if (fused) {
-        unit.backward(slot, x, u + 1 < n_units ? dy.data() : nullptr, u > 0 ? dx.data() : nullptr);
-      } else {
-        unit.backward_input(slot, x, u + 1 < n_units ? dy.data() : nullptr, u > 0 ? dx.data() : nullptr);
+        play_pass(unit, ir::NodeKind::BWD, slot, args, nullptr);
+      } else if (u > 0) {
+        play_pass(unit, ir::NodeKind::BWD_I, slot, args, nullptr);
+      } else {  // the embedding has no input-gradient half: its BWD_W reads dy
+        embed_dy[slot] = dy;
       }
       dy.swap(dx);
     }
   }
   void backward_weights(int slot) {
-    for (int u = n_units - 1; u >= 0; --u) model->unit(u).backward_weight(slot);
+    for (int u = n_units - 1; u >= 0; --u)
+      play_pass(model->unit(u), ir::NodeKind::BWD_W, slot,
+                {nullptr, nullptr, u == 0 ? embed_dy.at(slot).data() : nullptr, nullptr, nullptr}, nullptr);
+    embed_dy.erase(slot);
     acts.erase(slot);
   }
   std::vector<float> all_grads() {

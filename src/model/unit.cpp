@@ -1,0 +1,78 @@
+// unit.cpp — what every unit shares: its pass shapes, the dispatch of a
+// segment to its pass, and playing a whole pass alone.
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "model/unit.hpp"
+
+namespace piper::model {
+
+namespace {
+
+int pass_slot(ir::NodeKind pass) {
+  switch (pass) {
+    case ir::NodeKind::FWD: return 0;
+    case ir::NodeKind::BWD_I: return 1;
+    case ir::NodeKind::BWD_W: return 2;
+    case ir::NodeKind::BWD: return 3;
+    default: break;
+  }
+  throw std::logic_error(std::string(ir::node_kind_name(pass)) + " is not a pass of a unit");
+}
+
+}  // namespace
+
+Unit::Unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params, backend::Backend& be,
+           TpInfo tp)
+    : spec_(spec), cfg_(cfg), params_(params), be_(be), tp_(tp), dims_(cfg, tp) {
+  for (ir::NodeKind p : {ir::NodeKind::FWD, ir::NodeKind::BWD_I, ir::NodeKind::BWD_W, ir::NodeKind::BWD})
+    shapes_[pass_slot(p)] = ir::pass_shape(spec.kind, p, tp.size, cfg.d_model);
+}
+
+const ir::PassShape& Unit::shape(ir::NodeKind pass) const { return shapes_[pass_slot(pass)]; }
+
+double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
+  if (k < 0 || k >= shape(pass).segments)
+    throw std::logic_error("unit " + spec_.name + ": " + ir::node_kind_name(pass) + " has " +
+                           std::to_string(shape(pass).segments) + " segment(s), asked for segment " +
+                           std::to_string(k));
+  switch (pass) {
+    case ir::NodeKind::FWD:
+      return forward(k, slot, a);
+    case ir::NodeKind::BWD_I:
+      backward_input(k, slot, a);
+      return 0.0;
+    case ir::NodeKind::BWD_W:
+      weight_grads(slot, a);
+      release(slot);
+      return 0.0;
+    default:  // BWD: the weight gradients with the first segment, so that the later ones stay small
+      backward_input(k, slot, a);
+      if (k == 0) weight_grads(slot, a);
+      if (last(pass, k)) release(slot);
+      return 0.0;
+  }
+}
+
+double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, comm::Communicator* tp,
+                 double* compute_ms) {
+  using Clock = std::chrono::steady_clock;
+  const ir::PassShape& shape = unit.shape(pass);
+  double result = 0.0;
+  for (int k = 0; k < shape.segments; ++k) {
+    const auto t0 = Clock::now();
+    result += unit.run(pass, k, slot, a);
+    if (compute_ms) *compute_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (static_cast<size_t>(k) >= shape.points.size()) continue;
+    if (!tp) throw std::logic_error("unit " + unit.spec().name + ": a tensor-parallel pass without its tp group");
+    const CommBuffer b = unit.point(pass, k, slot);
+    if (shape.points[static_cast<size_t>(k)].kind == ir::NodeKind::ALLGATHER)
+      tp->allgather(b.send, b.recv, static_cast<size_t>(b.count));
+    else
+      tp->allreduce(b.send, static_cast<size_t>(b.count));
+  }
+  return result;
+}
+
+}  // namespace piper::model
