@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "ir/program.hpp"
@@ -45,6 +46,36 @@ class PlayHost {
   virtual bool complete(size_t k) = 0;
   // Runs compute instruction i; its waits are complete.
   virtual void run(size_t i) = 0;
+};
+
+// One thing a player asked of its host, for comparing two plays.
+struct PlayEvent {
+  enum What : uint8_t { ISSUE, COMPLETE, RUN } what = RUN;
+  size_t index = 0;  // into Program::comm (ISSUE, COMPLETE) or Program::compute (RUN)
+  bool operator==(const PlayEvent&) const = default;
+};
+
+// Passes everything to `inner` and appends what succeeded to `log`.
+class RecordingHost final : public PlayHost {
+ public:
+  RecordingHost(PlayHost& inner, std::vector<PlayEvent>& log) : inner_(inner), log_(log) {}
+  void issue(size_t k) override {
+    inner_.issue(k);
+    log_.push_back({PlayEvent::ISSUE, k});
+  }
+  bool complete(size_t k) override {
+    if (!inner_.complete(k)) return false;
+    log_.push_back({PlayEvent::COMPLETE, k});
+    return true;
+  }
+  void run(size_t i) override {
+    inner_.run(i);
+    log_.push_back({PlayEvent::RUN, i});
+  }
+
+ private:
+  PlayHost& inner_;
+  std::vector<PlayEvent>& log_;
 };
 
 class Player {

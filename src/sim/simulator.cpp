@@ -73,6 +73,7 @@ struct RankState {
   const ir::Program* prog = nullptr;  // ir::lower's program of this rank, lowered once per simulate()
   std::unique_ptr<ir::Player> player;
   std::unique_ptr<ir::PlayHost> host;
+  std::unique_ptr<ir::PlayHost> recorder;  // wraps host when the play is logged
   std::unordered_map<int, size_t> comm_of;     // node -> comm index
   std::unordered_map<int, size_t> recv_of_tag; // SEND node id -> comm index of the RECV here
   std::vector<double> issue, done;             // per comm index
@@ -177,6 +178,12 @@ class Sim {
     st.prog = &programs_[static_cast<size_t>(r)];
     st.player = std::make_unique<ir::Player>(*st.prog);
     st.host = std::make_unique<Host>(*this, r);
+    if (opts_.play_log) {
+      opts_.play_log->resize(static_cast<size_t>(world_));
+      auto& log = (*opts_.play_log)[static_cast<size_t>(r)];
+      log.clear();
+      st.recorder = std::make_unique<ir::RecordingHost>(*st.host, log);
+    }
     st.res.rank = r;
     const auto& comm = st.prog->comm;
     st.issue.assign(comm.size(), kUnknown);
@@ -444,7 +451,7 @@ class Sim {
   // Advances rank r as far as it can; false when it could not move at all.
   bool advance(int r) {
     RankState& st = R(r);
-    const ir::Player::Progress p = st.player->advance(*st.host);
+    const ir::Player::Progress p = st.player->advance(st.recorder ? *st.recorder : *st.host);
     if (p.finished) {
       st.res.finish_ms = st.cursor;
       st.finished = true;

@@ -15,6 +15,7 @@
 
 #include "config/config.hpp"
 #include "ir/compile.hpp"
+#include "ir/player.hpp"
 #include "sim/cost_model.hpp"
 #include "trace/trace.hpp"
 
@@ -54,6 +55,9 @@ struct SimOptions {
   // cores: a compute instruction stretches by the average number of busy
   // threads on its host during it over the cores. 0: every rank has its own.
   int ranks_per_host = 0;
+  // When set: what each rank's player issued, completed and ran, in order
+  // (of the last simulation, with host sharing), to compare with other plays.
+  std::vector<std::vector<ir::PlayEvent>>* play_log = nullptr;
 };
 
 // What the input makes impossible to simulate: a time that overflows, host

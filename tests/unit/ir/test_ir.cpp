@@ -898,3 +898,82 @@ TEST(Printing, SummaryAndProgram) {
 
 }  // namespace
 }  // namespace piper::ir
+
+namespace piper::ir {
+namespace {
+
+// With tensor parallelism every pass that needs its tp group in the middle is compute segments
+// joined by collective nodes (unit_passes.hpp): blocks all-reduce their output before the residual
+// and their input gradient before the norm, the embedding all-reduces its vocab-parallel lookup,
+// the head gathers row maxima and all-reduces [sum | target]. The collectives run on the comm
+// stream over the tp group, move the bytes the unit's buffer holds, and lower between their
+// segments.
+TEST(TensorParallel, PassesAreSegmentsJoinedByTpCollectives) {
+  for (bool sb : {false, true}) {
+    SCOPED_TRACE(sb ? "split backward" : "fused backward");
+    config::Config cfg = small_config("M*-", 2, sb ? "zbh1" : "1f1b");
+    cfg.parallel.tp = 2;
+    cfg.parallel.split_backward = sb;
+    const Plan plan = compile(cfg, 2);
+    const int64_t rows = plan.strategy.microbatch_rows, D = cfg.model.d_model;
+    ASSERT_GT(rows, 0);
+    std::map<std::tuple<NodeKind, int, int>, int> segments;           // (pass, unit, mb) -> segment count
+    std::map<std::tuple<NodeKind, int, int>, std::vector<int64_t>> points;  // -> bytes of each point
+    for (const Node& n : plan.graph.nodes()) {
+      if (is_compute(n.kind) && n.tags.unit >= 0 && n.kind != NodeKind::UPD) {
+        int& c = segments[std::make_tuple(n.kind, n.tags.unit, n.tags.microbatch)];
+        c = std::max(c, n.tags.segment + 1);
+      }
+      if (n.payload != Payload::PAYLOAD_UNIT) continue;
+      EXPECT_EQ(n.group, GroupDim::GROUP_TP) << describe(n, {});
+      EXPECT_EQ(n.stream, Stream::STREAM_COMM);
+      EXPECT_EQ(n.devices, (std::vector<int>{0, 1}));
+      const NodeKind pass = n.tags.pass == Pass::PASS_F ? NodeKind::FWD : n.tags.pass == Pass::PASS_BI ? NodeKind::BWD_I : NodeKind::BWD;
+      auto& v = points[std::make_tuple(pass, n.tags.unit, n.tags.microbatch)];
+      if (v.size() <= static_cast<size_t>(n.tags.segment)) v.resize(static_cast<size_t>(n.tags.segment) + 1);
+      v[static_cast<size_t>(n.tags.segment)] = n.bytes;
+    }
+    const int head = static_cast<int>(plan.model.units.size()) - 1;
+    const NodeKind back = sb ? NodeKind::BWD_I : NodeKind::BWD;
+    for (int mb = 0; mb < 2; ++mb) {
+      EXPECT_EQ(segments[std::make_tuple(NodeKind::FWD, 0, mb)], 1);
+      EXPECT_EQ(points[std::make_tuple(NodeKind::FWD, 0, mb)], (std::vector<int64_t>{rows * D * 4}));
+      for (int u = 1; u < head; ++u) {
+        EXPECT_EQ(segments[std::make_tuple(NodeKind::FWD, u, mb)], 2) << "unit " << u;
+        EXPECT_EQ(segments[std::make_tuple(back, u, mb)], 2) << "unit " << u;
+        if (sb) {
+          EXPECT_EQ(segments[std::make_tuple(NodeKind::BWD_W, u, mb)], 1) << "unit " << u;
+        }
+        EXPECT_EQ(points[std::make_tuple(NodeKind::FWD, u, mb)], (std::vector<int64_t>{rows * D * 4}));
+        EXPECT_EQ(points[std::make_tuple(back, u, mb)], (std::vector<int64_t>{rows * D * 4}));
+      }
+      EXPECT_EQ(segments[std::make_tuple(NodeKind::FWD, head, mb)], 3);
+      EXPECT_EQ(points[std::make_tuple(NodeKind::FWD, head, mb)], (std::vector<int64_t>{rows * 4 * 2, rows * 2 * 4}));
+      EXPECT_EQ(points[std::make_tuple(back, head, mb)], (std::vector<int64_t>{rows * D * 4}));
+    }
+    // Lowered, a segment waits for the collective before it, which waits for the segment before it.
+    for (int r : {0, 1}) {
+      const Program p = lower(plan.graph, r);
+      std::map<int, size_t> at;
+      for (size_t i = 0; i < p.compute.size(); ++i) at[p.compute[i].node] = i;
+      int checked = 0;
+      for (const Instr& in : p.compute) {
+        if (in.segment == 0) continue;
+        int unit_waits = 0;
+        for (int w : in.waits) {
+          const Node& c = plan.graph.node(w);
+          if (c.payload != Payload::PAYLOAD_UNIT) continue;
+          ++unit_waits;
+          EXPECT_EQ(c.tags.segment, in.segment - 1);
+          EXPECT_EQ(c.tags.unit, in.unit);
+        }
+        EXPECT_EQ(unit_waits, 1) << describe(plan.graph.node(in.node), {});
+        ++checked;
+      }
+      EXPECT_GT(checked, 0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace piper::ir
