@@ -195,6 +195,26 @@ TEST(TraceRun, DataParallelZero1EveryInstructionOnce) {
   EXPECT_EQ(comm_kinds, (std::set<std::string>{"ALLREDUCE", "ALLGATHER"}));
 }
 
+// Tensor parallelism: every all-reduce and all-gather between the segments of a pass is an
+// event on the communication lane of both ranks, once per instruction.
+TEST(TraceRun, TensorParallelCollectivesAreCommunicationEvents) {
+  TempDir tmp("trace-tp2");
+  const std::string tp2 = "--set parallel.tp=2 --set parallel.microbatches=2";
+  const auto progs = plan_programs(2, tp2);
+  const trace::Trace t = traced_run(tmp, 2, tp2, "", kSteps);
+  check_trace(t, progs, {0, 1, 2});
+  // The plan lists each rank's tensor-parallel collectives as "<KIND> ... tp <bytes> bytes point <k>".
+  const auto plan = run(piper() + " plan " + source("config/tiny.yaml") + " --world 2 " + tp2);
+  const std::regex point(R"(\btp \d+ bytes point \d+)");
+  const auto tp_instrs = static_cast<size_t>(
+      std::distance(std::sregex_iterator(plan.output.begin(), plan.output.end(), point), std::sregex_iterator()));
+  ASSERT_GT(tp_instrs, 0u) << plan.output;
+  size_t tp_events = 0;
+  for (const auto& e : t.events)
+    if (e.lane == trace::Lane::LANE_COMM && e.name.find(" tp ") != std::string::npos) ++tp_events;
+  EXPECT_EQ(tp_events, tp_instrs * kSteps);
+}
+
 TEST(TraceRun, StepsRangeRecordsOnlyThoseSteps) {
   TempDir tmp("trace-steps");
   const auto progs = plan_programs(2, kPp2);
