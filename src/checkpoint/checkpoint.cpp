@@ -789,6 +789,99 @@ int64_t estimated_bytes(const std::vector<DatasetSpec>& all, const Meta& meta) {
   return data + structure_bytes(all.size(), meta);
 }
 
+namespace {
+
+// What this rank writes: per dataset (in the list's order) its name, its size and the segments of its
+// elements, sorted and disjoint.
+struct Outgoing {
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  std::vector<std::vector<Seg<const float*>>> segs;
+};
+
+// This rank's pieces, checked against the list (each dataset once, every run inside its dataset, no
+// overlap) and sorted into segments.
+Outgoing collect_pieces(const Where& w, MPI_Comm comm, double timeout, const std::vector<DatasetSpec>& all,
+                        const std::vector<Piece>& mine) {
+  const size_t nd = all.size();
+  Outgoing out{std::vector<std::string>(nd), std::vector<int64_t>(nd), std::vector<std::vector<Seg<const float*>>>(nd)};
+  local_step<SaveError>(comm, timeout, "the checkpoint's check of its pieces", [&] {
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < nd; ++i) {
+      out.names[i] = norm_name(all[i].name);
+      out.sizes[i] = numel(all[i].shape);
+      for (int64_t d : all[i].shape)
+        if (d < 0) w.fail(out.names[i], "negative dimension in shape " + shape_string(all[i].shape));
+      if (!index.emplace(out.names[i], i).second) w.fail(out.names[i], "listed twice");
+    }
+    for (const Piece& p : mine) {
+      const auto it = index.find(norm_name(p.dataset));
+      if (it == index.end()) w.fail(norm_name(p.dataset), "a piece of a dataset that is not in the list");
+      const size_t i = it->second;
+      const float* src = p.data;
+      for (const Run& r : p.runs) {
+        if (r.begin < 0 || r.end < r.begin || r.end > out.sizes[i])
+          w.fail(out.names[i], "run [" + std::to_string(r.begin) + "," + std::to_string(r.end) + ") outside its " +
+                                   std::to_string(out.sizes[i]) + " elements");
+        if (r.end > r.begin) out.segs[i].push_back({r.begin, r.end, src});
+        src += r.end - r.begin;
+      }
+    }
+    for (size_t i = 0; i < nd; ++i) {
+      auto& sg = out.segs[i];
+      std::sort(sg.begin(), sg.end(), [](const auto& x, const auto& y) { return x.b < y.b; });
+      for (size_t j = 1; j < sg.size(); ++j)
+        if (sg[j].b < sg[j - 1].e)
+          w.fail(out.names[i], "this rank's runs overlap at element " + std::to_string(sg[j].b));
+    }
+  });
+  return out;
+}
+
+// Elements offered by several ranks (replicated tensors) are written by the lowest of them: the others drop
+// them from their segments. Together the ranks must cover every element.
+void keep_lowest_writers(const std::string& path, MPI_Comm comm, double timeout, Outgoing& out) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const size_t nd = out.segs.size();
+  std::vector<int64_t> count(nd, 0), total(nd, 0);
+  for (size_t i = 0; i < nd; ++i)
+    for (const auto& sg : out.segs[i]) count[i] += sg.e - sg.b;
+  sum_all(comm, count.data(), total.data(), nd, MPI_INT64_T, timeout, "the checkpoint's count of elements");
+  for (size_t i = 0; i < nd; ++i)
+    if (total[i] < out.sizes[i])
+      throw SaveError("checkpoint " + path + ": dataset " + out.names[i] + ": the pieces of all ranks hold " +
+                      std::to_string(total[i]) + " of its " + std::to_string(out.sizes[i]) + " elements");
+  std::vector<size_t> shared;  // datasets with elements on several ranks
+  for (size_t i = 0; i < nd; ++i)
+    if (total[i] > out.sizes[i]) shared.push_back(i);
+  if (shared.empty()) return;
+  std::vector<std::vector<Run>> my_runs(nd);
+  for (size_t i : shared) my_runs[i] = runs_of(out.segs[i]);
+  const auto every = gather_runs(comm, shared, my_runs, timeout);
+  for (size_t j = 0; j < shared.size(); ++j) {
+    const size_t i = shared[j];
+    const auto [lower, everyone] = lower_and_all(every[j], rank);
+    const int64_t covered = count_of(everyone);
+    if (covered != out.sizes[i])
+      throw SaveError("checkpoint " + path + ": dataset " + out.names[i] + ": the pieces of all ranks cover " +
+                      std::to_string(covered) + " of its " + std::to_string(out.sizes[i]) + " elements");
+    out.segs[i] = minus(out.segs[i], lower);
+  }
+}
+
+// Each dataset's checksum: of what each rank writes, summed.
+std::vector<uint64_t> checksums_of(MPI_Comm comm, double timeout, const Outgoing& out) {
+  const size_t nd = out.segs.size();
+  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
+  for (size_t i = 0; i < nd; ++i)
+    for (const auto& sg : out.segs[i]) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
+  sum_all(comm, part.data(), sums.data(), nd, MPI_UINT64_T, timeout, "the checkpoint's checksums");
+  return sums;
+}
+
+}  // namespace
+
 void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::vector<DatasetSpec>& all,
           const std::vector<Piece>& mine, const SaveOptions& options) {
   quiet_hdf5();
@@ -798,73 +891,11 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
   const Where w{path};
   const size_t nd = all.size();
 
-  // This rank's segments of every dataset, sorted and checked.
-  std::vector<std::string> names(nd);
-  std::vector<int64_t> sizes(nd);
-  std::vector<std::vector<Seg<const float*>>> segs(nd);
-  local_step<SaveError>(comm, timeout, "the checkpoint's check of its pieces", [&] {
-    std::map<std::string, size_t> index;
-    for (size_t i = 0; i < nd; ++i) {
-      names[i] = norm_name(all[i].name);
-      sizes[i] = numel(all[i].shape);
-      for (int64_t d : all[i].shape)
-        if (d < 0) w.fail(names[i], "negative dimension in shape " + shape_string(all[i].shape));
-      if (!index.emplace(names[i], i).second) w.fail(names[i], "listed twice");
-    }
-    for (const Piece& p : mine) {
-      const auto it = index.find(norm_name(p.dataset));
-      if (it == index.end()) w.fail(norm_name(p.dataset), "a piece of a dataset that is not in the list");
-      const size_t i = it->second;
-      const float* src = p.data;
-      for (const Run& r : p.runs) {
-        if (r.begin < 0 || r.end < r.begin || r.end > sizes[i])
-          w.fail(names[i], "run [" + std::to_string(r.begin) + "," + std::to_string(r.end) + ") outside its " +
-                               std::to_string(sizes[i]) + " elements");
-        if (r.end > r.begin) segs[i].push_back({r.begin, r.end, src});
-        src += r.end - r.begin;
-      }
-    }
-    for (size_t i = 0; i < nd; ++i) {
-      auto& s = segs[i];
-      std::sort(s.begin(), s.end(), [](const auto& a, const auto& b) { return a.b < b.b; });
-      for (size_t j = 1; j < s.size(); ++j)
-        if (s[j].b < s[j - 1].e) w.fail(names[i], "this rank's runs overlap at element " + std::to_string(s[j].b));
-    }
-  });
-
-  // Elements offered by several ranks (replicated tensors) are written by the lowest of them; together the
-  // ranks must cover every element.
-  std::vector<int64_t> count(nd, 0), total(nd, 0);
-  for (size_t i = 0; i < nd; ++i)
-    for (const auto& s : segs[i]) count[i] += s.e - s.b;
-  sum_all(comm, count.data(), total.data(), nd, MPI_INT64_T, timeout, "the checkpoint's count of elements");
-  for (size_t i = 0; i < nd; ++i)
-    if (total[i] < sizes[i])
-      throw SaveError("checkpoint " + path + ": dataset " + names[i] + ": the pieces of all ranks hold " +
-                      std::to_string(total[i]) + " of its " + std::to_string(sizes[i]) + " elements");
-  std::vector<size_t> shared;  // datasets with elements on several ranks
-  for (size_t i = 0; i < nd; ++i)
-    if (total[i] > sizes[i]) shared.push_back(i);
-  if (!shared.empty()) {
-    std::vector<std::vector<Run>> my_runs(nd);
-    for (size_t i : shared) my_runs[i] = runs_of(segs[i]);
-    const auto every = gather_runs(comm, shared, my_runs, timeout);
-    for (size_t j = 0; j < shared.size(); ++j) {
-      const size_t i = shared[j];
-      const auto [lower, everyone] = lower_and_all(every[j], rank);
-      const int64_t covered = count_of(everyone);
-      if (covered != sizes[i])
-        throw SaveError("checkpoint " + path + ": dataset " + names[i] + ": the pieces of all ranks cover " +
-                        std::to_string(covered) + " of its " + std::to_string(sizes[i]) + " elements");
-      segs[i] = minus(segs[i], lower);
-    }
-  }
-
-  // Checksums, of what each rank writes, summed.
-  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
-  for (size_t i = 0; i < nd; ++i)
-    for (const auto& s : segs[i]) part[i] += checksum_range(s.b, s.ptr, s.e - s.b);
-  sum_all(comm, part.data(), sums.data(), nd, MPI_UINT64_T, timeout, "the checkpoint's checksums");
+  Outgoing mine_sorted = collect_pieces(w, comm, timeout, all, mine);
+  keep_lowest_writers(path, comm, timeout, mine_sorted);
+  const std::vector<uint64_t> sums = checksums_of(comm, timeout, mine_sorted);
+  const std::vector<std::string>& names = mine_sorted.names;
+  const auto& segs = mine_sorted.segs;
 
   // From here on a failure removes the temporary.
   const std::string tmp = temp_path(path);
@@ -929,100 +960,127 @@ void save(const std::string& path, MPI_Comm comm, const Meta& meta, const std::v
 
 // ---- load -------------------------------------------------------------------------------------------------
 
-Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>& expected,
-          const std::vector<Request>& mine, double timeout_s) {
-  quiet_hdf5();
-  int rank = 0, nranks = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &nranks);
-  const Where w{path};
-  const size_t nd = expected.size();
+namespace {
 
-  Id fapl = mpio_fapl(w, comm);
-  Id file;
-  local_step<CheckpointError>(comm, timeout_s, "the checkpoint's open", [&] {
-    if (!fs::is_regular_file(path)) w.fail("no such file");
-    file = w.check(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose,
-                   "cannot open (not an HDF5 file, truncated or damaged)");
-  });
+// A checkpoint open for a load: the expected datasets in their order, each open, with its stored checksum.
+struct OpenCheckpoint {
+  Id fapl, file;
   Meta meta;
-  std::vector<std::string> names(nd);
-  std::vector<Id> dsets(nd);
-  std::vector<uint64_t> stored(nd, 0);
-  std::map<std::string, size_t> index;
+  std::vector<std::string> names;
+  std::map<std::string, size_t> index;  // name -> position in the expected list
+  std::vector<Id> dsets;
+  std::vector<uint64_t> stored;
+};
+
+// The file, its root attributes, and every expected dataset with the expected shape and type.
+OpenCheckpoint open_for_load(const Where& w, MPI_Comm comm, double timeout_s,
+                             const std::vector<DatasetSpec>& expected) {
+  const size_t nd = expected.size();
+  OpenCheckpoint f;
+  f.fapl = mpio_fapl(w, comm);
+  local_step<CheckpointError>(comm, timeout_s, "the checkpoint's open", [&] {
+    if (!fs::is_regular_file(w.file)) w.fail("no such file");
+    f.file = w.check(H5Fopen(w.file.c_str(), H5F_ACC_RDONLY, f.fapl), H5Fclose,
+                     "cannot open (not an HDF5 file, truncated or damaged)");
+  });
+  f.names.resize(nd);
+  f.dsets.resize(nd);
+  f.stored.assign(nd, 0);
   local_step<CheckpointError>(comm, timeout_s, "the checkpoint's check of its datasets", [&] {
-    meta = read_meta(w, file);
+    f.meta = read_meta(w, f.file);
     for (size_t i = 0; i < nd; ++i) {
-      names[i] = norm_name(expected[i].name);
-      index.emplace(names[i], i);
-      dsets[i] = open_dataset(w, file, names[i]);
-      const auto shape = dataset_shape(w, dsets[i], names[i]);
+      f.names[i] = norm_name(expected[i].name);
+      f.index.emplace(f.names[i], i);
+      f.dsets[i] = open_dataset(w, f.file, f.names[i]);
+      const auto shape = dataset_shape(w, f.dsets[i], f.names[i]);
       if (shape != expected[i].shape)
-        w.fail(names[i], "shape " + shape_string(shape) + " in the file, " + shape_string(expected[i].shape) +
-                             " expected");
-      check_float32(w, dsets[i], names[i]);
-      stored[i] = read_attr<uint64_t>(w, dsets[i], "checksum", H5T_NATIVE_UINT64, names[i]);
+        w.fail(f.names[i], "shape " + shape_string(shape) + " in the file, " + shape_string(expected[i].shape) +
+                               " expected");
+      check_float32(w, f.dsets[i], f.names[i]);
+      f.stored[i] = read_attr<uint64_t>(w, f.dsets[i], "checksum", H5T_NATIVE_UINT64, f.names[i]);
     }
   });
+  return f;
+}
 
-  // This rank's reads: per dataset the union of its runs (sorted, disjoint); requests not already in that
-  // form are read into a staging buffer and copied out.
-  struct Want {
-    std::vector<Run> runs;     // the requested runs...
-    std::vector<float*> outs;  // ...and where each goes
-  };
-  std::vector<Want> want(nd);
+// What this rank reads of each dataset, and where it goes. Per dataset, `segs` are sorted and disjoint: the
+// requested runs themselves when they already are, else their union into `staging`, and then `runs` and
+// `outs` keep the requests to copy out of it after the read (they are empty otherwise).
+struct Reads {
+  std::vector<std::vector<Run>> runs;
+  std::vector<std::vector<float*>> outs;
+  std::vector<std::vector<float>> staging;
+  std::vector<std::vector<Seg<float*>>> segs;
+};
+
+// This rank's requests, each checked against its dataset's size, laid out as reads.
+Reads plan_reads(const Where& w, MPI_Comm comm, double timeout_s, const OpenCheckpoint& f,
+                 const std::vector<DatasetSpec>& expected, const std::vector<Request>& mine) {
+  const size_t nd = expected.size();
+  Reads rd{std::vector<std::vector<Run>>(nd), std::vector<std::vector<float*>>(nd),
+           std::vector<std::vector<float>>(nd), std::vector<std::vector<Seg<float*>>>(nd)};
   local_step<CheckpointError>(comm, timeout_s, "the checkpoint's check of the requests", [&] {
     for (const Request& q : mine) {
-      const auto it = index.find(norm_name(q.dataset));
-      if (it == index.end()) w.fail(norm_name(q.dataset), "requested but not in the expected list");
+      const auto it = f.index.find(norm_name(q.dataset));
+      if (it == f.index.end()) w.fail(norm_name(q.dataset), "requested but not in the expected list");
       const size_t i = it->second;
       const int64_t n = numel(expected[i].shape);
       float* out = q.out;
       for (const Run& r : q.runs) {
         if (r.begin < 0 || r.end < r.begin || r.end > n)
-          w.fail(names[i], "requested run [" + std::to_string(r.begin) + "," + std::to_string(r.end) +
-                               ") outside its " + std::to_string(n) + " elements");
+          w.fail(f.names[i], "requested run [" + std::to_string(r.begin) + "," + std::to_string(r.end) +
+                                 ") outside its " + std::to_string(n) + " elements");
         if (r.end > r.begin) {
-          want[i].runs.push_back(r);
-          want[i].outs.push_back(out);
+          rd.runs[i].push_back(r);
+          rd.outs[i].push_back(out);
         }
         out += r.end - r.begin;
       }
     }
   });
-  std::vector<std::vector<float>> staging(nd);
-  std::vector<std::vector<Seg<float*>>> segs(nd);
   for (size_t i = 0; i < nd; ++i) {
-    Want& wa = want[i];
+    const std::vector<Run>& runs = rd.runs[i];
     bool sorted = true;
-    for (size_t j = 1; j < wa.runs.size(); ++j)
-      if (wa.runs[j].begin < wa.runs[j - 1].end) sorted = false;
+    for (size_t j = 1; j < runs.size(); ++j)
+      if (runs[j].begin < runs[j - 1].end) sorted = false;
     if (sorted) {
-      for (size_t j = 0; j < wa.runs.size(); ++j) segs[i].push_back({wa.runs[j].begin, wa.runs[j].end, wa.outs[j]});
-      wa.runs.clear();
+      for (size_t j = 0; j < runs.size(); ++j) rd.segs[i].push_back({runs[j].begin, runs[j].end, rd.outs[i][j]});
+      rd.runs[i].clear();
+      rd.outs[i].clear();
       continue;
     }
-    const std::vector<Run> m = merged(wa.runs);
-    staging[i].resize(static_cast<size_t>(count_of(m)));
-    float* p = staging[i].data();
+    const std::vector<Run> m = merged(runs);
+    rd.staging[i].resize(static_cast<size_t>(count_of(m)));
+    float* p = rd.staging[i].data();
     for (const Run& r : m) {
-      segs[i].push_back({r.begin, r.end, p});
+      rd.segs[i].push_back({r.begin, r.end, p});
       p += r.end - r.begin;
     }
   }
+  return rd;
+}
 
-  // Checksums in the same pass: each element is summed by the lowest rank that reads it; elements no rank
-  // reads are shared out evenly and read for that alone.
+// Who sums what into the checksums, in the same pass as the reads: each element by the lowest rank that
+// reads it; elements no rank reads are shared out evenly and read for that alone.
+struct ChecksumShare {
+  std::vector<std::vector<Seg<float*>>> sum;  // what this rank sums of what it reads
+  std::vector<std::vector<Run>> extra;        // what this rank reads only to sum it
+};
+
+ChecksumShare share_checksums(MPI_Comm comm, double timeout_s, const std::vector<DatasetSpec>& expected,
+                              const std::vector<std::vector<Seg<float*>>>& segs) {
+  int rank = 0, nranks = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &nranks);
+  const size_t nd = expected.size();
   std::vector<int64_t> reading(2 * nd, 0), readers(2 * nd, 0);  // per dataset: ranks reading, elements read
   for (size_t i = 0; i < nd; ++i) {
     reading[2 * i] = segs[i].empty() ? 0 : 1;
     for (const auto& sg : segs[i]) reading[2 * i + 1] += sg.e - sg.b;
   }
   sum_all(comm, reading.data(), readers.data(), 2 * nd, MPI_INT64_T, timeout_s, "the checkpoint's count of readers");
-  std::vector<std::vector<Seg<float*>>> sum_segs(nd);  // what this rank sums of what it reads
-  std::vector<std::vector<Run>> extra(nd);              // what this rank reads only to sum it
-  std::vector<size_t> several;                          // datasets read by several ranks
+  ChecksumShare share{std::vector<std::vector<Seg<float*>>>(nd), std::vector<std::vector<Run>>(nd)};
+  std::vector<size_t> several;  // datasets read by several ranks
   std::vector<std::vector<Run>> my_runs(nd);
   for (size_t i = 0; i < nd; ++i) {
     const int64_t n = numel(expected[i].shape);
@@ -1030,63 +1088,93 @@ Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>
       several.push_back(i);
       my_runs[i] = runs_of(segs[i]);
     } else if (readers[2 * i] == 1) {  // its only reader sums all of it, reading what nobody asked for
-      sum_segs[i] = segs[i];
-      if (!segs[i].empty() && readers[2 * i + 1] < n) extra[i] = complement(runs_of(segs[i]), n);
+      share.sum[i] = segs[i];
+      if (!segs[i].empty() && readers[2 * i + 1] < n) share.extra[i] = complement(runs_of(segs[i]), n);
     } else {
-      extra[i] = share_of({{0, n}}, rank, nranks);
+      share.extra[i] = share_of({{0, n}}, rank, nranks);
     }
   }
-  if (!several.empty()) {
-    const auto every = gather_runs(comm, several, my_runs, timeout_s);
-    for (size_t j = 0; j < several.size(); ++j) {
-      const size_t i = several[j];
-      const auto [lower, everyone] = lower_and_all(every[j], rank);
-      sum_segs[i] = minus(segs[i], lower);
-      extra[i] = share_of(complement(everyone, numel(expected[i].shape)), rank, nranks);
-    }
+  if (several.empty()) return share;
+  const auto every = gather_runs(comm, several, my_runs, timeout_s);
+  for (size_t j = 0; j < several.size(); ++j) {
+    const size_t i = several[j];
+    const auto [lower, everyone] = lower_and_all(every[j], rank);
+    share.sum[i] = minus(segs[i], lower);
+    share.extra[i] = share_of(complement(everyone, numel(expected[i].shape)), rank, nranks);
   }
+  return share;
+}
 
-  // The reads, each rank on its own, in rounds of at most k elements; the staged requests copied out.
+// Reads `extra` of a dataset in rounds of at most k elements through `buf`, only to sum it.
+uint64_t sum_unrequested(const Where& w, const std::string& name, hid_t dset, const std::vector<hsize_t>& dims,
+                         const std::vector<Run>& extra, int64_t k, std::vector<float>& buf) {
+  uint64_t part = 0;
+  buf.resize(static_cast<size_t>(std::min(k, count_of(extra))));
+  std::vector<Seg<float*>> es;
+  for (const Run& r : extra) es.push_back({r.begin, r.end, nullptr});
+  for (auto round : split_rounds(es, k)) {
+    float* p = buf.data();
+    for (auto& sg : round) {
+      sg.ptr = p;
+      p += sg.e - sg.b;
+    }
+    read_segs(w, name, dset, dims, round);
+    for (const auto& sg : round) part += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
+  }
+  return part;
+}
+
+// The reads, each rank on its own, in rounds of at most round_elems() elements; the staged requests copied
+// out. Returns this rank's part of each dataset's checksum.
+std::vector<uint64_t> read_and_sum(const Where& w, MPI_Comm comm, double timeout_s, const OpenCheckpoint& f,
+                                   const std::vector<DatasetSpec>& expected, const Reads& rd,
+                                   const ChecksumShare& share) {
+  const size_t nd = expected.size();
   const int64_t k = round_elems();
-  std::vector<uint64_t> part(nd, 0), sums(nd, 0);
+  std::vector<uint64_t> part(nd, 0);
   local_step<CheckpointError>(comm, timeout_s, "the checkpoint's reads", [&] {
     std::vector<float> buf;
     for (size_t i = 0; i < nd; ++i) {
       const auto dims = to_hsize(expected[i].shape);
-      for (const auto& round : split_rounds(segs[i], k)) read_segs(w, names[i], dsets[i], dims, round);
-      for (const auto& sg : sum_segs[i]) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
-      if (!extra[i].empty()) {
-        buf.resize(static_cast<size_t>(std::min(k, count_of(extra[i]))));
-        std::vector<Seg<float*>> es;
-        for (const Run& r : extra[i]) es.push_back({r.begin, r.end, nullptr});
-        for (auto round : split_rounds(es, k)) {
-          float* p = buf.data();
-          for (auto& sg : round) {
-            sg.ptr = p;
-            p += sg.e - sg.b;
-          }
-          read_segs(w, names[i], dsets[i], dims, round);
-          for (const auto& sg : round) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
-        }
-      }
-      const Want& wa = want[i];
-      for (size_t j = 0; j < wa.runs.size(); ++j) {  // staged: copy each run out of the union
-        const Run& r = wa.runs[j];
-        auto it = std::upper_bound(segs[i].begin(), segs[i].end(), r.begin,
+      for (const auto& round : split_rounds(rd.segs[i], k)) read_segs(w, f.names[i], f.dsets[i], dims, round);
+      for (const auto& sg : share.sum[i]) part[i] += checksum_range(sg.b, sg.ptr, sg.e - sg.b);
+      if (!share.extra[i].empty()) part[i] += sum_unrequested(w, f.names[i], f.dsets[i], dims, share.extra[i], k, buf);
+      for (size_t j = 0; j < rd.runs[i].size(); ++j) {  // staged: copy each run out of the union
+        const Run& r = rd.runs[i][j];
+        auto it = std::upper_bound(rd.segs[i].begin(), rd.segs[i].end(), r.begin,
                                    [](int64_t v, const Seg<float*>& sg) { return v < sg.b; });
         --it;
-        std::memcpy(wa.outs[j], it->ptr + (r.begin - it->b), static_cast<size_t>(r.end - r.begin) * 4);
+        std::memcpy(rd.outs[i][j], it->ptr + (r.begin - it->b), static_cast<size_t>(r.end - r.begin) * 4);
       }
     }
   });
-  sum_all(comm, part.data(), sums.data(), nd, MPI_UINT64_T, timeout_s, "the checkpoint's checksums");
-  for (size_t i = 0; i < nd; ++i)
-    if (sums[i] != stored[i])
-      w.fail(names[i], "checksum mismatch (stored " + std::to_string(stored[i]) + ", computed " +
-                           std::to_string(sums[i]) + "): the data is damaged");
-  dsets.clear();
-  file.close();
-  return meta;
+  return part;
+}
+
+// Every rank's parts summed, against the checksums stored.
+void verify_checksums(const Where& w, MPI_Comm comm, double timeout_s, const OpenCheckpoint& f,
+                      const std::vector<uint64_t>& part) {
+  std::vector<uint64_t> sums(part.size(), 0);
+  sum_all(comm, part.data(), sums.data(), part.size(), MPI_UINT64_T, timeout_s, "the checkpoint's checksums");
+  for (size_t i = 0; i < part.size(); ++i)
+    if (sums[i] != f.stored[i])
+      w.fail(f.names[i], "checksum mismatch (stored " + std::to_string(f.stored[i]) + ", computed " +
+                             std::to_string(sums[i]) + "): the data is damaged");
+}
+
+}  // namespace
+
+Meta load(const std::string& path, MPI_Comm comm, const std::vector<DatasetSpec>& expected,
+          const std::vector<Request>& mine, double timeout_s) {
+  quiet_hdf5();
+  const Where w{path};
+  OpenCheckpoint f = open_for_load(w, comm, timeout_s, expected);
+  const Reads reads = plan_reads(w, comm, timeout_s, f, expected, mine);
+  const ChecksumShare share = share_checksums(comm, timeout_s, expected, reads.segs);
+  verify_checksums(w, comm, timeout_s, f, read_and_sum(w, comm, timeout_s, f, expected, reads, share));
+  f.dsets.clear();
+  f.file.close();
+  return f.meta;
 }
 
 // ---- inspect ----------------------------------------------------------------------------------------------

@@ -36,8 +36,6 @@ std::vector<checkpoint::DatasetSpec> all_datasets(const ir::ModelGraph& g) {
   return all;
 }
 
-std::string strategy_text(const ir::Plan& plan) { return ir::directives_yaml(plan.strategy); }
-
 // Calls f(first run, end run, local offset) for each stretch of a piece's runs that lies back to back in its
 // local buffer: one checkpoint piece or request each, read or written in place.
 template <class F>
@@ -58,9 +56,8 @@ std::vector<checkpoint::Run> runs_of(const std::vector<state::Run>& runs, size_t
 
 }  // namespace
 
-Checkpointer::Checkpointer(const config::Config& cfg, const ir::Plan& plan, model::Model& model, Executor& exec,
-                           const MpiEnv& env)
-    : cfg_(cfg), plan_(plan), model_(model), exec_(exec), env_(env) {
+Checkpointer::Checkpointer(const config::Config& cfg, RankRuntime& runtime, const MpiEnv& env)
+    : cfg_(cfg), rt_(runtime), env_(env) {
   MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
 }
 
@@ -69,14 +66,15 @@ Checkpointer::~Checkpointer() {
   MPI_Comm_free(&comm_);
 }
 
-checkpoint::Meta Checkpointer::meta_at(int64_t steps_done) const {
+checkpoint::Meta Checkpointer::meta() const {
+  const DataPosition& at = rt_.position();
   checkpoint::Meta meta;
-  meta.step = steps_done;
-  meta.tokens_seen = steps_done * cfg_.train.global_batch * cfg_.train.seq_len;
-  meta.data_position = steps_done * cfg_.train.global_batch;
+  meta.step = at.step;
+  meta.tokens_seen = at.tokens_seen;
+  meta.data_position = at.data_position;
   meta.seed = cfg_.train.seed;
   meta.config_yaml = cfg_.yaml_text;
-  meta.strategy = strategy_text(plan_);
+  meta.strategy = ir::directives_yaml(rt_.plan().strategy);
   return meta;
 }
 
@@ -117,7 +115,7 @@ void Checkpointer::preflight() {
   // Rank 0: room for a checkpoint and the temporary of the next; one checkpoint less when one is there to be
   // replaced.
   if (env_.rank() == 0) {
-    const int64_t one = checkpoint::estimated_bytes(all_datasets(plan_.model), meta_at(cfg_.train.steps));
+    const int64_t one = checkpoint::estimated_bytes(all_datasets(rt_.plan().model), meta());
     bool has_one = false;
     for (const auto& e : fs::directory_iterator(dir, ec))
       has_one = has_one || checkpoint::step_of(e.path().string()) >= 0;
@@ -176,34 +174,16 @@ void Checkpointer::wait() {
          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started_).count());
 }
 
-// The buffer a piece's local offsets index: values, or one of the two moments.
-static float* base_of(model::ParamStore& ps, Executor& exec, const state::Piece& p) {
-  switch (p.kind) {
-    case state::StateKind::STATE_PARAM:
-      return ps.sharding().zero >= 3 ? ps.shard_values(p.unit) : ps.values(p.unit);
-    case state::StateKind::STATE_EXP_AVG:
-      return exec.moment(p.unit, 0);
-    case state::StateKind::STATE_EXP_AVG_SQ:
-      return exec.moment(p.unit, 1);
-  }
-  return nullptr;
-}
-
-void Checkpointer::save(int64_t steps_done) {
-  wait();  // one save at a time
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string& dir = cfg_.checkpoint.dir;
-  model::ParamStore& ps = model_.params();
-  const auto layout = state::layout_params(plan_);
+std::vector<checkpoint::Piece> Checkpointer::pieces_to_write() {
   // This rank's owned elements. A synchronous save writes them straight from the live buffers (nothing
   // changes them before it returns); a background one from a copy, run after run per dataset, in staging
   // buffers kept from one save to the next.
-  const auto owned = state::owned_for_write(plan_.model, layout, env_.rank());
+  const auto owned = state::owned_for_write(rt_.plan().model, rt_.layout(), env_.rank());
   std::vector<checkpoint::Piece> mine;
   if (cfg_.checkpoint.async) staged_.resize(owned.size());
   for (size_t i = 0; i < owned.size(); ++i) {
     const state::Piece& p = owned[i];
-    const float* base = base_of(ps, exec_, p);
+    const float* base = rt_.state_buffer(p);
     const std::string name = state::dataset_name(p.kind, p.param);
     if (!cfg_.checkpoint.async) {
       for_each_stretch(p, [&](size_t a, size_t b, int64_t at) {
@@ -218,12 +198,15 @@ void Checkpointer::save(int64_t steps_done) {
       data.insert(data.end(), base + p.local_offsets[r], base + p.local_offsets[r] + p.runs[r].size());
     mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), data.data()});
   }
-  const std::string path = checkpoint::checkpoint_path(dir, steps_done);
+  return mine;
+}
+
+// The write (every rank), then (rank 0) the `latest` pointer and the clean-up, agreed like the write. The job
+// returns the failure every rank agreed on, or "".
+std::function<std::string()> Checkpointer::write_job(const std::string& path, std::vector<checkpoint::Piece> mine) {
   const checkpoint::SaveOptions options{cfg_.checkpoint.direct_io, cfg_.parallel.comm_timeout_s};
-  // The write (every rank), then (rank 0) the `latest` pointer and the clean-up, agreed like the write. Returns
-  // the failure every rank agreed on, or "".
-  auto write = [this, path, options, meta = meta_at(steps_done), mine = std::move(mine),
-                all = all_datasets(plan_.model), dir]() -> std::string {
+  return [this, path, options, meta = meta(), mine = std::move(mine), all = all_datasets(rt_.plan().model),
+          dir = cfg_.checkpoint.dir]() -> std::string {
     try {
       checkpoint::save(path, comm_, meta, all, mine, options);
     } catch (const checkpoint::SaveError& e) {
@@ -240,11 +223,23 @@ void Checkpointer::save(int64_t steps_done) {
     }
     return comm::agree(comm_, err, options.timeout_s, "the update of checkpoint.dir's latest");
   };
-  if (!cfg_.checkpoint.async) {
-    const std::string error = write();
-    report(path, error, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void Checkpointer::save() {
+  wait();  // one save at a time
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string path = checkpoint::checkpoint_path(cfg_.checkpoint.dir, rt_.position().step);
+  std::function<std::string()> write = write_job(path, pieces_to_write());
+  if (cfg_.checkpoint.async) {
+    write_in_background(path, std::move(write), t0);
     return;
   }
+  const std::string error = write();
+  report(path, error, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void Checkpointer::write_in_background(const std::string& path, std::function<std::string()> write,
+                                       std::chrono::steady_clock::time_point t0) {
   if (env_.rank() == 0) {
     std::printf("piper: saving %s in the background (step loop stalled %.1f ms)\n", path.c_str(),
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -269,33 +264,30 @@ void Checkpointer::save(int64_t steps_done) {
   });
 }
 
-int64_t Checkpointer::load(const std::string& where) {
-  std::string path;
+std::string Checkpointer::resolve(const std::string& where) const {
   try {
-    path = checkpoint::resolve(where == "latest" ? cfg_.checkpoint.dir + "/latest" : where);
+    return checkpoint::resolve(where == "latest" ? cfg_.checkpoint.dir + "/latest" : where);
   } catch (const checkpoint::CheckpointError& e) {
-    if (where == "latest") return -1;  // nothing saved yet: start fresh
+    if (where == "latest") return "";  // nothing saved yet: start fresh
     throw UserError(std::string("--resume: ") + e.what());
   }
-  model::ParamStore& ps = model_.params();
-  const auto layout = state::layout_params(plan_);
-  // Read straight into the model's and the optimiser's buffers (a failed load ends the run).
-  const auto held = state::held(plan_.model, layout, env_.rank());
+}
+
+// Straight into the model's and the optimiser's buffers (a failed load ends the run).
+std::vector<checkpoint::Request> Checkpointer::read_requests() {
   std::vector<checkpoint::Request> mine;
-  for (const state::Piece& p : held) {
-    float* base = base_of(ps, exec_, p);
+  for (const state::Piece& p : state::held(rt_.plan().model, rt_.layout(), env_.rank())) {
+    float* base = rt_.state_buffer(p);
     const std::string name = state::dataset_name(p.kind, p.param);
     for_each_stretch(p, [&](size_t a, size_t b, int64_t at) {
       mine.push_back({name, runs_of(p.runs, a, b), base + at});
     });
   }
-  checkpoint::Meta meta;
-  try {
-    meta = checkpoint::load(path, comm_, all_datasets(plan_.model), mine, cfg_.parallel.comm_timeout_s);
-  } catch (const checkpoint::CheckpointError& e) {
-    throw UserError(std::string("--resume: ") + e.what());
-  }
-  // The data order continues from the checkpoint's position only with the batch and sequence it was made with.
+  return mine;
+}
+
+// The data order continues from the checkpoint's position only with the batch and sequence it was made with.
+void Checkpointer::check_position(const std::string& path, const checkpoint::Meta& meta) const {
   const int64_t gb = cfg_.train.global_batch, T = cfg_.train.seq_len;
   if (meta.step > 0 && (meta.data_position != meta.step * gb || meta.tokens_seen != meta.data_position * T))
     throw UserError("--resume: checkpoint " + path + " records " + std::to_string(meta.step) + " steps over " +
@@ -304,7 +296,20 @@ int64_t Checkpointer::load(const std::string& where) {
                     std::to_string(T) + " do not give (" + std::to_string(meta.step * gb) + " and " +
                     std::to_string(meta.step * gb * T) + "); resume with the global_batch and seq_len it was " +
                     "written with, so the data order goes on where it stopped");
-  exec_.set_adam_steps(meta.step);  // one AdamW step per optimiser step
+}
+
+int64_t Checkpointer::load(const std::string& where) {
+  const std::string path = resolve(where);
+  if (path.empty()) return -1;
+  checkpoint::Meta meta;
+  try {
+    meta = checkpoint::load(path, comm_, all_datasets(rt_.plan().model), read_requests(),
+                            cfg_.parallel.comm_timeout_s);
+  } catch (const checkpoint::CheckpointError& e) {
+    throw UserError(std::string("--resume: ") + e.what());
+  }
+  check_position(path, meta);
+  rt_.resume_at({meta.step, meta.tokens_seen, meta.data_position});
   return meta.step;
 }
 

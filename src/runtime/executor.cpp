@@ -9,8 +9,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "optim/adamw.hpp"
-
 namespace piper::runtime {
 
 using backend::MemCategory;
@@ -46,18 +44,9 @@ comm::Communicator* Groups::of(ir::GroupDim g) const {
   return nullptr;
 }
 
-Executor::Executor(model::Model& model, ir::Program program, const config::TrainConfig& train, Groups groups)
-    : model_(model), program_(std::move(program)), player_(program_), train_(train), groups_(groups) {
+Executor::Executor(model::Model& model, Optimizer& optimizer, ir::Program program, Groups groups)
+    : model_(model), optimizer_(optimizer), program_(std::move(program)), player_(program_), groups_(groups) {
   last_unit_ = static_cast<int>(model.graph().units.size()) - 1;
-  model::ParamStore& ps = model.params();
-  for (int u : ps.units()) {
-    const int64_t n = ps.sharding().zero >= 1 ? ps.shard_len(u) : ps.padded_numel(u);
-    auto& [m, v] = moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
-                                                      Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)))
-                       .first->second;
-    m.zero();
-    v.zero();
-  }
   for (const ir::Instr& c : program_.comm) group_of(c);  // every group this program talks over exists
 }
 
@@ -168,61 +157,20 @@ void Executor::run_segment(const ir::Instr& in) {
   if (u > 0) grads_[{u, i}] = std::move(grad_in);
 }
 
-// NORM: the sum of squares of this rank's gradients, once they are final;
-// each data-parallel rank adds its shard, and a parameter replicated over the
-// tp group counts once. The world's total arrives by the norm's all-reduce.
-void Executor::norm_squares() {
-  model::ParamStore& ps = model_.params();
-  double sq = 0.0;
-  const bool tp_lead = ps.sharding().tp_rank == 0;
-  for (int u : ps.units())
-    for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
-      if (model_.graph().units[static_cast<size_t>(u)].params[p].tp_dim < 0 && !tp_lead) return;
-      sq += optim::sum_squares(ps.shard_grads(u) + (lo - base), hi - lo);
-    });
-  norm_sq_ = sq;
-}
+// NORM: the sum of squares of this rank's gradients, once they are final
+// (Optimizer::local_grad_sq). The world's total arrives by the norm's all-reduce.
+void Executor::norm_squares() { norm_sq_ = optimizer_.local_grad_sq(); }
 
 // Before the first update: the clipping coefficient and the learning rate.
 void Executor::finish_norm() {
   stats_->grad_norm = std::sqrt(norm_sq_);
-  clip_scale_ = optim::clip_coefficient(stats_->grad_norm, train_.grad_clip);
-  stats_->lr = optim::lr_at(train_, step_);
+  stats_->lr = optimizer_.begin_step(step_, stats_->grad_norm);
   norm_ready_ = true;
-  ++adam_steps_;
-}
-
-// Calls fn(param index, lo, hi, base) for each parameter's part [lo, hi) of the
-// unit's buffer in this rank's data-parallel shard (or in all of it), where
-// base is the buffer offset of the range's first element.
-template <class Fn>
-void Executor::for_each_owned_range(int unit, bool shard, Fn&& fn) {
-  model::ParamStore& ps = model_.params();
-  const int64_t base = shard ? ps.shard_offset(unit) : 0;
-  const int64_t end = shard ? std::min(base + ps.shard_len(unit), ps.unit_numel(unit)) : ps.unit_numel(unit);
-  const size_t n_params = model_.graph().units[static_cast<size_t>(unit)].params.size();
-  int64_t off = 0;
-  for (size_t p = 0; p < n_params; ++p) {
-    const int64_t lo = std::max(off, base), hi = std::min(off + ps.param_numel(unit, p), end);
-    if (lo < hi) fn(p, lo, hi, base);
-    off += ps.param_numel(unit, p);
-  }
 }
 
 void Executor::update(int unit) {
   if (!norm_ready_) finish_norm();
-  model::ParamStore& ps = model_.params();
-  const optim::AdamWHyper h{stats_->lr, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
-  auto& [m, v] = moments_.at(unit);
-  const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
-  const bool sharded = ps.sharding().zero >= 1;  // each rank updates its shard, else everything
-  float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
-  float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
-  for_each_owned_range(unit, sharded, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
-    optim::adamw_update(values + (lo - base), grads + (lo - base), m.data() + (lo - base), v.data() + (lo - base),
-                        hi - lo, adam_steps_, h, spec.params[p].weight_decay, clip_scale_);
-  });
-  ps.zero_grads(unit);
+  optimizer_.update(unit);
 }
 
 // ---- communication stream -------------------------------------------------------

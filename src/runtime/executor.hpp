@@ -5,8 +5,9 @@
 // data-parallel buckets, ZeRO gathers, tensor-parallel collectives between
 // segments, the norm's all-reduce) are issued non-blocking on the
 // communicator of their group. The executor holds the activations and
-// gradients flowing between units and owns the optimiser state. It does not
-// decide order: the Program does.
+// gradients flowing between units; the optimiser holds its state and does
+// the norm's local part and the updates. It does not decide order: the
+// Program does.
 #pragma once
 
 #include <map>
@@ -15,10 +16,10 @@
 
 #include "backend/backend.hpp"
 #include "comm/comm.hpp"
-#include "config/config.hpp"
 #include "ir/player.hpp"
 #include "ir/program.hpp"
 #include "model/model.hpp"
+#include "runtime/optimizer.hpp"
 #include "runtime/tracing.hpp"
 
 namespace piper::runtime {
@@ -43,19 +44,11 @@ struct StepStats {
 
 class Executor : private ir::PlayHost {
  public:
-  Executor(model::Model& model, ir::Program program, const config::TrainConfig& train, Groups groups);
+  Executor(model::Model& model, Optimizer& optimizer, ir::Program program, Groups groups);
 
   // Runs every instruction of the program once. `mbs[i]` is microbatch i of
   // this rank's data-parallel replica.
   StepStats run_step(int64_t step, const std::vector<model::MicroBatch>& mbs);
-
-  // AdamW state, for checkpoints: moment 0 (exp_avg) or 1 (exp_avg_sq) of a
-  // unit (its data-parallel shard with ZeRO >= 1); the step count on resume.
-  float* moment(int unit, int which) {
-    auto& mv = moments_.at(unit);
-    return which == 0 ? mv.first.data() : mv.second.data();
-  }
-  void set_adam_steps(int64_t n) { adam_steps_ = n; }
 
   // --trace: record every instruction of the steps `rec` traces (null: off,
   // which costs one pointer test per instruction). Compute instructions from
@@ -74,8 +67,6 @@ class Executor : private ir::PlayHost {
   void norm_squares();
   void finish_norm();
   void update(int unit);
-  template <class Fn>
-  void for_each_owned_range(int unit, bool shard, Fn&& fn);
   comm::Communicator& group_of(const ir::Instr& c) const;
 
   void poll_traced();
@@ -86,18 +77,15 @@ class Executor : private ir::PlayHost {
   backend::Tensor buffer(int64_t n, backend::MemCategory c);
 
   model::Model& model_;
+  Optimizer& optimizer_;
   ir::Program program_;
   ir::Player player_;
-  const config::TrainConfig& train_;
   Groups groups_;
   int last_unit_ = 0;
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
-  std::map<int, std::pair<backend::Tensor, backend::Tensor>> moments_;  // AdamW m, v per unit
-  int64_t adam_steps_ = 0;
   double norm_sq_ = 0.0;   // NORM: this rank's sum of squares, then (all-reduced) the world's
   bool norm_ready_ = false;
-  float clip_scale_ = 1.0f;
 
   // Per step.
   int64_t step_ = 0;

@@ -1,9 +1,11 @@
-// trainer.cpp — the step loop around the executor.
+// trainer.cpp — train as named steps: compile, preflight, the runtime, resume,
+// the step loop with its hooks, the summary.
 #include "runtime/trainer.hpp"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cinttypes>
@@ -21,12 +23,10 @@
 #include "comm/mpi_comm.hpp"
 #include "ir/compile.hpp"
 #include "io/regular_file.hpp"
-#include "ir/grid.hpp"
 #include "kernels.hpp"
-#include "model/model.hpp"
 #include "runtime/checkpointing.hpp"
-#include "runtime/executor.hpp"
 #include "runtime/fit.hpp"
+#include "runtime/rank_runtime.hpp"
 #include "runtime/tracing.hpp"
 
 namespace piper::runtime {
@@ -66,9 +66,11 @@ void write_params(const std::string& path, const ir::ModelGraph& g,
 // Collects every unit's full values on rank 0 — gathering ZeRO-3 shards over
 // the data-parallel group and tensor-parallel pieces into their global
 // places — and writes them. Collective: every rank calls it.
-void dump_params(const std::string& path, model::Model& m, const ir::Plan& plan, const ir::RankGrid& grid,
-                 const Groups& groups, const MpiEnv& env) {
-  model::ParamStore& ps = m.params();
+void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
+  const ir::Plan& plan = rt.plan();
+  const ir::RankGrid& grid = rt.grid();
+  const Groups& groups = rt.groups();
+  model::ParamStore& ps = rt.model().params();
   const int tp = ps.sharding().tp_size;
   std::map<int, std::vector<float>> values;
   for (const auto& unit : plan.model.units) {
@@ -118,33 +120,6 @@ void dump_params(const std::string& path, model::Model& m, const ir::Plan& plan,
   if (env.rank() == 0) write_params(path, plan.model, values);
 }
 
-// The tokens of step `step`: samples g = step * global_batch + j (spec/MODEL.md,
-// "Data order"), split into `n_mb` equal microbatches in sample order.
-struct StepBatch {
-  std::vector<int32_t> inputs, targets;  // [global_batch, T]
-  std::vector<model::MicroBatch> mbs;
-};
-
-// Replica `replica` of `replicas` takes the contiguous share
-// [replica * GB/replicas, (replica + 1) * GB/replicas) of the global batch.
-void load_step(const data::TokenFile& tf, const config::Config& cfg, int64_t step, int n_mb, int replica,
-               int replicas, StepBatch& b) {
-  const int64_t GB = cfg.train.global_batch, T = cfg.train.seq_len, share = GB / replicas;
-  b.inputs.resize(static_cast<size_t>(share * T));
-  b.targets.resize(static_cast<size_t>(share * T));
-  std::vector<int32_t> seq(static_cast<size_t>(T + 1));
-  for (int64_t j = 0; j < share; ++j) {
-    tf.sample(step * GB + replica * share + j, T, seq.data());
-    std::copy(seq.begin(), seq.end() - 1, b.inputs.begin() + j * T);
-    std::copy(seq.begin() + 1, seq.end(), b.targets.begin() + j * T);
-  }
-  const int64_t per = share / n_mb;
-  const float scale = static_cast<float>(1.0 / static_cast<double>(GB * T));
-  b.mbs.clear();
-  for (int i = 0; i < n_mb; ++i)
-    b.mbs.push_back({b.inputs.data() + i * per * T, b.targets.data() + i * per * T, per, T, scale});
-}
-
 void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
   data::ByteTokenizer tok;
   const std::vector<int32_t> prompt = tok.encode("The ");
@@ -154,28 +129,79 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
   std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
 }
 
-}  // namespace
 
-std::string human_bytes(int64_t b) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+// Per-rank figures of a step: its time split, its memory peaks, and the
+// model state held after it.
+struct RankFigures {
+  double compute_ms = 0, comm_ms = 0, idle_ms = 0;
+  std::array<double, backend::kMemCategoryCount> peak{};  // bytes, each category's own peak
+  double total_peak = 0;                                   // bytes, the peak of the sum
+  std::array<double, 3> state{};                           // params, grads, optimizer bytes held after the step
+};
+
+RankFigures figures_of(const StepStats& st, const backend::MemoryStats& mem) {
+  RankFigures f;
+  f.compute_ms = st.compute_ms, f.comm_ms = st.comm_ms, f.idle_ms = st.idle_ms;
+  for (size_t c = 0; c < f.peak.size(); ++c) f.peak[c] = static_cast<double>(mem.peak[c]);
+  f.total_peak = static_cast<double>(mem.total_peak);
+  for (size_t c = 0; c < f.state.size(); ++c) f.state[c] = static_cast<double>(mem.current[c]);
+  return f;
+}
+
+// The one layout of the figures in a flat array of doubles.
+constexpr size_t kFigureSlots = 3 + backend::kMemCategoryCount + 1 + 3;
+std::array<double*, kFigureSlots> slots_of(RankFigures& f) {
+  std::array<double*, kFigureSlots> s{};
+  size_t k = 0;
+  for (double* x : {&f.compute_ms, &f.comm_ms, &f.idle_ms}) s[k++] = x;
+  for (double& x : f.peak) s[k++] = &x;
+  s[k++] = &f.total_peak;
+  for (double& x : f.state) s[k++] = &x;
   return s;
 }
 
-// Per-rank figures of a step, one slot of kRankFigures per rank, summed into
-// place over the world so rank 0 can write them: compute, comm, idle ms; peak
-// params, grads, optimizer, activations, buffers, total bytes; params, grads,
-// optimizer bytes held after the step (the model state).
-constexpr int kRankFigures = 12;
+// Every rank's figures, on every rank: each fills its slots of one array and
+// the world sums it into place.
+std::vector<RankFigures> gather_figures(RankFigures mine, comm::Communicator& world) {
+  std::vector<double> slots(static_cast<size_t>(world.size()) * kFigureSlots, 0.0);
+  const auto in = slots_of(mine);
+  for (size_t k = 0; k < kFigureSlots; ++k) slots[static_cast<size_t>(world.rank()) * kFigureSlots + k] = *in[k];
+  if (world.size() > 1) world.allreduce_double(slots.data(), slots.size());
+  std::vector<RankFigures> all(static_cast<size_t>(world.size()));
+  for (size_t r = 0; r < all.size(); ++r) {
+    const auto out = slots_of(all[r]);
+    for (size_t k = 0; k < kFigureSlots; ++k) *out[k] = slots[r * kFigureSlots + k];
+  }
+  return all;
+}
 
-void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) try {
-  const bool lead = env.rank() == 0;
-  if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
-  const TraceSteps trace_steps = parse_trace_steps(opts.trace_steps);
+nlohmann::json figures_json(const std::vector<RankFigures>& all) {
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (size_t r = 0; r < all.size(); ++r) {
+    const RankFigures& f = all[r];
+    per_rank.push_back({{"rank", r},
+                        {"compute_ms", f.compute_ms},
+                        {"comm_ms", f.comm_ms},
+                        {"idle_ms", f.idle_ms},
+                        {"peak_mem_bytes", f.total_peak},
+                        {"mem_bytes", {{"params", f.peak[0]}, {"grads", f.peak[1]}, {"optimizer", f.peak[2]},
+                                       {"activations", f.peak[3]}, {"buffers", f.peak[4]}}},
+                        {"state_bytes", {{"params", f.state[0]}, {"grads", f.state[1]}, {"optimizer", f.state[2]}}}});
+  }
+  return per_rank;
+}
+
+// ---- the steps of train -------------------------------------------------------
+
+TraceSteps check_trace_options(const TrainOptions& opts) {
+  const TraceSteps steps = parse_trace_steps(opts.trace_steps);
   if (!opts.trace_steps.empty() && opts.trace_path.empty())
     throw UserError("--trace-steps " + opts.trace_steps + " needs --trace PATH, the file to write the trace to");
+  return steps;
+}
 
-  // Every rank reads the token file; all stop if any cannot.
+// Every rank reads the token file; all stop if any cannot.
+std::unique_ptr<data::TokenFile> open_tokens(const config::Config& cfg, const MpiEnv& env) {
   std::unique_ptr<data::TokenFile> tokens;
   std::string data_error;
   try {
@@ -188,42 +214,33 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
     throw UserError(!data_error.empty() ? data_error
                                         : "data.path: another rank could not read '" + cfg.data.path +
                                               "'; every rank needs the token file (a shared file system or a copy per node)");
+  return tokens;
+}
 
+// The plan, the same on every rank, and checked to fit in memory before the model is allocated.
+ir::Plan compile_checked(const config::Config& cfg, const MpiEnv& env) {
   ir::Plan plan = ir::compile(cfg, env.world_size());
   if (!env.all_equal(plan.hash))
     throw UserError("the ranks compiled different plans (rank " + std::to_string(env.rank()) +
                     " on " + env.host() + " has hash " + std::to_string(plan.hash) +
                     "); every rank must run the same piper binary with the same config");
-  check_memory_fit(cfg, plan, env);  // refuses what cannot fit, before the model is allocated
-  ir::Program program = ir::lower(plan.graph, env.rank());
+  check_memory_fit(cfg, plan, env);
+  return plan;
+}
 
-  // Process groups from the rank grid, passed down explicitly.
-  const ir::RankGrid grid(env.world_size(), plan.strategy.grid_order,
-                          {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp},
-                           {"pp", plan.strategy.place.pp}});
+std::unique_ptr<comm::Communicator> make_world(const config::Config& cfg) {
   comm::CommOptions copts;
   copts.timeout_s = cfg.parallel.comm_timeout_s;
-  std::unique_ptr<comm::Communicator> world = comm::make_mpi_world(copts);
-  std::unique_ptr<comm::Communicator> dp = world->split(grid.group(env.rank(), "dp"), "dp");
-  std::unique_ptr<comm::Communicator> tp = world->split(grid.group(env.rank(), "tp"), "tp");
-  const Groups groups{world.get(), dp.get(), tp.get()};
-  const int replica = grid.coord(env.rank(), "dp"), replicas = grid.size("dp");
+  return comm::make_mpi_world(copts);
+}
 
-  std::vector<int> held;
-  for (const auto& in : program.compute)
-    if (in.unit >= 0 && std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
-  std::sort(held.begin(), held.end());
-  model::Model m(cfg.model, plan.model, held, backend::cpu(),
-                 {replica, replicas, plan.strategy.replicate.zero, grid.coord(env.rank(), "tp"), grid.size("tp")},
-                 tp.get());
-  m.params().init(cfg.train.seed);
-  if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, m, plan, grid, groups, env);
-  const size_t instrs_per_step = program.compute.size() + program.comm.size();
-  Executor exec(m, std::move(program), cfg.train, groups);
-
-  // Rank 0 writes the metrics; every rank learns whether it can, so a bad
-  // path stops the whole job at once rather than leaving the others waiting.
-  // A FIFO or a device is refused before it is opened (opening a FIFO for writing waits for a reader).
+// Rank 0 writes the metrics and the trace; every rank learns whether it can,
+// so a bad path stops the whole job at once rather than leaving the others
+// waiting. A FIFO or a device is refused before it is opened (opening a FIFO
+// for writing waits for a reader). Returns the metrics stream (rank 0, with
+// --metrics).
+std::unique_ptr<std::ofstream> open_outputs(const TrainOptions& opts, const MpiEnv& env) {
+  const bool lead = env.rank() == 0;
   std::unique_ptr<std::ofstream> metrics;
   std::string metrics_problem;
   if (!opts.metrics_path.empty() && lead) {
@@ -243,150 +260,211 @@ void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& en
   if (env.any(!trace_problem.empty()))
     throw UserError("--trace: cannot write '" + opts.trace_path + "' (on rank 0, " + env.host() + "): " +
                     trace_problem);
-  const bool can_sample = held.size() == plan.model.units.size();
-  const int64_t tokens_per_step = cfg.train.global_batch * cfg.train.seq_len;
-  if (lead) {
-    std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d, zero %d, %s), "
-                "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
-                plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), replicas,
-                plan.strategy.shard.tp, plan.strategy.place.pp, plan.strategy.replicate.zero,
-                plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order",
-                omp_get_max_threads(), kernels::blas_name(),
-                plan.hash);
-    if (cfg.train.sample_every > 0 && !can_sample)
-      std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
-  }
+  return metrics;
+}
 
-  Checkpointer ckpt(cfg, plan, m, exec, env);
-  ckpt.preflight();
-  int64_t first_step = 0;
-  if (!opts.resume.empty()) {
-    // Timed from when every rank has arrived to when the slowest is done.
-    if (world->size() > 1) world->barrier();
-    const auto t_load = std::chrono::steady_clock::now();
-    const int64_t done = ckpt.load(opts.resume);
-    double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
-    if (world->size() > 1) {
-      std::vector<double> all(static_cast<size_t>(world->size()), 0.0);
-      all[static_cast<size_t>(env.rank())] = load_ms;
-      world->allreduce_double(all.data(), all.size());
-      load_ms = *std::max_element(all.begin(), all.end());
-    }
-    if (done < 0) {
-      if (lead) std::printf("piper: no checkpoint in '%s' yet; starting from step 0\n", cfg.checkpoint.dir.c_str());
-    } else {
-      first_step = done;
-      if (lead) std::printf("piper: resumed from %s at step %" PRId64 " (loaded in %.1f ms)\n", opts.resume.c_str(), done, load_ms);
-    }
-  }
-  const bool saving = !cfg.checkpoint.dir.empty();
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
+void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv& env) {
+  if (env.rank() != 0) return;
+  const ir::Plan& plan = rt.plan();
+  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d, zero %d, %s), "
+              "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
+              plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), rt.replicas(),
+              plan.strategy.shard.tp, plan.strategy.place.pp, plan.strategy.replicate.zero,
+              plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order",
+              omp_get_max_threads(), kernels::blas_name(), plan.hash);
+  if (cfg.train.sample_every > 0 && !rt.holds_whole_model())
+    std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
+}
 
-  StepBatch batch;
+// --resume: the checkpoint into the runtime, timed from when every rank has
+// arrived to when the slowest is done.
+void resume(Checkpointer& ckpt, const std::string& where, const config::Config& cfg, comm::Communicator& world,
+            const MpiEnv& env) {
+  if (world.size() > 1) world.barrier();
+  const auto t_load = std::chrono::steady_clock::now();
+  const int64_t done = ckpt.load(where);
+  double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+  if (world.size() > 1) {
+    std::vector<double> all(static_cast<size_t>(world.size()), 0.0);
+    all[static_cast<size_t>(env.rank())] = load_ms;
+    world.allreduce_double(all.data(), all.size());
+    load_ms = *std::max_element(all.begin(), all.end());
+  }
+  if (env.rank() != 0) return;
+  if (done < 0)
+    std::printf("piper: no checkpoint in '%s' yet; starting from step 0\n", cfg.checkpoint.dir.c_str());
+  else
+    std::printf("piper: resumed from %s at step %" PRId64 " (loaded in %.1f ms)\n", where.c_str(), done, load_ms);
+}
+
+// --trace: one time origin, taken as the ranks leave one barrier (on one
+// host exactly the same; across hosts, each host's barrier exit).
+std::unique_ptr<TraceRecorder> start_trace(const TrainOptions& opts, const TraceSteps& steps, RankRuntime& rt,
+                                           comm::Communicator& world) {
+  if (opts.trace_path.empty()) return nullptr;
+  auto recorder = std::make_unique<TraceRecorder>(steps, rt.position().step, rt.config().train.steps - 1,
+                                                  rt.instructions_per_step());
+  rt.executor().set_recorder(recorder.get());
+  recorder->set_origin(trace_origin(world));
+  return recorder;
+}
+
+// One step as the loop reports it.
+struct StepResult {
+  int64_t step = 0;  // 0-based
+  StepStats stats;
+  double loss = 0, ms = 0, tokens_per_s = 0;
+  backend::MemoryStats mem;        // this rank's
+  std::vector<RankFigures> ranks;  // every rank's
+};
+
+StepResult run_step(RankRuntime& rt, const data::TokenFile& tokens, comm::Communicator& world) {
+  const config::TrainConfig& train = rt.config().train;
+  const int64_t tokens_per_step = train.global_batch * train.seq_len;
+  StepResult r;
+  r.step = rt.position().step;
+  const auto t0 = std::chrono::steady_clock::now();
+  r.stats = rt.step(tokens);
+  double loss_sum = r.stats.loss_sum;
+  if (world.size() > 1) world.allreduce_double(&loss_sum, 1);
+  r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.loss = loss_sum / static_cast<double>(tokens_per_step);
+  r.tokens_per_s = static_cast<double>(tokens_per_step) / (r.ms / 1000.0);
+  r.mem = rt.model().backend().memory();
+  r.ranks = gather_figures(figures_of(r.stats, r.mem), world);
+  return r;
+}
+
+// The progress line (rank 0) and one JSON line of --metrics.
+void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions& opts, std::ofstream* metrics,
+                 const MpiEnv& env) {
+  const config::TrainConfig& train = rt.config().train;
+  if (env.rank() == 0 && !opts.quiet && (r.step % train.log_every == 0 || r.step + 1 == train.steps))
+    std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms\n",
+                r.step, r.loss, r.stats.lr, r.stats.grad_norm, r.tokens_per_s, r.ms);
+  if (!metrics) return;
+  nlohmann::json j = {{"step", r.step},
+                      {"loss", r.loss},
+                      {"grad_norm", r.stats.grad_norm},
+                      {"lr", r.stats.lr},
+                      {"tokens_per_s", r.tokens_per_s},
+                      {"step_ms", r.ms},
+                      {"tokens", rt.position().tokens_seen},
+                      {"peak_mem_bytes", r.mem.total_peak},
+                      {"ranks", figures_json(r.ranks)}};
+  *metrics << j.dump() << '\n';
+  metrics->flush();
+}
+
+// What the loop leaves for the summary.
+struct RunLog {
   std::vector<double> step_ms;
   double first_loss = 0.0, last_loss = 0.0;
-  // --trace: one time origin, taken as the ranks leave one barrier (on one
-  // host exactly the same; across hosts, each host's barrier exit).
-  std::unique_ptr<TraceRecorder> recorder;
-  if (!opts.trace_path.empty()) {
-    recorder = std::make_unique<TraceRecorder>(trace_steps, first_step, cfg.train.steps - 1, instrs_per_step);
-    exec.set_recorder(recorder.get());
-    recorder->set_origin(trace_origin(*world));
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  bool stopped = false;  // by a signal
+};
+
+// Step boundary: a signal on any rank stops every rank, after a checkpoint.
+// Returns whether the run stops here.
+bool at_step_boundary(Checkpointer& ckpt, const RankRuntime& rt, const MpiEnv& env, int64_t& saved_at) {
+  const config::Config& cfg = rt.config();
+  const int64_t done = rt.position().step;
+  const bool saving = !cfg.checkpoint.dir.empty();
+  const bool stop = env.any(g_stop_signal != 0);
+  if (saving && (stop || (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0))) {
+    ckpt.save();
+    if (stop) ckpt.wait();  // the job ends: the file must be complete
+    saved_at = done;
+  } else {
+    ckpt.poll();
   }
-  auto finish_trace = [&] {
-    if (recorder) write_trace(*recorder, plan, cfg.source, opts.trace_path, env.rank(), env.world_size());
-  };
-  const auto t_start = std::chrono::steady_clock::now();
-  int64_t saved_at = first_step;
-  for (int64_t step = first_step; step < cfg.train.steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    load_step(*tokens, cfg, step, plan.strategy.split.microbatches, replica, replicas, batch);
-    m.backend().reset_peak();
-    StepStats st = exec.run_step(step, batch.mbs);
-    double loss_sum = st.loss_sum;
-    if (world->size() > 1) world->allreduce_double(&loss_sum, 1);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const double loss = loss_sum / static_cast<double>(tokens_per_step);
-    const double tps = static_cast<double>(tokens_per_step) / (ms / 1000.0);
-    // Per-rank time split and memory, one slot per rank, summed into place.
-    const auto mem = m.backend().memory();
-    std::vector<double> ranks(static_cast<size_t>(env.world_size() * kRankFigures), 0.0);
-    double* mine = ranks.data() + env.rank() * kRankFigures;
-    for (int c = 0; c < 3; ++c) mine[9 + c] = static_cast<double>(mem.current[static_cast<size_t>(c)]);
-    mine[0] = st.compute_ms, mine[1] = st.comm_ms, mine[2] = st.idle_ms;
-    for (int c = 0; c < backend::kMemCategoryCount; ++c) mine[3 + c] = static_cast<double>(mem.peak[static_cast<size_t>(c)]);
-    mine[8] = static_cast<double>(mem.total_peak);
-    if (world->size() > 1) world->allreduce_double(ranks.data(), ranks.size());
-    step_ms.push_back(ms);
-    if (step == first_step) first_loss = loss;
-    last_loss = loss;
-    if (lead && !opts.quiet && (step % cfg.train.log_every == 0 || step + 1 == cfg.train.steps))
-      std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms\n",
-                  step, loss, st.lr, st.grad_norm, tps, ms);
-    if (metrics) {
-      nlohmann::json per_rank = nlohmann::json::array();
-      for (int r = 0; r < env.world_size(); ++r) {
-        const double* f = ranks.data() + r * kRankFigures;
-        per_rank.push_back({{"rank", r},
-                            {"compute_ms", f[0]},
-                            {"comm_ms", f[1]},
-                            {"idle_ms", f[2]},
-                            {"peak_mem_bytes", f[8]},
-                            {"mem_bytes", {{"params", f[3]}, {"grads", f[4]}, {"optimizer", f[5]},
-                                           {"activations", f[6]}, {"buffers", f[7]}}},
-                            {"state_bytes", {{"params", f[9]}, {"grads", f[10]}, {"optimizer", f[11]}}}});
-      }
-      nlohmann::json j = {{"step", step},       {"loss", loss},        {"grad_norm", st.grad_norm},
-                          {"lr", st.lr},        {"tokens_per_s", tps}, {"step_ms", ms},
-                          {"tokens", (step + 1) * tokens_per_step},    {"peak_mem_bytes", mem.total_peak},
-                          {"ranks", per_rank}};
-      *metrics << j.dump() << '\n';
-      metrics->flush();
-    }
-    if (lead && can_sample && cfg.train.sample_every > 0 && (step + 1) % cfg.train.sample_every == 0)
-      print_sample(m, cfg, step);
+  if (stop && env.rank() == 0)
+    std::printf(saving ? "piper: checkpointed at step %" PRId64 " after signal\n"
+                       : "piper: stopped at step %" PRId64 " after signal (no checkpoint.dir)\n",
+                done);
+  return stop;
+}
+
+// The steps from the runtime's position to train.steps, each with its hooks:
+// progress and metrics, a sample, the checkpoint or the stop; a last
+// checkpoint at the end when the last step has none.
+RunLog run_steps(RankRuntime& rt, const data::TokenFile& tokens, Checkpointer& ckpt, std::ofstream* metrics,
+                 const TrainOptions& opts, comm::Communicator& world, const MpiEnv& env) {
+  const config::Config& cfg = rt.config();
+  RunLog log;
+  int64_t saved_at = rt.position().step;
+  while (rt.position().step < cfg.train.steps) {
+    const StepResult r = run_step(rt, tokens, world);
+    if (log.step_ms.empty()) log.first_loss = r.loss;
+    log.step_ms.push_back(r.ms);
+    log.last_loss = r.loss;
+    report_step(r, rt, opts, metrics, env);
+    if (env.rank() == 0 && rt.holds_whole_model() && cfg.train.sample_every > 0 &&
+        (r.step + 1) % cfg.train.sample_every == 0)
+      print_sample(rt.model(), cfg, r.step);
     std::fflush(stdout);
-    // Step boundary: a signal on any rank stops every rank, after a checkpoint.
-    const bool stop = env.any(g_stop_signal != 0);
-    if (saving && (stop || (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0))) {
-      ckpt.save(step + 1);
-      if (stop) ckpt.wait();  // the job ends: the file must be complete
-      saved_at = step + 1;
-    } else {
-      ckpt.poll();
-    }
-    if (stop) {
-      if (lead)
-        std::printf(saving ? "piper: checkpointed at step %" PRId64 " after signal\n"
-                           : "piper: stopped at step %" PRId64 " after signal (no checkpoint.dir)\n",
-                    step + 1);
-      std::fflush(stdout);
-      finish_trace();
-      return;
+    if (at_step_boundary(ckpt, rt, env, saved_at)) {
+      log.stopped = true;
+      return log;
     }
   }
-  if (saving && saved_at < cfg.train.steps) ckpt.save(cfg.train.steps);
-  ckpt.wait();  // a background save finishes before the job does
-  finish_trace();
-  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, m, plan, grid, groups, env);
-  if (!lead) return;
-  if (step_ms.empty()) {
-    std::printf("summary: the checkpoint had already completed all %" PRId64 " steps\n", cfg.train.steps);
+  if (!cfg.checkpoint.dir.empty() && saved_at < cfg.train.steps) ckpt.save();
+  return log;
+}
+
+void print_summary(const RunLog& log, RankRuntime& rt) {
+  const config::TrainConfig& train = rt.config().train;
+  if (log.step_ms.empty()) {
+    std::printf("summary: the checkpoint had already completed all %" PRId64 " steps\n", train.steps);
     return;
   }
-  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  std::vector<double> sorted = step_ms;
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - log.start).count();
+  std::vector<double> sorted = log.step_ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  const auto mem = m.backend().memory();
+  const auto mem = rt.model().backend().memory();
   std::printf("summary: %" PRId64 " steps in %.1f s | loss %.4f -> %.4f | median step %.1f ms | "
               "%.0f tok/s | rank 0 peak memory %s (params %s, grads %s, optimizer %s, activations %s, buffers %s)\n",
-              static_cast<int64_t>(step_ms.size()), total_s, first_loss, last_loss, median,
-              static_cast<double>(tokens_per_step) / (median / 1000.0), human_bytes(mem.total_peak).c_str(),
-              human_bytes(mem.peak[0]).c_str(), human_bytes(mem.peak[1]).c_str(),
-              human_bytes(mem.peak[2]).c_str(), human_bytes(mem.peak[3]).c_str(),
-              human_bytes(mem.peak[4]).c_str());
+              static_cast<int64_t>(log.step_ms.size()), total_s, log.first_loss, log.last_loss, median,
+              static_cast<double>(train.global_batch * train.seq_len) / (median / 1000.0),
+              human_bytes(mem.total_peak).c_str(), human_bytes(mem.peak[0]).c_str(),
+              human_bytes(mem.peak[1]).c_str(), human_bytes(mem.peak[2]).c_str(),
+              human_bytes(mem.peak[3]).c_str(), human_bytes(mem.peak[4]).c_str());
+}
+
+}  // namespace
+
+std::string human_bytes(int64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return s;
+}
+
+void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) try {
+  if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
+  const TraceSteps trace_steps = check_trace_options(opts);
+  const std::unique_ptr<data::TokenFile> tokens = open_tokens(cfg, env);
+  ir::Plan plan = compile_checked(cfg, env);
+  const std::unique_ptr<comm::Communicator> world = make_world(cfg);
+  RankRuntime rt(cfg, std::move(plan), *world);
+  if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, rt, env);
+  const std::unique_ptr<std::ofstream> metrics = open_outputs(opts, env);
+  print_banner(cfg, rt, env);
+
+  Checkpointer ckpt(cfg, rt, env);
+  ckpt.preflight();
+  if (!opts.resume.empty()) resume(ckpt, opts.resume, cfg, *world, env);
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+  const std::unique_ptr<TraceRecorder> recorder = start_trace(opts, trace_steps, rt, *world);
+
+  const RunLog log = run_steps(rt, *tokens, ckpt, metrics.get(), opts, *world, env);
+  ckpt.wait();  // a background save finishes before the job does
+  std::fflush(stdout);
+  if (recorder) write_trace(*recorder, rt.plan(), cfg.source, opts.trace_path, env.rank(), env.world_size());
+  if (log.stopped) return;
+  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, rt, env);
+  if (env.rank() == 0) print_summary(log, rt);
 } catch (const std::bad_alloc&) {
   out_of_memory(env);  // a user error with the memory figures, on every rank
 }

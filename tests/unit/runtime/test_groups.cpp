@@ -114,7 +114,8 @@ void play_rank0(int tp, int dp, int pp, int zero) {
   std::sort(held.begin(), held.end());
   model::Model m(cfg.model, plan.model, held, backend::cpu(), {0, dp, zero, 0, tp}, &t);
   m.params().init(cfg.train.seed);
-  Executor exec(m, std::move(program), cfg.train, groups);
+  Optimizer opt(m, cfg.train);
+  Executor exec(m, opt, std::move(program), groups);
   const int64_t rows = plan.strategy.microbatch_rows;
   std::vector<int32_t> tokens(static_cast<size_t>(rows), 1);
   std::vector<model::MicroBatch> mbs(2, model::MicroBatch{tokens.data(), tokens.data(), rows / cfg.train.seq_len,
@@ -150,8 +151,9 @@ TEST(Groups, ACollectiveWithoutItsCommunicatorIsRefused) {
   Log log;
   RecordingComm w("world", 2, log);
   model::Model m(cfg.model, plan.model, {}, backend::cpu(), {0, 1, 0, 0, 2}, nullptr);
+  Optimizer opt(m, cfg.train);
   try {
-    Executor exec(m, std::move(program), cfg.train, Groups{&w, nullptr, nullptr});
+    Executor exec(m, opt, std::move(program), Groups{&w, nullptr, nullptr});
     FAIL() << "an executor without its tp communicator was built";
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("tp group"), std::string::npos) << e.what();

@@ -1,0 +1,82 @@
+// optimizer.cpp — AdamW state, the gradient norm's local part and the update.
+#include "runtime/optimizer.hpp"
+
+#include <algorithm>
+
+#include "optim/adamw.hpp"
+
+namespace piper::runtime {
+
+using backend::MemCategory;
+using backend::Tensor;
+
+Optimizer::Optimizer(model::Model& model, const config::TrainConfig& train) : model_(model), train_(train) {
+  model::ParamStore& ps = model.params();
+  for (int u : ps.units()) {
+    const int64_t n = ps.sharding().zero >= 1 ? ps.shard_len(u) : ps.padded_numel(u);
+    auto& [m, v] = moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
+                                                      Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)))
+                       .first->second;
+    m.zero();
+    v.zero();
+  }
+}
+
+float* Optimizer::moment(int unit, int which) {
+  auto& mv = moments_.at(unit);
+  return which == 0 ? mv.first.data() : mv.second.data();
+}
+
+// Calls fn(param index, lo, hi, base) for each parameter's part [lo, hi) of the
+// unit's buffer in this rank's data-parallel shard (or in all of it), where
+// base is the buffer offset of the range's first element.
+template <class Fn>
+void Optimizer::for_each_owned_range(int unit, bool shard, Fn&& fn) {
+  model::ParamStore& ps = model_.params();
+  const int64_t base = shard ? ps.shard_offset(unit) : 0;
+  const int64_t end = shard ? std::min(base + ps.shard_len(unit), ps.unit_numel(unit)) : ps.unit_numel(unit);
+  const size_t n_params = model_.graph().units[static_cast<size_t>(unit)].params.size();
+  int64_t off = 0;
+  for (size_t p = 0; p < n_params; ++p) {
+    const int64_t lo = std::max(off, base), hi = std::min(off + ps.param_numel(unit, p), end);
+    if (lo < hi) fn(p, lo, hi, base);
+    off += ps.param_numel(unit, p);
+  }
+}
+
+double Optimizer::local_grad_sq() {
+  model::ParamStore& ps = model_.params();
+  double sq = 0.0;
+  const bool tp_lead = ps.sharding().tp_rank == 0;
+  for (int u : ps.units())
+    for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
+      // Each data-parallel rank adds its shard; a parameter replicated over the tp group counts once.
+      if (model_.graph().units[static_cast<size_t>(u)].params[p].tp_dim < 0 && !tp_lead) return;
+      sq += optim::sum_squares(ps.shard_grads(u) + (lo - base), hi - lo);
+    });
+  return sq;
+}
+
+double Optimizer::begin_step(int64_t step, double grad_norm) {
+  clip_scale_ = optim::clip_coefficient(grad_norm, train_.grad_clip);
+  lr_ = optim::lr_at(train_, step);
+  ++steps_;
+  return lr_;
+}
+
+void Optimizer::update(int unit) {
+  model::ParamStore& ps = model_.params();
+  const optim::AdamWHyper h{lr_, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
+  auto& [m, v] = moments_.at(unit);
+  const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
+  const bool sharded = ps.sharding().zero >= 1;  // each rank updates its shard, else everything
+  float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
+  float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
+  for_each_owned_range(unit, sharded, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
+    optim::adamw_update(values + (lo - base), grads + (lo - base), m.data() + (lo - base), v.data() + (lo - base),
+                        hi - lo, steps_, h, spec.params[p].weight_decay, clip_scale_);
+  });
+  ps.zero_grads(unit);
+}
+
+}  // namespace piper::runtime

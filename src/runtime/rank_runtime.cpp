@@ -1,0 +1,126 @@
+// rank_runtime.cpp — a rank's plan, groups, model, optimiser, executor and data position.
+#include "runtime/rank_runtime.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace piper::runtime {
+
+namespace {
+
+// The units a rank's program computes, ascending: the ones it holds (NORM has no unit).
+std::vector<int> units_of(const ir::Program& program) {
+  std::vector<int> held;
+  for (const auto& in : program.compute)
+    if (in.unit >= 0 && std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
+ir::RankGrid grid_of(const ir::Plan& plan, int world_size) {
+  return ir::RankGrid(world_size, plan.strategy.grid_order,
+                      {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp},
+                       {"pp", plan.strategy.place.pp}});
+}
+
+// The samples of one step, each microbatch a view into them.
+struct StepBatch {
+  std::vector<int32_t> inputs, targets;  // [this replica's share of the global batch, T]
+  std::vector<model::MicroBatch> mbs;
+};
+
+// Samples g = first + j of the global batch (spec/MODEL.md, "Data order"):
+// replica `replica` of `replicas` takes the contiguous share [replica * GB /
+// replicas, (replica + 1) * GB / replicas), split into `n_mb` equal
+// microbatches in sample order.
+void load_batch(const data::TokenFile& tf, const config::TrainConfig& train, int64_t first, int n_mb, int replica,
+                int replicas, StepBatch& b) {
+  const int64_t GB = train.global_batch, T = train.seq_len, share = GB / replicas;
+  b.inputs.resize(static_cast<size_t>(share * T));
+  b.targets.resize(static_cast<size_t>(share * T));
+  std::vector<int32_t> seq(static_cast<size_t>(T + 1));
+  for (int64_t j = 0; j < share; ++j) {
+    tf.sample(first + replica * share + j, T, seq.data());
+    std::copy(seq.begin(), seq.end() - 1, b.inputs.begin() + j * T);
+    std::copy(seq.begin() + 1, seq.end(), b.targets.begin() + j * T);
+  }
+  const int64_t per = share / n_mb;
+  const float scale = static_cast<float>(1.0 / static_cast<double>(GB * T));
+  b.mbs.clear();
+  for (int i = 0; i < n_mb; ++i)
+    b.mbs.push_back({b.inputs.data() + i * per * T, b.targets.data() + i * per * T, per, T, scale});
+}
+
+}  // namespace
+
+RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan plan, comm::Communicator& world)
+    : RankRuntime(cfg, std::move(plan), ir::lower(plan.graph, world.rank()), world) {}
+
+RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program program, comm::Communicator& world)
+    : cfg_(cfg),
+      plan_(std::move(plan)),
+      rank_(world.rank()),
+      grid_(grid_of(plan_, world.size())),
+      dp_(world.split(grid_.group(rank_, "dp"), "dp")),
+      tp_(world.split(grid_.group(rank_, "tp"), "tp")),
+      groups_{&world, dp_.get(), tp_.get()},
+      held_units_(units_of(program)),
+      model_(cfg.model, plan_.model, held_units_, backend::cpu(),
+             {replica(), replicas(), plan_.strategy.replicate.zero, grid_.coord(rank_, "tp"), grid_.size("tp")},
+             tp_.get()),
+      optimizer_(model_, cfg.train),
+      instructions_per_step_(program.compute.size() + program.comm.size()),
+      executor_(model_, optimizer_, std::move(program), groups_) {
+  model_.params().init(cfg.train.seed);
+}
+
+StepStats RankRuntime::step(const data::TokenFile& tokens) {
+  StepBatch batch;
+  load_batch(tokens, cfg_.train, position_.data_position, plan_.strategy.split.microbatches, replica(), replicas(),
+             batch);
+  model_.backend().reset_peak();
+  StepStats st = executor_.run_step(position_.step, batch.mbs);
+  ++position_.step;
+  position_.data_position += cfg_.train.global_batch;
+  position_.tokens_seen += cfg_.train.global_batch * cfg_.train.seq_len;
+  return st;
+}
+
+void RankRuntime::resume_at(const DataPosition& at) {
+  position_ = at;
+  optimizer_.set_steps(at.step);  // one AdamW step per optimiser step
+}
+
+float* RankRuntime::state_buffer(const state::Piece& p) {
+  model::ParamStore& ps = model_.params();
+  switch (p.kind) {
+    case state::StateKind::STATE_PARAM:
+      return ps.sharding().zero >= 3 ? ps.shard_values(p.unit) : ps.values(p.unit);
+    case state::StateKind::STATE_EXP_AVG:
+      return optimizer_.moment(p.unit, 0);
+    case state::StateKind::STATE_EXP_AVG_SQ:
+      return optimizer_.moment(p.unit, 1);
+  }
+  return nullptr;
+}
+
+void RankRuntime::take_state(RankRuntime& from) {
+  if (from.plan_.hash != plan_.hash || from.rank_ != rank_)
+    throw std::invalid_argument("rank " + std::to_string(rank_) + ": cannot take the training state of rank " +
+                                std::to_string(from.rank_) + "'s runtime of plan " + std::to_string(from.plan_.hash) +
+                                " into plan " + std::to_string(plan_.hash) +
+                                "; state moves in place only between runtimes of the same plan on the same rank");
+  for (const state::Piece& p : state::held(plan_.model, layout(), rank_)) {
+    const float* src = from.state_buffer(p);
+    float* dst = state_buffer(p);
+    for (size_t r = 0; r < p.runs.size(); ++r)
+      std::memcpy(dst + p.local_offsets[r], src + p.local_offsets[r],
+                  static_cast<size_t>(p.runs[r].size()) * sizeof(float));
+  }
+  position_ = from.position_;
+  optimizer_.set_steps(from.optimizer_.steps());
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,103 @@
+// rank_runtime.hpp — everything one rank trains with, in one object: the plan,
+// the rank grid and the process groups, the slice of the model the rank holds,
+// the optimiser state, the executor of the rank's program, and where training
+// stands in the data. train, the checkpoints and the resume path use it.
+//
+// A runtime is built from a config, a compiled plan and the world
+// communicator, with freshly initialised parameters; existing training state
+// comes in afterwards, from a checkpoint (Checkpointer::load) or from another
+// runtime of the same strategy (take_state), so that switching strategies is
+// "build the new one, move the state, drop the old one".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "config/config.hpp"
+#include "data/token_file.hpp"
+#include "ir/compile.hpp"
+#include "ir/grid.hpp"
+#include "model/model.hpp"
+#include "runtime/executor.hpp"
+#include "runtime/optimizer.hpp"
+#include "state/layout.hpp"
+
+namespace piper::runtime {
+
+// Where training stands: what a checkpoint records and resuming continues from.
+struct DataPosition {
+  int64_t step = 0;           // optimiser steps completed
+  int64_t tokens_seen = 0;    // tokens of those steps, over all ranks
+  int64_t data_position = 0;  // samples consumed: the first sample of the next step
+};
+
+class RankRuntime {
+ public:
+  // Collective over `world` (it splits the dp and tp groups): builds this
+  // rank's slice of the model with parameters initialised from train.seed,
+  // zeroed optimiser state, the executor of its program, at step 0. `cfg` and
+  // `world` must outlive the runtime.
+  RankRuntime(const config::Config& cfg, ir::Plan plan, comm::Communicator& world);
+  // The model and the executor refer to the plan and the groups held here.
+  RankRuntime(const RankRuntime&) = delete;
+  RankRuntime& operator=(const RankRuntime&) = delete;
+
+  const config::Config& config() const { return cfg_; }
+  const ir::Plan& plan() const { return plan_; }
+  const ir::RankGrid& grid() const { return grid_; }
+  const Groups& groups() const { return groups_; }
+  int rank() const { return rank_; }
+  int replica() const { return grid_.coord(rank_, "dp"); }
+  int replicas() const { return grid_.size("dp"); }
+  // Whether every unit is on this rank (generating text needs the whole model).
+  bool holds_whole_model() const { return held_units_.size() == plan_.model.units.size(); }
+  // Instructions of this rank's program per step, both streams.
+  size_t instructions_per_step() const { return instructions_per_step_; }
+
+  model::Model& model() { return model_; }
+  Optimizer& optimizer() { return optimizer_; }
+  Executor& executor() { return executor_; }
+  const DataPosition& position() const { return position_; }
+
+  // Runs the next step on its samples of `tokens` (this replica's share of
+  // the global batch at data_position, split into the plan's microbatches),
+  // with the memory peaks counted from the step's start, and moves the
+  // position on by one step.
+  StepStats step(const data::TokenFile& tokens);
+
+  // Training state from a checkpoint: the position it records and the Adam
+  // steps taken (one per optimiser step). The values and moments are read
+  // straight into state_buffer() by the checkpoint.
+  void resume_at(const DataPosition& at);
+
+  // The buffers this rank's state lives in, one per state::held piece: the
+  // parameter values (the shard with ZeRO-3) or one of the two moments.
+  state::LayoutParams layout() const { return state::layout_params(plan_); }
+  float* state_buffer(const state::Piece& piece);
+
+  // Moves the training state of `from` — values, moments, Adam steps,
+  // position — into this runtime; `from` must have been built from the same
+  // plan (the same hash), so that both hold the same pieces. Drop `from` after.
+  void take_state(RankRuntime& from);
+
+ private:
+  // The plan is moved in only once `program`, its lowering for this rank, exists.
+  RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program program, comm::Communicator& world);
+
+  const config::Config& cfg_;
+  const ir::Plan plan_;
+  const int rank_;
+  const ir::RankGrid grid_;
+  std::unique_ptr<comm::Communicator> dp_, tp_;
+  const Groups groups_;
+  const std::vector<int> held_units_;
+  model::Model model_;
+  Optimizer optimizer_;
+  size_t instructions_per_step_ = 0;
+  Executor executor_;
+  DataPosition position_;
+};
+
+}  // namespace piper::runtime
