@@ -12,8 +12,8 @@ FUZZ_READERS ?=
 # make sanitize: g++ ASan + UBSan build in ASAN_BUILD and three test selections (docs/testing.md): tests without
 # MPI, tests that start MPI, a sample of the end-to-end tests.
 ASAN_BUILD         ?= build-asan
-SANITIZE_TESTS     ?= -L '^(kernel_tests|unit_.*|fuzz)$$' -LE '^(unit_checkpoint|fuzz_mpi)$$'
-SANITIZE_MPI_TESTS ?= -L '^(unit_checkpoint|comm_mpi|checkpoint_mpi|fuzz_mpi)$$'
+SANITIZE_TESTS     ?= -L '^(kernel_tests|unit_.*|fuzz)$$' -LE '^(unit_checkpoint|unit_runtime|fuzz_mpi)$$'
+SANITIZE_MPI_TESTS ?= -L '^(unit_checkpoint|unit_runtime|comm_mpi|checkpoint_mpi|fuzz_mpi)$$'
 SANITIZE_E2E       ?= -R '^(Cli\.|Table/BadInput\.|Training\.(TinyLossFalls|RunsUnderMpirun)$$|Checkpoint\.(InspectVerifyAndCorruption|OtherModelRefused)$$|Directives\.HandWritten1F1BPlansLikeTheSchedule$$|SimulateCli\.JsonHasStepTimeAndPerRankFigures$$)'
 
 .PHONY: all deps build run test bench corpus clean fuzz sanitize

@@ -129,7 +129,6 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
   std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
 }
 
-
 // Per-rank figures of a step: its time split, its memory peaks, and the
 // model state held after it.
 struct RankFigures {

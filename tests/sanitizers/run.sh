@@ -2,7 +2,7 @@
 # run.sh — the tests of the sanitizer build (`make sanitize`; docs/testing.md): AddressSanitizer with leak
 # detection and UndefinedBehaviorSanitizer, every report fatal, in three CTest selections:
 #   1. SELECTION      tests whose processes never start MPI: kernel and unit tests, the fuzz drivers;
-#   2. MPI_SELECTION  tests whose processes call MPI_Init: unit_checkpoint, the MPI tests of src/comm and
+#   2. MPI_SELECTION  tests whose processes call MPI_Init: unit_checkpoint, unit_runtime, the MPI tests of src/comm and
 #                     src/checkpoint (mpirun, 2 to 4 ranks), the checkpoint fuzz driver;
 #   3. E2E_SELECTION  a sample of the end-to-end tests (gtest names), each running the sanitized piper
 #                     binary, which always starts MPI (under mpirun where the test does).
