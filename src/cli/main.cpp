@@ -12,6 +12,7 @@
 #include "config/config.hpp"
 #include "data/prepare.hpp"
 #include "ir/compile.hpp"
+#include "ir/validate.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
 #include "sim/simulator.hpp"
@@ -25,7 +26,7 @@ using cli::kExitUsage;
 int run_plan(const std::string& path, const std::vector<std::string>& sets, int world,
              bool directives) {
   config::Config cfg = config::load(path, sets);
-  config::validate(cfg, world);
+  ir::validate(cfg, world);
   ir::Plan plan = ir::compile(cfg, world);
   if (directives) {
     std::fputs(ir::directives_yaml(plan.strategy).c_str(), stdout);
@@ -67,7 +68,7 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
   try {
     config::Config cfg = config::load(path, sets);
     env.set_timeout(cfg.parallel.comm_timeout_s);
-    config::validate(cfg, env.world_size());
+    ir::validate(cfg, env.world_size());
     runtime::train(cfg, opts, env);
     return 0;
   } catch (const std::exception& e) {

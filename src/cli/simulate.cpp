@@ -9,6 +9,7 @@
 #include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "ir/compile.hpp"
+#include "ir/validate.hpp"
 #include "sim/cost_model.hpp"
 #include "sim/hardware.hpp"
 #include "sim/simulator.hpp"
@@ -107,7 +108,7 @@ int run_simulate(const SimulateArgs& a) {
   const auto& p = cfg.parallel;
   check_world(a, cfg);
   const int world = a.world > 0 ? a.world : static_cast<int>(p.tp * p.dp * p.pp);
-  config::validate(cfg, world);
+  ir::validate(cfg, world);
   check_instructions_before(cfg, world);
   const sim::CostModel cost = cost_for(a, cfg, world);
   const auto t0 = std::chrono::steady_clock::now();

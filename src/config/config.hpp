@@ -1,6 +1,6 @@
 // config.hpp — the resolved configuration of a run: model, training, data and
 // parallel strategy. Parsed from one YAML file plus `--set key=value`
-// overrides, validated once, then passed down by value. Only config.cpp
+// overrides, validated once, then passed down by value. Only src/config
 // includes yaml-cpp. Every field documents itself here; docs/config.md lists
 // them for users.
 #pragma once
@@ -87,7 +87,7 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t zero = 0;                 // 0..3
-  std::string schedule = "1f1b";    // gpipe | 1f1b | interleaved | zbh1 | dualpipev
+  std::string schedule = "1f1b";    // a pipeline schedule of ir::schedule_names() (docs/schedules.md)
   int64_t microbatches = 1;         // split of the per-replica batch (gradient accumulation)
   int64_t virtual_stages = 1;
   bool split_backward = false;      // emit BWD_I + BWD_W instead of fused BWD
@@ -193,12 +193,44 @@ Config load(const std::string& path, const std::vector<std::string>& overrides =
 // Same from YAML text already in memory; `source` names it in messages.
 Config parse(const std::string& yaml_text, const std::string& source,
              const std::vector<std::string>& overrides = {});
-// Checks sizes and strategy against each other and the world size; throws
-// ConfigError listing every problem found, one per line.
+// Checks the rules the config owns: values in their ranges and bounds, model
+// sizes against each other, the strategy's sizes against the world size and
+// the batch; throws ConfigError listing every problem found, one per line.
+// The rules of schedules, stages and hand-written orders belong to the IR:
+// ir::validate checks them too, and is what a command calls.
 void validate(const Config& cfg, int world_size);
 // The resolved config as YAML text (every key, defaults included); parse()
 // reads it back to the same settings.
 std::string to_yaml(const Config& cfg);
+
+// Where the keys of a config were set, for messages that point at them
+// (Config::locations). A key that a directive set is shown under the
+// directive's path ("parallel.dp" reads "directives[2].replicate.dp") and
+// points at the directive.
+class Positions {
+ public:
+  Positions() = default;
+  Positions(Config effective, std::map<std::string, std::string> names);
+  // The name a message gives `key`: its own, or the path of the directive that set it.
+  std::string shown(const std::string& key) const;
+  // The value of "section.key", as to_yaml writes it.
+  std::string value(const std::string& key) const;
+  // "file:line:col: key=value" / "--set key=value" / "key=value": the start of a message about `key`.
+  std::string head(const std::string& key) const;
+  std::string head(const std::string& key, const std::string& shown) const;
+  // "key=value (at file:line:col)" / "(from --set)" / "(default)": another key a message names.
+  std::string ref(const std::string& key) const;
+  // "file:line:col: path" for a path of Config::locations, or "path".
+  std::string at(const std::string& path) const;
+
+ private:
+  Config c_;
+  std::map<std::string, std::string> names_;
+};
+
+// The candidate closest to `word`, or "" when none is close enough to be a
+// typo: the "did you mean" of a message.
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
 // The strategy the shorthand and the directives give together: the
 // `parallel:` values with every directive applied in order (zero from the
@@ -208,7 +240,10 @@ std::string to_yaml(const Config& cfg);
 struct EffectiveStrategy {
   ParallelConfig parallel;
   std::vector<int64_t> stage_of_unit;            // empty: the builder balances the units
+  std::string place_path;  // where stage_of_unit came from: "directives[1].place.stages"; "" when empty
   std::vector<std::vector<OrderOp>> order_ranks;  // empty: parallel.schedule orders the ops
+  std::string order_path;  // where order_ranks came from: "directives[3].order.ranks"; "" when empty
+  Positions positions;     // the parallel values' positions, under the names of the directives that set them
 };
 // Throws ConfigError (file:line:col and the unit) when stage filters leave a
 // unit on no stage or on two, or stages are not contiguous. Call after

@@ -165,45 +165,100 @@ std::string counts(int m, int p) {
   return "(got " + std::to_string(m) + " microbatches for " + std::to_string(p) + " ranks)";
 }
 
-// The constraints each schedule needs; throws std::invalid_argument naming the one violated.
-void check_arguments(ScheduleKind kind, int p, int v, int m, bool split) {
+}  // namespace
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved", "zbh1", "dualpipev"};
+  return names;
+}
+
+std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int p, int v, int m, bool split) {
   const std::string name = schedule_name(kind);
-  if (p < 1) throw std::invalid_argument(name + " needs at least 1 pipeline rank (got " + std::to_string(p) + ")");
-  if (m < 1) throw std::invalid_argument(name + " needs at least 1 microbatch (got " + std::to_string(m) + ")");
+  if (p < 1) return ScheduleProblem{"parallel.pp", name + " needs at least 1 pipeline rank (got " + std::to_string(p) + ")"};
+  if (m < 1)
+    return ScheduleProblem{"parallel.microbatches", name + " needs at least 1 microbatch (got " + std::to_string(m) + ")"};
   switch (kind) {
     case ScheduleKind::SCHEDULE_INTERLEAVED:
       if (v < 2)
-        throw std::invalid_argument("interleaved needs virtual_stages >= 2 model chunks per rank (got " +
-                                    std::to_string(v) + "); with one chunk use 1f1b");
+        return ScheduleProblem{"parallel.virtual_stages", "interleaved needs virtual_stages >= 2 model chunks per rank (got " +
+                                                              std::to_string(v) + "); with one chunk use 1f1b"};
       if (m % p != 0)
-        throw std::invalid_argument("interleaved needs microbatches divisible by pipeline ranks " + counts(m, p));
-      return;
+        return ScheduleProblem{"parallel.microbatches",
+                               "interleaved needs microbatches divisible by pipeline ranks " + counts(m, p)};
+      return std::nullopt;
     case ScheduleKind::SCHEDULE_DUALPIPEV:
       if (v != 1 && v != 2)
-        throw std::invalid_argument(
-            "dualpipev holds exactly 2 model chunks per rank: virtual_stages must be 1 or 2 (got " +
-            std::to_string(v) + ")");
-      if (!split) throw std::invalid_argument("dualpipev needs split_backward (its W passes fill the bubbles)");
+        return ScheduleProblem{"parallel.virtual_stages",
+                               "dualpipev holds exactly 2 model chunks per rank: virtual_stages must be 1 or 2 (got " +
+                                   std::to_string(v) + ")"};
+      if (!split)
+        return ScheduleProblem{"parallel.split_backward", "dualpipev needs split_backward (its W passes fill the bubbles)"};
       if (m < 2 * p)
-        throw std::invalid_argument("dualpipev needs microbatches >= 2 x pipeline ranks " + counts(m, p));
-      return;
+        return ScheduleProblem{"parallel.microbatches", "dualpipev needs microbatches >= 2 x pipeline ranks " + counts(m, p)};
+      return std::nullopt;
     case ScheduleKind::SCHEDULE_ZBH1:
-      if (!split) throw std::invalid_argument("zbh1 needs split_backward (its W passes fill the bubbles)");
+      if (!split)
+        return ScheduleProblem{"parallel.split_backward", "zbh1 needs split_backward (its W passes fill the bubbles)"};
       [[fallthrough]];
     case ScheduleKind::SCHEDULE_GPIPE:
     case ScheduleKind::SCHEDULE_1F1B:
       if (v != 1)
-        throw std::invalid_argument(name + " holds one model chunk per rank: virtual_stages must be 1 (got " +
-                                    std::to_string(v) + "); interleaved runs several");
-      return;
+        return ScheduleProblem{"parallel.virtual_stages", name + " holds one model chunk per rank: virtual_stages must be 1 (got " +
+                                                              std::to_string(v) + "); interleaved runs several"};
+      return std::nullopt;
   }
+  return std::nullopt;
 }
 
-}  // namespace
+std::optional<OrderProblem> order_problem(const std::vector<std::vector<PipeOp>>& ranks, int pp, int chunks,
+                                          int microbatches, bool split_backward, const OrderNames& names) {
+  if (static_cast<int>(ranks.size()) != pp)
+    return OrderProblem{-1, -1, "lists the ops of " + std::to_string(ranks.size()) + " rank(s), but there are " +
+                                    std::to_string(pp) + " pipeline ranks (" + names.value("parallel.pp") +
+                                    "); give one list per pipeline rank"};
+  std::pair<int, int> fused{-1, -1}, half{-1, -1};  // the first fused backward (B), the first backward half (BI, BW)
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    const std::vector<PipeOp>& ops = ranks[static_cast<size_t>(r)];
+    const std::string rank = "rank " + std::to_string(r);
+    if (ops.empty())
+      return OrderProblem{r, -1, rank + " has no ops; list its forwards and backwards of every microbatch"};
+    for (int q = 0; q < static_cast<int>(ops.size()); ++q) {
+      const PipeOp& op = ops[static_cast<size_t>(q)];
+      const std::string runs = rank + " runs " + pipe_op_name(op, chunks > 1 || op.chunk != 0 ? 2 : 1);
+      auto problem = [&](const std::string& what) { return OrderProblem{r, q, runs + what}; };
+      if (op.microbatch < 0 || op.microbatch >= microbatches)
+        return problem(", but there are " + std::to_string(microbatches) + " microbatches (0.." +
+                       std::to_string(microbatches - 1) + "; " + names.value("parallel.microbatches") + ")");
+      if (op.chunk < 0 || op.chunk >= chunks)
+        return problem(", but each rank holds " + std::to_string(chunks) + " model chunk(s) (0.." +
+                       std::to_string(chunks - 1) + "; " + names.value("parallel.virtual_stages") + ")");
+      for (int j = 0; j < q; ++j)
+        if (ops[static_cast<size_t>(j)] == op)
+          return problem(" twice (first as " + names.op(r, j) + "); each op runs once per step");
+      if (op.pass == Pass::PASS_F) continue;
+      const bool is_fused = op.pass == Pass::PASS_B;
+      if (!is_fused && op.pass != Pass::PASS_BI && op.pass != Pass::PASS_BW)
+        return problem(": an op is a pass F, B, BI or BW");
+      std::pair<int, int>& mine = is_fused ? fused : half;
+      const std::pair<int, int>& other = is_fused ? half : fused;
+      if (mine.first < 0) mine = {r, q};
+      if (other.first >= 0)
+        return problem(", but " + names.op(other.first, other.second) + " is a " + (is_fused ? "split" : "fused") +
+                       " backward; write fused backwards (B) throughout, or split ones (BI and BW)");
+      if (is_fused && split_backward)
+        return problem(", a fused backward, but " + names.value("parallel.split_backward") +
+                       " splits every backward; write BI" + std::to_string(op.microbatch) + " and BW" +
+                       std::to_string(op.microbatch) + " instead");
+    }
+  }
+  return std::nullopt;
+}
 
 PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
                            bool split_backward) {
-  check_arguments(kind, ranks, virtual_stages, microbatches, split_backward);
+  if (const std::optional<ScheduleProblem> problem =
+          schedule_problem(kind, ranks, virtual_stages, microbatches, split_backward))
+    throw std::invalid_argument(problem->message);
   PipeSchedule s;
   s.kind = kind;
   s.ranks = ranks;

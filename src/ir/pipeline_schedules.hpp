@@ -5,6 +5,8 @@
 // (rank, chunk) holds (PipeSchedule::stage_of) and chains them with ordering edges.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,22 @@ struct PipeSchedule {
   int chunk_of(int stage) const;            // which of that rank's chunks it is
 };
 
+// The schedule names, in ScheduleKind order: what parse_schedule accepts and schedule_name prints.
+const std::vector<std::string>& schedule_names();
+
+// A requirement of a schedule that a strategy breaks: the config key of the value it concerns
+// ("parallel.pp", "parallel.virtual_stages", "parallel.microbatches", "parallel.split_backward")
+// and what is wrong, naming the schedule, the values and what would be right.
+struct ScheduleProblem {
+  std::string key;
+  std::string message;
+};
+
+// The first requirement of `kind` that the values break, or nullopt. make_schedule throws the
+// same; ir::validate reports it at the key's file position.
+std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
+                                                bool split_backward);
+
 // Builds the schedule `kind` for `ranks` pipeline ranks. `virtual_stages` is the interleaved
 // schedule's chunks per rank (>= 2); every other schedule needs 1 (dualpipev also accepts 2, its
 // fixed chunk count). With split_backward each backward is BI + BW; gpipe, 1f1b and interleaved then
@@ -52,5 +70,27 @@ PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int
 
 // "F3" / "BI3.1": an op as schedules print it (".chunk" only when ranks hold several chunks).
 std::string pipe_op_name(const PipeOp& op, int chunks);
+
+// How the rules of a hand-written order name what they speak of: plain words when they guard a
+// Strategy (custom_schedule), the config's file positions when ir::validate checks a config.
+struct OrderNames {
+  std::function<std::string(int rank, int op)> op;           // op `op` of rank `rank`'s list
+  std::function<std::string(const std::string& key)> value;  // a strategy value by config key ("parallel.pp")
+};
+
+// A rule of a hand-written order that it breaks, at op `op` of rank `rank` (op -1: the rank's
+// whole list; rank -1: the whole order).
+struct OrderProblem {
+  int rank = -1;
+  int op = -1;
+  std::string message;
+};
+
+// The first rule the hand-written order `ranks` breaks against `pp` pipeline ranks, `chunks`
+// model chunks per rank and `microbatches`, or nullopt: one list of ops per rank, each naming an
+// existing microbatch and chunk, each op once, backwards fused (B) throughout or split (BI, BW)
+// throughout, and split when `split_backward` is set.
+std::optional<OrderProblem> order_problem(const std::vector<std::vector<PipeOp>>& ranks, int pp, int chunks,
+                                          int microbatches, bool split_backward, const OrderNames& names);
 
 }  // namespace piper::ir

@@ -14,24 +14,18 @@
 namespace piper::ir {
 
 ScheduleKind parse_schedule(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::SCHEDULE_GPIPE;
-  if (name == "1f1b") return ScheduleKind::SCHEDULE_1F1B;
-  if (name == "interleaved") return ScheduleKind::SCHEDULE_INTERLEAVED;
-  if (name == "zbh1") return ScheduleKind::SCHEDULE_ZBH1;
-  if (name == "dualpipev") return ScheduleKind::SCHEDULE_DUALPIPEV;
-  throw std::invalid_argument("unknown schedule '" + name +
-                              "' (expected gpipe, 1f1b, interleaved, zbh1 or dualpipev)");
+  const std::vector<std::string>& names = schedule_names();
+  for (size_t k = 0; k < names.size(); ++k)
+    if (name == names[k]) return static_cast<ScheduleKind>(k);
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown schedule '" + name + "' (expected one of " + list + ")");
 }
 
 const char* schedule_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::SCHEDULE_GPIPE: return "gpipe";
-    case ScheduleKind::SCHEDULE_1F1B: return "1f1b";
-    case ScheduleKind::SCHEDULE_INTERLEAVED: return "interleaved";
-    case ScheduleKind::SCHEDULE_ZBH1: return "zbh1";
-    case ScheduleKind::SCHEDULE_DUALPIPEV: return "dualpipev";
-  }
-  return "?";
+  const std::vector<std::string>& names = schedule_names();
+  const auto i = static_cast<size_t>(k);
+  return i < names.size() ? names[i].c_str() : "?";
 }
 
 Strategy expand(const config::Config& cfg, int world_size) {
@@ -92,46 +86,32 @@ PipeSchedule custom_schedule(const Strategy& s) {
   sched.ranks = s.place.pp;
   sched.chunks = s.order.chunks;
   sched.microbatches = s.split.microbatches;
-  if (static_cast<int>(custom.size()) != s.place.pp)
-    throw std::invalid_argument("the hand-written order lists the ops of " + std::to_string(custom.size()) +
-                                " rank(s), but place has pp " + std::to_string(s.place.pp) +
-                                "; give one list per pipeline rank");
   if (s.order.chunks < 1 || s.order.chunks != s.place.virtual_stages)
     throw std::invalid_argument("the hand-written order has " + std::to_string(s.order.chunks) +
                                 " chunk(s) per rank, but place has virtual_stages " +
                                 std::to_string(s.place.virtual_stages));
-  const int chunks = s.order.chunks, n_mb = s.split.microbatches;
-  for (int r = 0; r < sched.ranks; ++r) {
-    const auto& ops = custom[static_cast<size_t>(r)];
-    if (ops.empty())
-      throw std::invalid_argument("rank " + std::to_string(r) +
-                                  " has no ops in the hand-written order; list its forwards and backwards");
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const PipeOp& op = ops[i];
-      const std::string head = "rank " + std::to_string(r) + " runs " + pipe_op_name(op, op.chunk != 0 ? 2 : chunks) +
-                               " (op " + std::to_string(i) + " of its order)";
-      if (op.microbatch < 0 || op.microbatch >= n_mb)
-        throw std::invalid_argument(head + ", but split has " + std::to_string(n_mb) + " microbatches (0.." +
-                                    std::to_string(n_mb - 1) + ")");
-      if (op.chunk < 0 || op.chunk >= chunks)
-        throw std::invalid_argument(head + ", but each rank holds " + std::to_string(chunks) +
-                                    " model chunk(s) (0.." + std::to_string(chunks - 1) + ")");
-      const bool fused = op.pass == Pass::PASS_B;
-      const bool half = op.pass == Pass::PASS_BI || op.pass == Pass::PASS_BW;
-      if (!fused && !half && op.pass != Pass::PASS_F)
-        throw std::invalid_argument(head + ": an op is a pass F, B, BI or BW");
-      if (fused && s.split_backward)
-        throw std::invalid_argument(head + ", a fused backward, but the backward is split (split_backward); write BI" +
-                                    std::to_string(op.microbatch) + " and BW" + std::to_string(op.microbatch));
-      if (half && !s.split_backward)
-        throw std::invalid_argument(head + ", a backward half, but the backward is fused (no split_backward); write B" +
-                                    std::to_string(op.microbatch));
-      for (size_t j = 0; j < i; ++j)
-        if (ops[j] == op)
-          throw std::invalid_argument(head + " twice (also op " + std::to_string(j) +
-                                      "); each op runs once per step");
-    }
+  // Plain words for the places and values the order's rules speak of.
+  OrderNames names;
+  names.op = [](int rank, int op) { return "op " + std::to_string(op) + " of rank " + std::to_string(rank); };
+  names.value = [&](const std::string& key) {
+    if (key == "parallel.pp") return "place pp " + std::to_string(s.place.pp);
+    if (key == "parallel.microbatches") return "split microbatches " + std::to_string(s.split.microbatches);
+    if (key == "parallel.virtual_stages") return "place virtual_stages " + std::to_string(s.place.virtual_stages);
+    return std::string("split_backward");
+  };
+  if (const std::optional<OrderProblem> problem = order_problem(custom, s.place.pp, s.order.chunks,
+                                                               s.split.microbatches, s.split_backward, names)) {
+    const std::string where = problem->rank < 0  ? "the hand-written order"
+                              : problem->op < 0 ? "rank " + std::to_string(problem->rank) + " of the hand-written order"
+                                                : names.op(problem->rank, problem->op) + " of the hand-written order";
+    throw std::invalid_argument(where + ": " + problem->message);
   }
+  // A Strategy made in code says it splits the backward when its order does (expand sets it so).
+  for (const auto& ops : custom)
+    for (const PipeOp& op : ops)
+      if (!s.split_backward && (op.pass == Pass::PASS_BI || op.pass == Pass::PASS_BW))
+        throw std::invalid_argument("the hand-written order runs " + pipe_op_name(op, s.order.chunks) +
+                                    ", a backward half, but the backward is fused (no split_backward)");
   sched.ops = custom;
   return sched;
 }

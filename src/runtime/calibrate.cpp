@@ -24,6 +24,7 @@
 #include "data/token_file.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/strategy.hpp"
+#include "ir/validate.hpp"
 #include "kernels.hpp"
 #include "model/params.hpp"
 #include "model/unit.hpp"
@@ -719,12 +720,12 @@ int strategy_world(const config::Config& cfg, int job_world) {
   try {
     es = config::effective_strategy(cfg);
   } catch (const std::exception&) {
-    config::validate(cfg, job_world);  // the full list of problems, when there are others
+    ir::validate(cfg, job_world);  // the full list of problems, when there are others
     throw;
   }
   const config::ParallelConfig& p = es.parallel;
   const int w = p.dp >= 1 && p.tp >= 1 && p.pp >= 1 ? static_cast<int>(p.dp * p.tp * p.pp) : job_world;
-  config::validate(cfg, w);
+  ir::validate(cfg, w);
   return w;
 }
 

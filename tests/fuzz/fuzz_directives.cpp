@@ -14,6 +14,7 @@
 #include "config/config.hpp"
 #include "fuzz.hpp"
 #include "ir/compile.hpp"
+#include "ir/validate.hpp"
 #include "ir/strategy.hpp"
 
 using namespace piper;
@@ -28,7 +29,7 @@ const char* const kBase =
 // The plan for `world` ranks, or nullopt-like false when the config is refused there.
 bool plan(const config::Config& cfg, int world, ir::Plan& out) {
   try {
-    config::validate(cfg, world);
+    ir::validate(cfg, world);
   } catch (const config::ConfigError&) {
     return false;
   }

@@ -226,8 +226,6 @@ const std::vector<BadCase> kBad = {
     {"EmptyDataPath", "data:\n  path: \"\"\n", {}, 1, {"bad.yaml:2:3", "data.path", "token file"}},
     // validation: parallel
     {"ZeroStage", "parallel:\n  zero: 4\n", {}, 1, {"bad.yaml:2:3", "parallel.zero=4", "0, 1, 2 or 3"}},
-    {"UnknownSchedule", "parallel:\n  schedule: 1f1d\n", {}, 1,
-     {"bad.yaml:2:3", "parallel.schedule=\"1f1d\"", "gpipe, 1f1b, interleaved, zbh1, dualpipev", "did you mean '1f1b'?"}},
     {"WorldSizeMismatch", "parallel:\n  dp: 2\n", {}, 1,
      {"world size 1 != dp(2) x tp(1) x pp(1) = 2", "parallel.dp=2 (at bad.yaml:2:3)", "mpirun -n 2"}},
     {"TensorParallelGroups", "model:\n  n_groups: 1\n", {"parallel.tp=2"}, 2,
@@ -236,10 +234,6 @@ const std::vector<BadCase> kBad = {
      {"parallel.tp=4: the key/value heads (model.n_kv_heads = 2) must divide by tp"}},
     {"ZeroNeedsDataParallel", "parallel:\n  zero: 1\n", {}, 1,
      {"bad.yaml:2:3: parallel.zero=1: ZeRO shards over data-parallel ranks", "use dp >= 2 or zero 0"}},
-    {"VirtualStagesOnlyInterleaved", "parallel:\n  virtual_stages: 2\n", {}, 1,
-     {"parallel.virtual_stages=2", "only the interleaved schedule uses virtual stages"}},
-    {"InterleavedNeedsVirtualStages", "parallel:\n  schedule: interleaved\n", {}, 1,
-     {"parallel.virtual_stages", "needs virtual_stages >= 2"}},
 };
 
 class BadConfig : public testing::TestWithParam<BadCase> {};

@@ -15,6 +15,7 @@
 #include "ir/pipeline_schedules.hpp"
 #include "ir/program.hpp"
 #include "ir/strategy.hpp"
+#include "ir/validate.hpp"
 #include "ir/verify.hpp"
 
 namespace piper::ir {
@@ -75,14 +76,14 @@ TEST(DirectivesYaml, ReadsBackToTheSameStrategy) {
   for (const Par& p : cases) {
     SCOPED_TRACE(name(p));
     const config::Config cfg = config::parse(kModelYaml + train_yaml(p) + parallel_yaml(p), "orig.yaml");
-    ASSERT_NO_THROW(config::validate(cfg, world(p)));
+    ASSERT_NO_THROW(ir::validate(cfg, world(p)));
     const Strategy s = expand(cfg, world(p));
     const std::string text = directives_yaml(s);
     // Read back under the same shorthand, and under a different one.
     for (const std::string& parallel : {parallel_yaml(p), kOtherParallel}) {
       const config::Config back = config::parse(kModelYaml + train_yaml(p) + parallel + text, "back.yaml");
       ASSERT_TRUE(back.directives.present) << text;
-      ASSERT_NO_THROW(config::validate(back, world(p))) << text;
+      ASSERT_NO_THROW(ir::validate(back, world(p))) << text;
       const Strategy t = expand(back, world(p));
       EXPECT_TRUE(t == s) << text;
       EXPECT_EQ(compile(back, world(p)).hash, compile(cfg, world(p)).hash) << text;
@@ -102,7 +103,7 @@ TEST(DirectivesYaml, CustomOrdersPrintTheirRanks) {
                                                "        - [F0, F1, F2, F3, F0.1, F1.1, F2.1, F3.1, B0.1, B1.1, B2.1, "
                                                "B3.1, B0, B1, B2, B3]\n",
                                            "custom.yaml");
-  ASSERT_NO_THROW(config::validate(cfg, 2));
+  ASSERT_NO_THROW(ir::validate(cfg, 2));
   const Strategy s = expand(cfg, 2);
   ASSERT_EQ(s.order.custom.size(), 2u);
   EXPECT_EQ(s.order.chunks, 2);
@@ -114,7 +115,7 @@ TEST(DirectivesYaml, CustomOrdersPrintTheirRanks) {
   EXPECT_NE(text.find("  - order:\n      ranks:\n        - [F0.0, F1.0, F2.0, F3.0, F0.1,"), std::string::npos) << text;
   EXPECT_EQ(text.find("schedule:"), std::string::npos) << text;
   const config::Config back = config::parse(kModelYaml + kOtherParallel + text, "back.yaml");
-  ASSERT_NO_THROW(config::validate(back, 2));
+  ASSERT_NO_THROW(ir::validate(back, 2));
   EXPECT_TRUE(expand(back, 2) == s) << text;
   EXPECT_EQ(compile(back, 2).hash, compile(cfg, 2).hash);
 }
@@ -201,15 +202,15 @@ TEST(CustomOrder, BadOpsAreBuildErrorsNamingOpAndRank) {
   Strategy wrong_chunks = two_ranks(2, {r0, r1});
   wrong_chunks.order.chunks = 2;
   for (const Row& row : std::vector<Row>{
-           {two_ranks(2, {r0, f9}), {"BuildError: order: rank 1 runs F9 (op 2 of its order)", "2 microbatches (0..1)"}},
-           {two_ranks(2, {r0, chunk}), {"order: rank 1 runs F1.1 (op 2", "each rank holds 1 model chunk(s)"}},
-           {two_ranks(2, {r0, dup}), {"order: rank 1 runs B0 (op 4 of its order) twice (also op 1)"}},
-           {two_ranks(2, {r0}), {"order: the hand-written order lists the ops of 1 rank(s), but place has pp 2"}},
-           {two_ranks(2, {r0, r1}, 1, true), {"rank 0 runs B0 (op 2 of its order), a fused backward", "BI0 and BW0"}},
+           {two_ranks(2, {r0, f9}), {"BuildError: order: op 2 of rank 1 of the hand-written order: rank 1 runs F9", "2 microbatches (0..1"}},
+           {two_ranks(2, {r0, chunk}), {"order: op 2 of rank 1 of the hand-written order: rank 1 runs F1.1", "each rank holds 1 model chunk(s)"}},
+           {two_ranks(2, {r0, dup}), {"order: op 4 of rank 1 of the hand-written order: rank 1 runs B0 twice (first as op 1 of rank 1)"}},
+           {two_ranks(2, {r0}), {"order: the hand-written order: lists the ops of 1 rank(s), but there are 2 pipeline ranks (place pp 2)"}},
+           {two_ranks(2, {r0, r1}, 1, true), {"op 2 of rank 0 of the hand-written order: rank 0 runs B0, a fused backward", "BI0 and BW0"}},
            {two_ranks(2, {{{F, 0, 0}, {BI, 0, 0}, {BW, 0, 0}, {F, 1, 0}, {BI, 1, 0}, {BW, 1, 0}}, r1}),
-            {"rank 0 runs BI0 (op 1 of its order), a backward half, but the backward is fused"}},
+            {"rank 1 runs B0, but op 1 of rank 0 is a split backward"}},
            {wrong_chunks, {"has 2 chunk(s) per rank, but place has virtual_stages 1"}},
-           {two_ranks(2, {r0, {}}), {"order: rank 1 has no ops in the hand-written order"}},
+           {two_ranks(2, {r0, {}}), {"order: rank 1 of the hand-written order: rank 1 has no ops"}},
        }) {
     const std::string m = build_error(row.s);
     std::printf("%s\n", m.c_str());

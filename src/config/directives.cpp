@@ -1,0 +1,314 @@
+// directives.cpp — the directive table, directives written back as YAML, and the directives
+// applied onto the `parallel:` shorthand (docs/directives.md).
+#include <algorithm>
+
+#include "config/internal.hpp"
+
+namespace piper::config {
+namespace detail {
+
+// ---- directives: names and keys -------------------------------------------------
+
+const std::vector<DirectiveSpec>& directive_specs() {
+  static const std::vector<DirectiveSpec> table = {
+      {DirectiveKind::SPLIT, "split", {"microbatches"}},
+      {DirectiveKind::SPLIT_BACKWARD, "split_backward", {}},
+      {DirectiveKind::PLACE, "place", {"pp", "virtual_stages", "stage_of_unit", "stages"}},
+      {DirectiveKind::REPLICATE, "replicate", {"dp", "shard_optimizer", "shard_grads", "shard_params", "bucket_mb"}},
+      {DirectiveKind::SHARD, "shard", {"tp"}},
+      {DirectiveKind::ORDER, "order", {"schedule", "ranks"}},
+      {DirectiveKind::GRID, "grid", {"order"}},
+  };
+  return table;
+}
+
+const DirectiveSpec& spec_of(DirectiveKind k) {
+  for (const DirectiveSpec& s : directive_specs())
+    if (s.kind == k) return s;
+  return directive_specs().front();
+}
+
+std::vector<std::string> directive_names() {
+  std::vector<std::string> out;
+  for (const DirectiveSpec& s : directive_specs()) out.push_back(s.name);
+  return out;
+}
+
+std::string dpath(size_t i) { return "directives[" + std::to_string(i) + "]"; }
+
+// One directive as a YAML flow map, e.g. "place: {pp: 2, stages: [{blocks: \"0-2\"}, ...]}".
+std::string emit_directive(const Directive& d) {
+  const DirectiveSpec& spec = spec_of(d.kind);
+  if (d.kind == DirectiveKind::SPLIT_BACKWARD)
+    return std::string(spec.name) + ": " + (d.split_backward.value_or(false) ? "true" : "false");
+  std::vector<std::string> kv;
+  auto i = [&](const char* k, const std::optional<int64_t>& v) {
+    if (v) kv.push_back(std::string(k) + ": " + std::to_string(*v));
+  };
+  auto b = [&](const char* k, const std::optional<bool>& v) {
+    if (v) kv.push_back(std::string(k) + ": " + (*v ? "true" : "false"));
+  };
+  auto str = [&](const char* k, const std::optional<std::string>& v) {
+    if (v) kv.push_back(std::string(k) + ": " + quote(*v));
+  };
+  i("microbatches", d.microbatches);
+  i("pp", d.pp);
+  i("virtual_stages", d.virtual_stages);
+  if (d.stage_of_unit) {
+    std::vector<std::string> v;
+    for (int64_t s : *d.stage_of_unit) v.push_back(std::to_string(s));
+    kv.push_back("stage_of_unit: [" + join(v, ", ") + "]");
+  }
+  if (d.stages) {
+    std::vector<std::string> stages;
+    for (const StageFilter& f : *d.stages) {
+      std::vector<std::string> keys;
+      if (!f.blocks.empty()) {
+        std::vector<std::string> r;
+        for (auto [a, z] : f.blocks)
+          r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
+        keys.push_back("blocks: " + (r.size() == 1 ? r[0] : "[" + join(r, ", ") + "]"));
+      }
+      if (!f.kinds.empty()) {
+        std::vector<std::string> k;
+        for (const std::string& s : f.kinds) k.push_back(quote(s));
+        keys.push_back("kind: " + (k.size() == 1 ? k[0] : "[" + join(k, ", ") + "]"));
+      }
+      stages.push_back("{" + join(keys, ", ") + "}");
+    }
+    kv.push_back("stages: [" + join(stages, ", ") + "]");
+  }
+  i("dp", d.dp);
+  b("shard_optimizer", d.shard_optimizer);
+  b("shard_grads", d.shard_grads);
+  b("shard_params", d.shard_params);
+  if (d.bucket_mb) kv.push_back("bucket_mb: " + format_double(*d.bucket_mb));
+  i("tp", d.tp);
+  str("schedule", d.schedule);
+  if (d.ranks) {
+    bool chunks = false;
+    for (const auto& r : *d.ranks)
+      for (const OrderOp& op : r) chunks |= op.chunk != 0;
+    std::vector<std::string> ranks;
+    for (const auto& r : *d.ranks) {
+      std::vector<std::string> ops;
+      for (const OrderOp& op : r) ops.push_back(op.name(chunks));
+      ranks.push_back("[" + join(ops, ", ") + "]");
+    }
+    kv.push_back("ranks: [" + join(ranks, ", ") + "]");
+  }
+  if (d.grid_order) kv.push_back("order: " + quote(*d.grid_order));
+  return std::string(spec.name) + ": {" + join(kv, ", ") + "}";
+}
+
+// ---- directives applied onto the shorthand --------------------------------------
+
+Applied apply_directives(const Config& c) {
+  Applied a{c, {}, -1, -1};
+  ParallelConfig& p = a.cfg.parallel;
+  // Messages about `key` now name the directive's path and point at it.
+  auto from = [&](const std::string& key, const std::string& path, const std::string& location_key) {
+    a.names[key] = path;
+    auto it = c.locations.find(location_key);
+    if (it != c.locations.end()) a.cfg.locations[key] = it->second;
+    else a.cfg.locations.erase(key);
+  };
+  for (size_t i = 0; i < c.directives.list.size(); ++i) {
+    const Directive& d = c.directives.list[i];
+    const std::string base = dpath(i) + "." + spec_of(d.kind).name;
+    auto take = [&](const auto& v, auto& field, const char* key, const char* name) {
+      if (!v) return;
+      field = *v;
+      from(std::string("parallel.") + key, base + "." + name, base + "." + name);
+    };
+    switch (d.kind) {
+      case DirectiveKind::SPLIT: take(d.microbatches, p.microbatches, "microbatches", "microbatches"); break;
+      case DirectiveKind::SPLIT_BACKWARD:
+        if (d.split_backward) p.split_backward = *d.split_backward, from("parallel.split_backward", base, base);
+        break;
+      case DirectiveKind::PLACE:
+        take(d.pp, p.pp, "pp", "pp");
+        take(d.virtual_stages, p.virtual_stages, "virtual_stages", "virtual_stages");
+        if (d.stage_of_unit || d.stages) a.place_from = static_cast<int>(i);
+        break;
+      case DirectiveKind::REPLICATE:
+        take(d.dp, p.dp, "dp", "dp");
+        take(d.bucket_mb, p.bucket_mb, "bucket_mb", "bucket_mb");
+        if (d.shard_optimizer || d.shard_grads || d.shard_params) {
+          p.zero = d.shard_params.value_or(false)      ? 3
+                   : d.shard_grads.value_or(false)     ? 2
+                   : d.shard_optimizer.value_or(false) ? 1
+                                                       : 0;
+          const char* key = d.shard_params ? "shard_params" : d.shard_grads ? "shard_grads" : "shard_optimizer";
+          from("parallel.zero", base + ".zero", base + "." + key);
+        }
+        break;
+      case DirectiveKind::SHARD: take(d.tp, p.tp, "tp", "tp"); break;
+      case DirectiveKind::ORDER:
+        if (d.schedule) a.order_from = -1;
+        take(d.schedule, p.schedule, "schedule", "schedule");
+        if (d.ranks) a.order_from = static_cast<int>(i);
+        break;
+      case DirectiveKind::GRID: take(d.grid_order, p.order, "order", "order"); break;
+    }
+  }
+  return a;
+}
+
+bool pattern_ok(const std::string& pattern) {
+  return !pattern.empty() && pattern.find_first_not_of("M*-") == std::string::npos;
+}
+
+namespace {
+
+// Units as the IR names them: embed (unit 0), layers.<block> (units 1..n), head (unit n+1).
+std::string unit_name(const std::string& pattern, size_t u) {
+  if (u == 0) return "embed";
+  if (u == pattern.size() + 1) return "head";
+  return "layers." + std::to_string(u - 1);
+}
+std::string unit_desc(const std::string& pattern, size_t u) {
+  if (u == 0 || u == pattern.size() + 1) return unit_name(pattern, u);
+  return unit_name(pattern, u) + " (block " + std::to_string(u - 1) + ", '" + std::string(1, pattern[u - 1]) + "')";
+}
+
+bool selects(const StageFilter& f, const std::string& pattern, size_t u) {
+  const bool embed = u == 0, head = u == pattern.size() + 1;
+  if (!f.blocks.empty()) {
+    if (embed || head) return false;
+    const auto b = static_cast<int64_t>(u - 1);
+    bool in = false;
+    for (auto [lo, hi] : f.blocks) in |= b >= lo && b <= hi;
+    if (!in) return false;
+  }
+  if (!f.kinds.empty()) {
+    const std::string kind = embed ? "embed" : head ? "head" : std::string(1, pattern[u - 1]);
+    if (std::find(f.kinds.begin(), f.kinds.end(), kind) == f.kinds.end()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+
+// The first problem of a stage per unit (stages 0..n_stages-1 along the
+// model, each a contiguous non-empty run), or "" and bad_unit untouched.
+std::string check_stage_sequence(const std::vector<int64_t>& st, int64_t n_stages, const std::string& pattern,
+                                 size_t& bad_unit) {
+  for (size_t u = 0; u < st.size(); ++u) {
+    const int64_t s = st[u], prev = u > 0 ? st[u - 1] : 0;
+    const std::string name = unit_desc(pattern, u), stage = std::to_string(s);
+    std::string err;
+    if (s < 0 || s >= n_stages)
+      err = "unit " + name + " is on stage " + stage + ", but there are " + std::to_string(n_stages) + " stages (0.." +
+            std::to_string(n_stages - 1) + ")";
+    else if (u == 0 && s != 0)
+      err = "the first unit, embed, is on stage " + stage + ", so stage 0 holds no unit; stages run along the model";
+    else if (s < prev)
+      err = "unit " + name + " is on stage " + stage + " but comes after " + unit_name(pattern, u - 1) +
+            " on stage " + std::to_string(prev) + "; stages run along the model, each a contiguous run of units";
+    else if (s > prev + 1)
+      err = "unit " + name + " is on stage " + stage + " right after " + unit_name(pattern, u - 1) + " on stage " +
+            std::to_string(prev) + ", so stage " + std::to_string(prev + 1) + " holds no unit";
+    else if (u + 1 == st.size() && s != n_stages - 1)
+      err = "the last unit, head, is on stage " + stage + ", so stage " + std::to_string(s + 1) +
+            (s + 2 < n_stages ? ".." + std::to_string(n_stages - 1) : "") + " holds no unit";
+    if (!err.empty()) {
+      bad_unit = u;
+      return err;
+    }
+  }
+  return "";
+}
+
+// The stage of every unit from the `stages:` filters of directive `di`;
+// problems are appended to `errors` (then the result is empty).
+std::vector<int64_t> resolve_filters(const Config& c, size_t di, std::vector<std::string>& errors) {
+  const Positions ck(c, {});
+  const std::vector<StageFilter>& stages = *c.directives.list[di].stages;
+  const std::string& pattern = c.model.pattern;
+  const std::string base = dpath(di) + ".place.stages";
+  const size_t n_units = pattern.size() + 2, before = errors.size();
+  const int64_t n_stages = static_cast<int64_t>(stages.size());
+  std::vector<int64_t> st(n_units, -1);
+  for (size_t j = 0; j < stages.size(); ++j) {
+    const std::string path = base + "[" + std::to_string(j) + "]";
+    bool range_ok = true;
+    for (auto [lo, hi] : stages[j].blocks)
+      if (hi >= static_cast<int64_t>(pattern.size())) {
+        errors.push_back(ck.at(path) + ": block " + std::to_string(hi) + " does not exist; the pattern \"" + pattern +
+                         "\" has blocks 0.." + std::to_string(pattern.size() - 1));
+        range_ok = false;
+        break;
+      }
+    size_t count = 0;
+    for (size_t u = 0; u < n_units; ++u) {
+      if (!selects(stages[j], pattern, u)) continue;
+      ++count;
+      if (st[u] >= 0) {
+        errors.push_back(ck.at(path) + ": unit " + unit_desc(pattern, u) + " is already on stage " +
+                         std::to_string(st[u]) + " (" + ck.at(base + "[" + std::to_string(st[u]) + "]") +
+                         "); a unit belongs to one stage");
+        continue;
+      }
+      st[u] = static_cast<int64_t>(j);
+    }
+    if (count == 0 && range_ok)
+      errors.push_back(ck.at(path) + ": stage " + std::to_string(j) + " selects no unit of the pattern \"" + pattern +
+                       "\"");
+  }
+  if (st.front() < 0) st.front() = 0;             // the embedding goes with the first stage
+  if (st.back() < 0) st.back() = n_stages - 1;    // the head with the last
+  for (size_t u = 0; u < n_units; ++u)
+    if (st[u] < 0)
+      errors.push_back(ck.at(base) + ": unit " + unit_desc(pattern, u) +
+                       " is on no stage; every unit must be on exactly one (add it to a stage's blocks)");
+  if (errors.size() > before) return {};
+  size_t bad = 0;
+  std::string err = check_stage_sequence(st, n_stages, pattern, bad);
+  if (!err.empty()) {
+    // Point at the filter that put the unit there.
+    const int64_t s = st[bad];
+    bool named = s >= 0 && s < n_stages && selects(stages[static_cast<size_t>(s)], pattern, bad);
+    errors.push_back(ck.at(named ? base + "[" + std::to_string(s) + "]" : base) + ": " + err);
+    return {};
+  }
+  return st;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+EffectiveStrategy effective_strategy(const Config& cfg) {
+  const Applied a = apply_directives(cfg);
+  EffectiveStrategy e;
+  e.parallel = a.cfg.parallel;
+  e.positions = Positions(a.cfg, a.names);
+  if (a.place_from >= 0) {
+    const Directive& d = cfg.directives.list[static_cast<size_t>(a.place_from)];
+    e.place_path = dpath(static_cast<size_t>(a.place_from)) + ".place." + (d.stage_of_unit ? "stage_of_unit" : "stages");
+    if (d.stage_of_unit) {
+      e.stage_of_unit = *d.stage_of_unit;
+    } else {
+      std::vector<std::string> errors;
+      e.stage_of_unit = resolve_filters(cfg, static_cast<size_t>(a.place_from), errors);
+      if (!errors.empty()) throw ConfigError(join(errors, "\n"));
+    }
+  }
+  if (a.order_from >= 0) {
+    e.order_ranks = *cfg.directives.list[static_cast<size_t>(a.order_from)].ranks;
+    e.order_path = dpath(static_cast<size_t>(a.order_from)) + ".order.ranks";
+  }
+  return e;
+}
+
+const char* directive_name(DirectiveKind k) { return spec_of(k).name; }
+
+std::string OrderOp::name(bool with_chunk) const {
+  std::string s = pass + std::to_string(microbatch);
+  if (with_chunk) s += "." + std::to_string(chunk);
+  return s;
+}
+
+}  // namespace piper::config

@@ -1,0 +1,45 @@
+// reader.hpp — reads a YAML config document and --set overrides into a Config, collecting every
+// problem with its file position (reader.cpp: sections and keys; directive_reader.cpp: the
+// directives section).
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+
+namespace piper::config::detail {
+
+class Reader {
+ public:
+  explicit Reader(const std::string& source) : source_(source) { cfg_.source = source; }
+
+  void read_root(const YAML::Node& root);
+  void apply_override(const std::string& text);
+
+  void fail(const std::string& msg) { errors_.push_back(msg); }
+  const std::vector<std::string>& errors() const { return errors_; }
+  Config& config() { return cfg_; }
+
+ private:
+  void read_section(const std::string& section, const YAML::Node& map);
+  void read_directives(const YAML::Node& key, const YAML::Node& list);
+  void read_directive(size_t i, const YAML::Node& item);
+  bool read_directive_key(Directive& d, const std::string& name, const YAML::Node& v, const std::string& path,
+                          const std::string& vat);
+  bool read_stage_of_unit(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
+  bool read_stages(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
+  bool read_ranks(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
+  // Records `name` in `seen`; reports a duplicate (and returns false) when it is there already.
+  bool first_time(std::map<std::string, YAML::Mark>& seen, const std::string& name, const YAML::Mark& m,
+                  const std::string& at, const std::string& what);
+
+  std::string source_;
+  Config cfg_;
+  std::vector<std::string> errors_;
+};
+
+}  // namespace piper::config::detail

@@ -1,0 +1,352 @@
+// validate.cpp — the rules a config owns: every value in its range and bound, the model's sizes
+// against each other, the strategy's sizes against the world size and the batch, and the stages a
+// place directive gives (docs/config.md). The rules of schedules and hand-written orders are the
+// IR's (ir::validate).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "config/checked.hpp"
+#include "config/internal.hpp"
+
+namespace piper::config {
+namespace {
+
+using namespace detail;
+
+// Messages about the keys of a config, and the checks that write them.
+class Checker {
+ public:
+  explicit Checker(Positions where) : where_(std::move(where)) {}
+
+  std::string head(const std::string& key) const { return where_.head(key); }
+  std::string head(const std::string& key, const std::string& shown) const { return where_.head(key, shown); }
+  std::string ref(const std::string& key) const { return where_.ref(key); }
+  std::string at(const std::string& path) const { return where_.at(path); }
+
+  void fail(const std::string& msg) { errors_.push_back(msg); }
+  const std::vector<std::string>& errors() const { return errors_; }
+
+
+  bool at_least(const std::string& key, int64_t v, int64_t lo) {
+    if (v >= lo) return true;
+    fail(head(key) + ": must be at least " + std::to_string(lo));
+    return false;
+  }
+  // lo <= v <= hi; `why` says what the upper bound protects.
+  bool within(const std::string& key, int64_t v, int64_t lo, int64_t hi, const std::string& why) {
+    if (!at_least(key, v, lo)) return false;
+    if (v <= hi) return true;
+    fail(head(key) + ": must be at most " + std::to_string(hi) + " (" + why + "; docs/config.md, Bounds)");
+    return false;
+  }
+  // The product of `factors` (label, value) is at most `limit`, computed in
+  // checked arithmetic; else one message from `key` naming every factor and
+  // the figure, with the other keys involved as references.
+  bool product_within(const std::string& key, const std::vector<std::string>& others, const std::string& what,
+                      const std::vector<std::pair<std::string, int64_t>>& factors, int64_t limit,
+                      const std::string& limit_text) {
+    std::vector<int64_t> values;
+    std::string labels, numbers;
+    for (const auto& [label, v] : factors) {
+      values.push_back(v);
+      labels += (labels.empty() ? "" : " x ") + label;
+      numbers += (numbers.empty() ? "" : " x ") + std::to_string(v);
+    }
+    const std::optional<int64_t> p = checked_product(values);
+    if (p && *p <= limit) return true;
+    std::vector<std::string> refs;
+    for (const std::string& k : others) refs.push_back(ref(k));
+    fail(head(key) + ": " + what + " " + labels + " = " + numbers + " = " +
+         (p ? std::to_string(*p) : std::string("more than 2^63")) + " is above the bound " + limit_text +
+         (refs.empty() ? std::string() : " (" + join(refs, ", ") + ")") +
+         "; use smaller values (docs/config.md, Bounds)");
+    return false;
+  }
+  void real(const std::string& key, double v, double lo, bool lo_open, double hi, bool hi_open,
+            const std::string& range) {
+    bool ok = (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    if (!ok) fail(head(key) + ": must be " + range);
+  }
+
+ private:
+  Positions where_;
+  std::vector<std::string> errors_;
+};
+
+std::string multiples_hint(int64_t v, int64_t m) {
+  const int64_t lo = v / m * m;
+  if (lo > std::numeric_limits<int64_t>::max() - m) return std::to_string(lo);  // no multiple above fits
+  const int64_t hi = lo + m;
+  return lo > 0 ? std::to_string(lo) + " or " + std::to_string(hi) : std::to_string(hi);
+}
+
+// Divisors of n nearest to v, below and above: "32 or 64".
+std::string divisors_hint(int64_t n, int64_t v) {
+  int64_t below = 0, above = 0;
+  for (int64_t d = std::min(v, n); d >= 1; --d)
+    if (n % d == 0) { below = d; break; }
+  for (int64_t d = std::max<int64_t>(v, 1); d <= n; ++d)
+    if (n % d == 0) { above = d; break; }
+  if (below && above && below != above) return std::to_string(below) + " or " + std::to_string(above);
+  return std::to_string(below ? below : above);
+}
+
+// Stages a place directive gives, against the units of the model: each unit on one stage, stages
+// contiguous runs along the model. Their count against the schedule's is ir::validate's.
+void check_placement(const Config& c, const Applied& a, Checker& ck) {
+  const size_t di = static_cast<size_t>(a.place_from);
+  const Directive& d = c.directives.list[di];
+  const std::string base = dpath(di) + ".place";
+  const std::string& pattern = c.model.pattern;
+  const size_t n_units = pattern.size() + 2;
+  if (d.stages) {
+    std::vector<std::string> errors;
+    resolve_filters(c, di, errors);
+    for (const std::string& e : errors) ck.fail(e);
+    return;
+  }
+  const std::vector<int64_t>& st = *d.stage_of_unit;
+  if (st.size() != n_units)
+    return ck.fail(ck.at(base + ".stage_of_unit") + ": lists " + std::to_string(st.size()) +
+                   " stages, one per unit, but the model has " + std::to_string(n_units) + " units (embed, " +
+                   std::to_string(pattern.size()) + " blocks of \"" + pattern + "\", head)");
+  const int64_t count = st.empty() ? 1 : *std::max_element(st.begin(), st.end()) + 1;
+  size_t bad = 0;
+  std::string err = check_stage_sequence(st, count, pattern, bad);
+  if (!err.empty()) ck.fail(ck.at(base + ".stage_of_unit") + ": " + err);
+}
+
+// Upper bounds of the sizes (docs/config.md, "Bounds"): far above any model
+// that trains, low enough that every product piper forms from them fits 64
+// bits. Whether a model fits in memory is checked by `train` before it
+// allocates (src/runtime/fit.cpp).
+constexpr int64_t kMaxVocab = 2147483647;            // 2^31 - 1: token ids are 32-bit
+constexpr int64_t kMaxWidth = int64_t{1} << 20;      // d_model
+constexpr int64_t kMaxFfn = int64_t{1} << 24;        // ffn_hidden
+constexpr int64_t kMaxSmall = int64_t{1} << 16;      // heads, groups
+constexpr int64_t kMaxState = 4096;                  // d_state, head_dim: a P x N state per Mamba-2 head
+constexpr int64_t kMaxExpand = 1024;
+constexpr int64_t kMaxConv = 1024;
+constexpr int64_t kMaxChunk = 4096;                  // ssd_chunk: a [chunk, chunk] scratch per thread
+constexpr int64_t kMaxBlocks = 4096;                 // pattern length
+constexpr int64_t kMaxMatrix = int64_t{1} << 40;     // elements of one weight matrix
+constexpr const char* kMaxMatrixText = "2^40 = 1099511627776 elements for one weight matrix";
+constexpr int64_t kMaxBatch = int64_t{1} << 24;      // global_batch
+constexpr int64_t kMaxSeq = int64_t{1} << 24;        // seq_len
+constexpr int64_t kMaxStepTokens = int64_t{1} << 36; // global_batch x seq_len
+constexpr int64_t kMaxRunTokens = int64_t{1} << 62;  // steps x global_batch x seq_len
+constexpr int64_t kMaxSampleTokens = int64_t{1} << 16;  // one forward pass per generated token
+constexpr int64_t kMaxThreads = 4096;
+constexpr int64_t kMaxRanks = int64_t{1} << 16;      // dp, tp, pp each
+constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
+constexpr int64_t kMaxVirtualStages = 4096;
+constexpr int64_t kMaxUnitPasses = int64_t{1} << 20;  // (blocks + 2) x microbatches
+constexpr double kMaxBucketMb = 1048576.0;           // 1 TiB
+constexpr double kMaxCommTimeout = 1e9;              // seconds (~31 years): fits a nanosecond clock
+
+void check_model(const ModelConfig& m, Checker& ck) {
+  bool sizes_ok = true;
+  const std::tuple<const char*, int64_t, int64_t, const char*> sizes[] = {
+      {"model.vocab_size", m.vocab_size, kMaxVocab, "token ids are 32-bit"},
+      {"model.d_model", m.d_model, kMaxWidth, "2^20, the largest model width"},
+      {"model.n_heads", m.n_heads, kMaxSmall, "2^16"},
+      {"model.n_kv_heads", m.n_kv_heads, kMaxSmall, "2^16"},
+      {"model.ffn_hidden", m.ffn_hidden, kMaxFfn, "2^24, the largest MLP width"},
+      {"model.d_state", m.d_state, kMaxState, "each Mamba-2 head holds a head_dim x d_state state"},
+      {"model.head_dim", m.head_dim, kMaxState, "each Mamba-2 head holds a head_dim x d_state state"},
+      {"model.expand", m.expand, kMaxExpand, "d_inner = expand x d_model"},
+      {"model.n_groups", m.n_groups, kMaxSmall, "2^16"},
+      {"model.d_conv", m.d_conv, kMaxConv, "the causal conv width"},
+      {"model.ssd_chunk", m.ssd_chunk, kMaxChunk,
+       "the SSD scan holds a chunk x chunk scratch per thread; a chunk longer than train.seq_len is one chunk"}};
+  for (auto [key, v, hi, why] : sizes) sizes_ok &= ck.within(key, v, 1, hi, why);
+  ck.real("model.rope_theta", m.rope_theta, 0, true, HUGE_VAL, false, "> 0 (usually 10000)");
+  if (static_cast<int64_t>(m.pattern.size()) > kMaxBlocks) {
+    ck.fail(ck.head("model.pattern", "model.pattern") + ": " + std::to_string(m.pattern.size()) +
+            " blocks; the pattern may have at most " + std::to_string(kMaxBlocks) +
+            " (docs/config.md, Bounds)");
+    sizes_ok = false;
+  }
+
+  const std::string symbols = "M (Mamba-2), * (attention) or - (MLP)";
+  if (m.pattern.empty())
+    ck.fail(ck.head("model.pattern") + ": the pattern is empty; it needs one symbol per block: " + symbols);
+  for (size_t i = 0; i < m.pattern.size(); ++i) {
+    char s = m.pattern[i];
+    if (s == 'E') {
+      ck.fail(ck.head("model.pattern", "model.pattern") + ": MoE blocks ('E') are not supported yet (pattern \"" +
+              m.pattern + "\", block " + std::to_string(i) + "); use " + symbols);
+      break;
+    }
+    if (s != 'M' && s != '*' && s != '-') {
+      ck.fail(ck.head("model.pattern") + ": '" + std::string(1, s) + "' (block " + std::to_string(i) +
+              ") is not a block symbol; use " + symbols);
+      break;
+    }
+  }
+  if (!sizes_ok) return;
+
+  // Weight matrices, in checked arithmetic (the sizes above keep d_inner, the
+  // in_proj rows and d_model x d_model far inside 64 bits).
+  const bool attn = m.pattern.find('*') != std::string::npos, mamba = m.pattern.find('M') != std::string::npos;
+  sizes_ok &= ck.product_within("model.vocab_size", {"model.d_model"}, "the embedding (and head) matrix",
+                                {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}}, kMaxMatrix, kMaxMatrixText);
+  if (m.pattern.find('-') != std::string::npos)
+    sizes_ok &= ck.product_within("model.ffn_hidden", {"model.d_model"}, "the MLP gate/up matrix",
+                                  {{"ffn_hidden", m.ffn_hidden}, {"d_model", m.d_model}}, kMaxMatrix, kMaxMatrixText);
+  if (mamba)
+    sizes_ok &= ck.product_within(
+        "model.d_model", {"model.expand", "model.n_groups", "model.d_state", "model.head_dim"},
+        "the Mamba-2 in_proj matrix",
+        {{"(2 d_inner + 2 n_groups d_state + heads)", m.in_proj_rows()}, {"d_model", m.d_model}}, kMaxMatrix,
+        kMaxMatrixText);
+  if (!sizes_ok) return;
+
+  if (attn) {
+    if (m.d_model % m.n_heads != 0) {
+      ck.fail(ck.head("model.d_model") + ": not divisible by " + ck.ref("model.n_heads") +
+              "; attention needs whole heads: use d_model " + multiples_hint(m.d_model, m.n_heads) +
+              ", or n_heads " + divisors_hint(m.d_model, m.n_heads));
+    } else if (m.attn_head_dim() % 2 != 0) {
+      ck.fail(ck.head("model.d_model") + ": attention head dim d_model/n_heads = " + std::to_string(m.d_model) +
+              "/" + std::to_string(m.n_heads) + " = " + std::to_string(m.attn_head_dim()) +
+              " is odd; RoPE rotates pairs of channels, so it must be even (change d_model or " +
+              ck.ref("model.n_heads") + ")");
+    }
+    if (m.n_heads % m.n_kv_heads != 0)
+      ck.fail(ck.head("model.n_heads") + ": not divisible by " + ck.ref("model.n_kv_heads") +
+              "; grouped-query attention shares each kv head among n_heads/n_kv_heads query heads: use n_kv_heads " +
+              divisors_hint(m.n_heads, m.n_kv_heads));
+  }
+  if (mamba) {
+    int64_t di = m.d_inner();
+    std::string di_text = "d_inner = expand(" + std::to_string(m.expand) + ") x d_model(" +
+                          std::to_string(m.d_model) + ") = " + std::to_string(di);
+    if (di % m.head_dim != 0) {
+      ck.fail(ck.head("model.head_dim") + ": does not divide " + di_text + "; use head_dim " +
+              divisors_hint(di, m.head_dim));
+    } else if (m.mamba_heads() % m.n_groups != 0) {
+      ck.fail(ck.head("model.n_groups") + ": does not divide the Mamba-2 head count d_inner/head_dim = " +
+              std::to_string(di) + "/" + std::to_string(m.head_dim) + " = " + std::to_string(m.mamba_heads()) +
+              "; use n_groups " + divisors_hint(m.mamba_heads(), m.n_groups));
+    } else if (di % m.n_groups != 0) {
+      ck.fail(ck.head("model.n_groups") + ": does not divide " + di_text + "; use n_groups " +
+              divisors_hint(di, m.n_groups));
+    }
+  }
+}
+
+void check_train(const TrainConfig& t, Checker& ck) {
+  bool sizes_ok = ck.at_least("train.steps", t.steps, 1);
+  sizes_ok &= ck.within("train.global_batch", t.global_batch, 1, kMaxBatch, "2^24 sequences per step");
+  sizes_ok &= ck.within("train.seq_len", t.seq_len, 1, kMaxSeq, "2^24 tokens per sequence");
+  if (sizes_ok &&
+      ck.product_within("train.global_batch", {"train.seq_len"}, "the tokens per step",
+                        {{"global_batch", t.global_batch}, {"seq_len", t.seq_len}}, kMaxStepTokens,
+                        "2^36 = 68719476736 tokens per step"))
+    ck.product_within("train.steps", {"train.global_batch", "train.seq_len"}, "the tokens of the run",
+                      {{"steps", t.steps}, {"global_batch", t.global_batch}, {"seq_len", t.seq_len}}, kMaxRunTokens,
+                      "2^62 tokens (the sample index of the data order is 64-bit)");
+  ck.real("train.lr", t.lr, 0, true, HUGE_VAL, false, "> 0 (typical: 1e-4 .. 3e-3)");
+  ck.real("train.min_lr_ratio", t.min_lr_ratio, 0, false, 1, false, "in [0, 1]");
+  ck.real("train.weight_decay", t.weight_decay, 0, false, HUGE_VAL, false, ">= 0 (0 = none)");
+  ck.real("train.beta1", t.beta1, 0, false, 1, true, "in [0, 1) (typical: 0.9)");
+  ck.real("train.beta2", t.beta2, 0, false, 1, true, "in [0, 1) (typical: 0.95)");
+  ck.real("train.eps", t.eps, 0, true, HUGE_VAL, false, "> 0 (typical: 1e-8)");
+  ck.real("train.grad_clip", t.grad_clip, 0, false, HUGE_VAL, false, ">= 0 (0 = no clipping)");
+  ck.at_least("train.warmup_steps", t.warmup_steps, 0);
+  ck.at_least("train.log_every", t.log_every, 1);
+  ck.at_least("train.sample_every", t.sample_every, 0);
+  ck.within("train.sample_tokens", t.sample_tokens, 1, kMaxSampleTokens, "2^16 tokens per generated sample, one forward pass each");
+  ck.within("train.threads", t.threads, 0, kMaxThreads, "OpenMP threads per rank");
+}
+
+void check_parallel(const Config& original, const Applied& a, int world_size, Checker& ck) {
+  const Config& c = a.cfg;
+  const ParallelConfig& p = c.parallel;
+  const std::string ranks_why = "2^16 ranks along one axis of the rank grid";
+  bool dims_ok = ck.within("parallel.dp", p.dp, 1, kMaxRanks, ranks_why);
+  dims_ok &= ck.within("parallel.tp", p.tp, 1, kMaxRanks, ranks_why);
+  dims_ok &= ck.within("parallel.pp", p.pp, 1, kMaxRanks, ranks_why);
+  bool mb_ok = ck.within("parallel.microbatches", p.microbatches, 1, kMaxMicrobatches, "2^16 microbatches per step");
+  ck.within("parallel.virtual_stages", p.virtual_stages, 1, kMaxVirtualStages, "model chunks per rank");
+  bool zero_ok = p.zero >= 0 && p.zero <= 3;
+  if (!zero_ok) ck.fail(ck.head("parallel.zero") + ": must be 0, 1, 2 or 3 (ZeRO stage)");
+
+  // The plan holds a node per unit, microbatch and pass: its size, and the time to build it.
+  if (mb_ok && pattern_ok(c.model.pattern))
+    ck.product_within("parallel.microbatches", {"model.pattern"}, "the unit passes of a step",
+                      {{"(blocks + 2)", static_cast<int64_t>(c.model.pattern.size()) + 2},
+                       {"microbatches", p.microbatches}},
+                      kMaxUnitPasses, "2^20 = 1048576 (the plan holds nodes for each unit and microbatch)");
+  // dims_ok and mb_ok bound these products far inside 64 bits; checked all the same.
+  const int64_t dp_mb = checked_product({p.dp, p.microbatches}).value_or(INT64_MAX);
+  const int64_t dp_tp_pp = checked_product({p.dp, p.tp, p.pp}).value_or(INT64_MAX);
+  if (dims_ok && mb_ok && c.train.global_batch >= 1 && c.train.global_batch % dp_mb != 0) {
+    int64_t m = dp_mb;
+    ck.fail(ck.head("train.global_batch") + ": not divisible by dp x microbatches = " + std::to_string(p.dp) +
+            " x " + std::to_string(p.microbatches) + " = " + std::to_string(m) + " (" + ck.ref("parallel.dp") +
+            ", " + ck.ref("parallel.microbatches") + "); use global_batch " +
+            multiples_hint(c.train.global_batch, m));
+  }
+
+  if (world_size < 1) ck.fail("world size " + std::to_string(world_size) + " must be at least 1");
+  if (dims_ok && world_size >= 1 && dp_tp_pp != world_size) {
+    int64_t prod = dp_tp_pp;
+    ck.fail("world size " + std::to_string(world_size) + " != dp(" + std::to_string(p.dp) + ") x tp(" +
+            std::to_string(p.tp) + ") x pp(" + std::to_string(p.pp) + ") = " + std::to_string(prod) + "; launch " +
+            std::to_string(prod) + " ranks (mpirun -n " + std::to_string(prod) + ") or change " +
+            ck.ref("parallel.dp") + ", " + ck.ref("parallel.tp") + ", " + ck.ref("parallel.pp") +
+            " so that their product is " + std::to_string(world_size));
+  }
+
+  if (dims_ok && p.tp > 1) {
+    // Megatron's rules: whole heads, kv heads, groups and vocabulary rows per tp rank.
+    const ModelConfig& m = c.model;
+    auto need = [&](const char* what, int64_t n, const std::string& key) {
+      if (n % p.tp != 0)
+        ck.fail(ck.head("parallel.tp") + ": " + what + " (" + key + " = " +
+                std::to_string(n) + ") must divide by tp; use a tp that divides " + std::to_string(n));
+    };
+    const bool attn = m.pattern.find('*') != std::string::npos, mamba = m.pattern.find('M') != std::string::npos;
+    need("the vocabulary (vocab-parallel embedding and head)", m.vocab_size, "model.vocab_size");
+    if (attn) need("the attention heads", m.n_heads, "model.n_heads");
+    if (attn) need("the key/value heads", m.n_kv_heads, "model.n_kv_heads");
+    if (m.pattern.find('-') != std::string::npos) need("the MLP hidden size", m.ffn_hidden, "model.ffn_hidden");
+    if (mamba && m.head_dim > 0) need("the Mamba-2 heads", m.mamba_heads(), "d_inner / head_dim");
+    if (mamba) need("the Mamba-2 groups", m.n_groups, "model.n_groups");
+  }
+  if (zero_ok && p.zero > 0 && dims_ok && p.dp == 1)
+    ck.fail(ck.head("parallel.zero") +
+            ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") + "; use dp >= 2 or zero 0");
+  // How many stages the schedule holds (pp x its chunks per rank) is the IR's rule: ir::validate checks the
+  // count a place directive gives.
+  if (a.place_from >= 0 && pattern_ok(c.model.pattern)) check_placement(original, a, ck);
+  ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, kMaxBucketMb, false,
+          "> 0 and at most 1048576 MiB (1 TiB) (typical: 25)");
+  ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, kMaxCommTimeout, false,
+          "> 0 and at most 1e9 seconds");
+  if (p.order.empty()) ck.fail(ck.head("parallel.order") + ": empty; use e.g. tp-dp-pp");
+}
+
+}  // namespace
+
+void validate(const Config& cfg, int world_size) {
+  // Parallel values are checked as the directives leave them, and named by the directive that set them.
+  const Applied a = apply_directives(cfg);
+  Checker ck(Positions(a.cfg, a.names));
+  check_model(cfg.model, ck);
+  check_train(cfg.train, ck);
+  ck.at_least("checkpoint.every", cfg.checkpoint.every, 0);
+  ck.at_least("checkpoint.keep", cfg.checkpoint.keep, 1);
+  if (cfg.checkpoint.on_error != "stop" && cfg.checkpoint.on_error != "continue")
+    ck.fail(ck.head("checkpoint.on_error") + ": must be 'stop' (end the job, exit 3) or 'continue' (warn and "
+            "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
+  if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
+  check_parallel(cfg, a, world_size, ck);
+  if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));
+}
+
+}  // namespace piper::config

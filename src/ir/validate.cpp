@@ -1,0 +1,73 @@
+// validate.cpp — the IR's rules on a config, reported where the config sets the values they concern.
+#include "ir/validate.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/pipeline_schedules.hpp"
+#include "ir/strategy.hpp"
+
+namespace piper::ir {
+namespace {
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+std::string index(int i) { return "[" + std::to_string(i) + "]"; }
+
+// The named schedule's rules, or those of the hand-written order that replaces it.
+std::optional<std::string> order_rules(const config::EffectiveStrategy& e, const Strategy& s) {
+  const config::Positions& at = e.positions;
+  if (e.order_ranks.empty()) {
+    const std::optional<ScheduleProblem> problem =
+        schedule_problem(s.order.schedule, s.place.pp, static_cast<int>(e.parallel.virtual_stages),
+                         s.split.microbatches, s.split_backward);
+    if (!problem) return std::nullopt;
+    return at.head(problem->key) + ": " + problem->message + " (" + at.ref("parallel.schedule") + ")";
+  }
+  OrderNames names;
+  names.op = [&](int rank, int op) { return at.at(e.order_path + index(rank) + index(op)); };
+  names.value = [&](const std::string& key) { return at.ref(key); };
+  // Only a split_backward the config sets forces split backwards: an order written with BI/BW splits them itself.
+  const std::optional<OrderProblem> problem = order_problem(s.order.custom, s.place.pp, s.place.virtual_stages,
+                                                            s.split.microbatches, e.parallel.split_backward, names);
+  if (!problem) return std::nullopt;
+  const std::string path =
+      e.order_path + (problem->rank >= 0 ? index(problem->rank) : "") + (problem->op >= 0 ? index(problem->op) : "");
+  return at.at(path) + ": " + problem->message;
+}
+
+// The stages a place directive gives against the pp x chunks per rank the schedule holds.
+std::optional<std::string> stage_count_rule(const config::EffectiveStrategy& e, const Strategy& s) {
+  if (e.stage_of_unit.empty()) return std::nullopt;
+  const int64_t given = *std::max_element(e.stage_of_unit.begin(), e.stage_of_unit.end()) + 1;
+  const int64_t held = static_cast<int64_t>(s.place.pp) * s.place.virtual_stages;
+  if (given == held) return std::nullopt;
+  return e.positions.at(e.place_path) + ": lists " + std::to_string(given) + " stages, but pp x chunks per rank = " +
+         std::to_string(s.place.pp) + " x " + std::to_string(s.place.virtual_stages) + " = " + std::to_string(held) +
+         " stages (" + e.positions.ref("parallel.pp") +
+         (e.order_ranks.empty() ? ", " + e.positions.ref("parallel.schedule") : std::string()) + ")";
+}
+
+}  // namespace
+
+void validate(const config::Config& cfg, int world_size) {
+  config::validate(cfg, world_size);
+  const config::EffectiveStrategy e = config::effective_strategy(cfg);
+  const std::vector<std::string>& known = schedule_names();
+  if (e.order_ranks.empty() && std::find(known.begin(), known.end(), e.parallel.schedule) == known.end()) {
+    const std::string near = config::closest(e.parallel.schedule, known);
+    throw config::ConfigError(e.positions.head("parallel.schedule") + ": unknown schedule; expected one of " +
+                              join(known) + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+  }
+  const Strategy s = expand(cfg, world_size);
+  if (std::optional<std::string> problem = order_rules(e, s)) throw config::ConfigError(*problem);
+  if (std::optional<std::string> problem = stage_count_rule(e, s)) throw config::ConfigError(*problem);
+}
+
+}  // namespace piper::ir

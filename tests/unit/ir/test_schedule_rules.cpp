@@ -1,0 +1,164 @@
+// test_schedule_rules.cpp — the rules the IR owns (schedule names and requirements, hand-written
+// orders, the stage count of a placement) reported on a config by ir::validate, once, at the file
+// position of the key they concern; config::validate does not restate them.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "ir/pipeline_schedules.hpp"
+#include "ir/validate.hpp"
+
+namespace piper::ir {
+namespace {
+
+// A small hybrid model (blocks 0..4: M * - M -; units embed, layers.0..4, head), lines 1..8.
+const std::string kModel =
+    "model:\n"
+    "  pattern: \"M*-M-\"\n"
+    "  d_model: 64\n"
+    "  n_heads: 4\n"
+    "  n_kv_heads: 2\n"
+    "  head_dim: 16\n"
+    "train:\n"
+    "  global_batch: 8\n";
+
+struct RuleCase {
+  const char* name;
+  std::string yaml;                // after kModel; a section written here starts on line 9
+  int world;
+  std::vector<std::string> needs;  // substrings of ir::validate's message
+};
+
+std::ostream& operator<<(std::ostream& os, const RuleCase& c) { return os << c.name; }
+
+const std::vector<RuleCase> kRules = {
+    // the named schedule
+    {"UnknownSchedule", "parallel:\n  schedule: 1f1d\n", 1,
+     {"d.yaml:10:3: parallel.schedule=\"1f1d\": unknown schedule", "did you mean '1f1b'?"}},
+    {"UnknownScheduleByDirective", "directives:\n  - order: {schedule: 1f1d}\n", 1,
+     {"d.yaml:10:13: directives[0].order.schedule=\"1f1d\": unknown schedule", "did you mean '1f1b'?"}},
+    {"VirtualStagesOnlyInterleaved", "parallel:\n  virtual_stages: 2\n", 1,
+     {"d.yaml:10:3: parallel.virtual_stages=2: 1f1b holds one model chunk per rank: virtual_stages must be 1 (got 2)"}},
+    {"VirtualStagesByDirective", "directives:\n  - place: {virtual_stages: 2}\n", 1,
+     {"d.yaml:10:13: directives[0].place.virtual_stages=2: 1f1b holds one model chunk per rank"}},
+    {"InterleavedNeedsVirtualStages", "parallel:\n  schedule: interleaved\n", 1,
+     {"parallel.virtual_stages=1", "interleaved needs virtual_stages >= 2 model chunks per rank (got 1)",
+      "parallel.schedule=\"interleaved\" (at d.yaml:10:3)"}},
+    {"DualpipevChunks", "parallel:\n  schedule: dualpipev\n  virtual_stages: 3\n", 1,
+     {"d.yaml:11:3: parallel.virtual_stages=3: dualpipev holds exactly 2 model chunks per rank"}},
+    {"InterleavedMicrobatches",
+     "parallel:\n  pp: 2\n  schedule: interleaved\n  virtual_stages: 2\n  microbatches: 1\n", 2,
+     {"d.yaml:13:3: parallel.microbatches=1: interleaved needs microbatches divisible by pipeline ranks "
+      "(got 1 microbatches for 2 ranks)"}},
+    {"DualpipevMicrobatches", "parallel:\n  pp: 2\n  schedule: dualpipev\n  microbatches: 2\n", 2,
+     {"d.yaml:12:3: parallel.microbatches=2: dualpipev needs microbatches >= 2 x pipeline ranks"}},
+    // the stages a placement gives against pp x chunks
+    {"StageCount", "directives:\n  - place: {pp: 2, stages: [{blocks: 0}, {blocks: 1}, {blocks: \"2-4\"}]}\n", 2,
+     {"d.yaml:10:20: directives[0].place.stages: lists 3 stages, but pp x chunks per rank = 2 x 1 = 2 stages",
+      "directives[0].place.pp=2 (at d.yaml:10:13)"}},
+    {"StageOfUnitCount", "directives:\n  - place: {pp: 3, stage_of_unit: [0, 0, 0, 1, 1, 1, 1]}\n", 3,
+     {"d.yaml:10:20: directives[0].place.stage_of_unit: lists 2 stages, but pp x chunks per rank = 3 x 1 = 3"}},
+    // hand-written orders against the strategy
+    {"OrderRankCount", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0]]}\n", 2,
+     {"d.yaml:11:13", "directives[1].order.ranks: lists the ops of 1 rank(s), but there are 2 pipeline ranks",
+      "directives[0].place.pp=2"}},
+    {"OrderNoSuchMicrobatch",
+     "directives:\n  - split: {microbatches: 4}\n  - place: {pp: 2}\n"
+     "  - order: {ranks: [[F0, F1, B0, F2, B1, F9, B2, B3], [F0, B0, F1, B1, F2, B2, F3, B3]]}\n",
+     2,
+     {"d.yaml:12:42", "directives[2].order.ranks[0][5]: rank 0 runs F9, but there are 4 microbatches (0..3",
+      "directives[0].split.microbatches=4 (at d.yaml:10:13)"}},
+    {"OrderNoSuchChunk", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], [F0, F0.1, B0]]}\n", 2,
+     {"d.yaml:11:36", "directives[1].order.ranks[1][1]: rank 1 runs F0.1, but each rank holds 1 model chunk(s)"}},
+    {"OrderDuplicate",
+     "directives:\n  - split: {microbatches: 2}\n  - place: {pp: 2}\n"
+     "  - order: {ranks: [[F0, F1, B0, B1], [F0, B0, F1, B1, B0]]}\n",
+     2,
+     {"d.yaml:12:56", "directives[2].order.ranks[1][4]: rank 1 runs B0 twice",
+      "first as d.yaml:12:44: directives[2].order.ranks[1][1]", "each op runs once per step"}},
+    {"OrderMixedBackwards", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], [F0, BI0, BW0]]}\n", 2,
+     {"d.yaml:11:36", "rank 1 runs BI0", "d.yaml:11:26: directives[1].order.ranks[0][1] is a fused backward"}},
+    {"OrderFusedButSplit",
+     "directives:\n  - split_backward: true\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], [F0, B0]]}\n", 2,
+     {"d.yaml:12:26", "rank 0 runs B0, a fused backward", "directives[0].split_backward=true", "write BI0 and BW0"}},
+    {"OrderEmptyRank", "directives:\n  - place: {pp: 2}\n  - order: {ranks: [[F0, B0], []]}\n", 2,
+     {"d.yaml:11:31", "directives[1].order.ranks[1]: rank 1 has no ops"}},
+};
+
+class IrRules : public testing::TestWithParam<RuleCase> {};
+
+// The config's own rules accept it; the IR's report it once, at the file position of its key.
+TEST_P(IrRules, ReportedOnceByTheOwnerAtTheFilePosition) {
+  const RuleCase& c = GetParam();
+  const config::Config cfg = config::parse(kModel + c.yaml, "d.yaml");
+  EXPECT_NO_THROW(config::validate(cfg, c.world)) << "config restates a rule of the IR";
+  std::string message;
+  try {
+    ir::validate(cfg, c.world);
+  } catch (const config::ConfigError& e) {
+    message = e.what();
+  }
+  std::printf("[ ir rule ] %s: %s\n", c.name, message.c_str());
+  ASSERT_FALSE(message.empty()) << "no ConfigError";
+  // One problem, one line, naming a file position.
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_NE(message.find("d.yaml:"), std::string::npos) << message;
+  for (const std::string& s : c.needs) EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, IrRules, testing::ValuesIn(kRules),
+                         [](const testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
+
+// The schedule names a message lists are the IR's own list, and the line is the key's.
+TEST(IrRules, UnknownScheduleListsTheNamesTheIrKnows) {
+  std::string known;
+  for (const std::string& n : schedule_names()) known += (known.empty() ? "" : ", ") + n;
+  ASSERT_EQ(schedule_names().size(), 5u);
+  const std::string text = kModel + "parallel:\n  dp: 1\n  schedule: gpipee\n";  // schedule on line 11
+  const config::Config cfg = config::parse(text, "s.yaml");
+  std::string message;
+  try {
+    ir::validate(cfg, 1);
+  } catch (const config::ConfigError& e) {
+    message = e.what();
+  }
+  std::printf("[ ir rule ] %s\n", message.c_str());
+  EXPECT_EQ(message.rfind("s.yaml:11:3: parallel.schedule=\"gpipee\": unknown schedule; expected one of " + known, 0), 0u)
+      << message;
+  EXPECT_NE(message.find("did you mean 'gpipe'?"), std::string::npos) << message;
+  for (const std::string& n : schedule_names()) EXPECT_NO_THROW(parse_schedule(n)) << n;
+  for (size_t k = 0; k < schedule_names().size(); ++k)
+    EXPECT_EQ(schedule_name(static_cast<ScheduleKind>(k)), schedule_names()[k]);
+}
+
+// The config's own problems come first, all of them; the IR's rules run on values that passed them.
+TEST(IrRules, ConfigProblemsFirst) {
+  const config::Config cfg = config::parse(kModel + "parallel:\n  schedule: 1f1d\n  zero: 7\n", "d.yaml");
+  try {
+    ir::validate(cfg, 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const config::ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("d.yaml:11:3: parallel.zero=7: must be 0, 1, 2 or 3"), std::string::npos) << m;
+    EXPECT_EQ(m.find("unknown schedule"), std::string::npos) << m;
+  }
+}
+
+// Every schedule, with values its rules accept, passes.
+TEST(IrRules, ValidStrategiesPass) {
+  for (const std::string& yaml :
+       {std::string("parallel:\n  pp: 2\n  schedule: interleaved\n  virtual_stages: 2\n  microbatches: 4\n"),
+        std::string("parallel:\n  pp: 2\n  schedule: dualpipev\n  microbatches: 4\n"),
+        std::string("parallel:\n  pp: 2\n  schedule: zbh1\n  microbatches: 2\n"),
+        std::string("directives:\n  - place: {pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-4\"}]}\n"
+                    "  - order: {ranks: [[F0, B0], [F0, B0]]}\n")}) {
+    const config::Config cfg = config::parse(kModel + yaml, "ok.yaml");
+    EXPECT_NO_THROW(ir::validate(cfg, 2)) << yaml;
+  }
+}
+
+}  // namespace
+}  // namespace piper::ir
