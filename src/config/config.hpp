@@ -239,15 +239,15 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
 // the per-rank ops of a hand-written order.
 struct EffectiveStrategy {
   ParallelConfig parallel;
-  std::vector<int64_t> stage_of_unit;            // empty: the builder balances the units
-  std::string place_path;  // where stage_of_unit came from: "directives[1].place.stages"; "" when empty
+  std::vector<int64_t> stage_of_unit;   // a place directive's stage_of_unit list
+  std::vector<StageFilter> stage_filters;  // a place directive's stages: filters (ir resolves them over the units)
+  std::string place_path;  // where either came from: "directives[1].place.stages"; "" when neither: the
+                           // builder balances the units
   std::vector<std::vector<OrderOp>> order_ranks;  // empty: parallel.schedule orders the ops
   std::string order_path;  // where order_ranks came from: "directives[3].order.ranks"; "" when empty
   Positions positions;     // the parallel values' positions, under the names of the directives that set them
 };
-// Throws ConfigError (file:line:col and the unit) when stage filters leave a
-// unit on no stage or on two, or stages are not contiguous. Call after
-// validate(); ir::expand uses it.
+// ir::expand uses it; ir::validate checks the stages and the order it gives.
 EffectiveStrategy effective_strategy(const Config& cfg);
 
 }  // namespace piper::config

@@ -155,127 +155,6 @@ Applied apply_directives(const Config& c) {
   return a;
 }
 
-bool pattern_ok(const std::string& pattern) {
-  return !pattern.empty() && pattern.find_first_not_of("M*-") == std::string::npos;
-}
-
-namespace {
-
-// Units as the IR names them: embed (unit 0), layers.<block> (units 1..n), head (unit n+1).
-std::string unit_name(const std::string& pattern, size_t u) {
-  if (u == 0) return "embed";
-  if (u == pattern.size() + 1) return "head";
-  return "layers." + std::to_string(u - 1);
-}
-std::string unit_desc(const std::string& pattern, size_t u) {
-  if (u == 0 || u == pattern.size() + 1) return unit_name(pattern, u);
-  return unit_name(pattern, u) + " (block " + std::to_string(u - 1) + ", '" + std::string(1, pattern[u - 1]) + "')";
-}
-
-bool selects(const StageFilter& f, const std::string& pattern, size_t u) {
-  const bool embed = u == 0, head = u == pattern.size() + 1;
-  if (!f.blocks.empty()) {
-    if (embed || head) return false;
-    const auto b = static_cast<int64_t>(u - 1);
-    bool in = false;
-    for (auto [lo, hi] : f.blocks) in |= b >= lo && b <= hi;
-    if (!in) return false;
-  }
-  if (!f.kinds.empty()) {
-    const std::string kind = embed ? "embed" : head ? "head" : std::string(1, pattern[u - 1]);
-    if (std::find(f.kinds.begin(), f.kinds.end(), kind) == f.kinds.end()) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-
-// The first problem of a stage per unit (stages 0..n_stages-1 along the
-// model, each a contiguous non-empty run), or "" and bad_unit untouched.
-std::string check_stage_sequence(const std::vector<int64_t>& st, int64_t n_stages, const std::string& pattern,
-                                 size_t& bad_unit) {
-  for (size_t u = 0; u < st.size(); ++u) {
-    const int64_t s = st[u], prev = u > 0 ? st[u - 1] : 0;
-    const std::string name = unit_desc(pattern, u), stage = std::to_string(s);
-    std::string err;
-    if (s < 0 || s >= n_stages)
-      err = "unit " + name + " is on stage " + stage + ", but there are " + std::to_string(n_stages) + " stages (0.." +
-            std::to_string(n_stages - 1) + ")";
-    else if (u == 0 && s != 0)
-      err = "the first unit, embed, is on stage " + stage + ", so stage 0 holds no unit; stages run along the model";
-    else if (s < prev)
-      err = "unit " + name + " is on stage " + stage + " but comes after " + unit_name(pattern, u - 1) +
-            " on stage " + std::to_string(prev) + "; stages run along the model, each a contiguous run of units";
-    else if (s > prev + 1)
-      err = "unit " + name + " is on stage " + stage + " right after " + unit_name(pattern, u - 1) + " on stage " +
-            std::to_string(prev) + ", so stage " + std::to_string(prev + 1) + " holds no unit";
-    else if (u + 1 == st.size() && s != n_stages - 1)
-      err = "the last unit, head, is on stage " + stage + ", so stage " + std::to_string(s + 1) +
-            (s + 2 < n_stages ? ".." + std::to_string(n_stages - 1) : "") + " holds no unit";
-    if (!err.empty()) {
-      bad_unit = u;
-      return err;
-    }
-  }
-  return "";
-}
-
-// The stage of every unit from the `stages:` filters of directive `di`;
-// problems are appended to `errors` (then the result is empty).
-std::vector<int64_t> resolve_filters(const Config& c, size_t di, std::vector<std::string>& errors) {
-  const Positions ck(c, {});
-  const std::vector<StageFilter>& stages = *c.directives.list[di].stages;
-  const std::string& pattern = c.model.pattern;
-  const std::string base = dpath(di) + ".place.stages";
-  const size_t n_units = pattern.size() + 2, before = errors.size();
-  const int64_t n_stages = static_cast<int64_t>(stages.size());
-  std::vector<int64_t> st(n_units, -1);
-  for (size_t j = 0; j < stages.size(); ++j) {
-    const std::string path = base + "[" + std::to_string(j) + "]";
-    bool range_ok = true;
-    for (auto [lo, hi] : stages[j].blocks)
-      if (hi >= static_cast<int64_t>(pattern.size())) {
-        errors.push_back(ck.at(path) + ": block " + std::to_string(hi) + " does not exist; the pattern \"" + pattern +
-                         "\" has blocks 0.." + std::to_string(pattern.size() - 1));
-        range_ok = false;
-        break;
-      }
-    size_t count = 0;
-    for (size_t u = 0; u < n_units; ++u) {
-      if (!selects(stages[j], pattern, u)) continue;
-      ++count;
-      if (st[u] >= 0) {
-        errors.push_back(ck.at(path) + ": unit " + unit_desc(pattern, u) + " is already on stage " +
-                         std::to_string(st[u]) + " (" + ck.at(base + "[" + std::to_string(st[u]) + "]") +
-                         "); a unit belongs to one stage");
-        continue;
-      }
-      st[u] = static_cast<int64_t>(j);
-    }
-    if (count == 0 && range_ok)
-      errors.push_back(ck.at(path) + ": stage " + std::to_string(j) + " selects no unit of the pattern \"" + pattern +
-                       "\"");
-  }
-  if (st.front() < 0) st.front() = 0;             // the embedding goes with the first stage
-  if (st.back() < 0) st.back() = n_stages - 1;    // the head with the last
-  for (size_t u = 0; u < n_units; ++u)
-    if (st[u] < 0)
-      errors.push_back(ck.at(base) + ": unit " + unit_desc(pattern, u) +
-                       " is on no stage; every unit must be on exactly one (add it to a stage's blocks)");
-  if (errors.size() > before) return {};
-  size_t bad = 0;
-  std::string err = check_stage_sequence(st, n_stages, pattern, bad);
-  if (!err.empty()) {
-    // Point at the filter that put the unit there.
-    const int64_t s = st[bad];
-    bool named = s >= 0 && s < n_stages && selects(stages[static_cast<size_t>(s)], pattern, bad);
-    errors.push_back(ck.at(named ? base + "[" + std::to_string(s) + "]" : base) + ": " + err);
-    return {};
-  }
-  return st;
-}
-
 }  // namespace detail
 
 using namespace detail;
@@ -288,13 +167,8 @@ EffectiveStrategy effective_strategy(const Config& cfg) {
   if (a.place_from >= 0) {
     const Directive& d = cfg.directives.list[static_cast<size_t>(a.place_from)];
     e.place_path = dpath(static_cast<size_t>(a.place_from)) + ".place." + (d.stage_of_unit ? "stage_of_unit" : "stages");
-    if (d.stage_of_unit) {
-      e.stage_of_unit = *d.stage_of_unit;
-    } else {
-      std::vector<std::string> errors;
-      e.stage_of_unit = resolve_filters(cfg, static_cast<size_t>(a.place_from), errors);
-      if (!errors.empty()) throw ConfigError(join(errors, "\n"));
-    }
+    if (d.stage_of_unit) e.stage_of_unit = *d.stage_of_unit;
+    else e.stage_filters = *d.stages;
   }
   if (a.order_from >= 0) {
     e.order_ranks = *cfg.directives.list[static_cast<size_t>(a.order_from)].ranks;

@@ -81,13 +81,4 @@ struct Applied {
 };
 Applied apply_directives(const Config& c);
 
-bool pattern_ok(const std::string& pattern);  // only the block symbols M, *, -
-// The first problem of a stage per unit (stages 0..n_stages-1 along the
-// model, each a contiguous non-empty run), or "" and bad_unit untouched.
-std::string check_stage_sequence(const std::vector<int64_t>& st, int64_t n_stages, const std::string& pattern,
-                                 size_t& bad_unit);
-// The stage of every unit from the `stages:` filters of directive `di`;
-// problems are appended to `errors` (then the result is empty).
-std::vector<int64_t> resolve_filters(const Config& c, size_t di, std::vector<std::string>& errors);
-
 }  // namespace piper::config::detail

@@ -1,7 +1,6 @@
 // validate.cpp — the rules a config owns: every value in its range and bound, the model's sizes
-// against each other, the strategy's sizes against the world size and the batch, and the stages a
-// place directive gives (docs/config.md). The rules of schedules and hand-written orders are the
-// IR's (ir::validate).
+// against each other, the strategy's sizes against the world size and the batch (docs/config.md).
+// The rules of schedules, stages and hand-written orders are the IR's (ir::validate).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -93,29 +92,8 @@ std::string divisors_hint(int64_t n, int64_t v) {
   return std::to_string(below ? below : above);
 }
 
-// Stages a place directive gives, against the units of the model: each unit on one stage, stages
-// contiguous runs along the model. Their count against the schedule's is ir::validate's.
-void check_placement(const Config& c, const Applied& a, Checker& ck) {
-  const size_t di = static_cast<size_t>(a.place_from);
-  const Directive& d = c.directives.list[di];
-  const std::string base = dpath(di) + ".place";
-  const std::string& pattern = c.model.pattern;
-  const size_t n_units = pattern.size() + 2;
-  if (d.stages) {
-    std::vector<std::string> errors;
-    resolve_filters(c, di, errors);
-    for (const std::string& e : errors) ck.fail(e);
-    return;
-  }
-  const std::vector<int64_t>& st = *d.stage_of_unit;
-  if (st.size() != n_units)
-    return ck.fail(ck.at(base + ".stage_of_unit") + ": lists " + std::to_string(st.size()) +
-                   " stages, one per unit, but the model has " + std::to_string(n_units) + " units (embed, " +
-                   std::to_string(pattern.size()) + " blocks of \"" + pattern + "\", head)");
-  const int64_t count = st.empty() ? 1 : *std::max_element(st.begin(), st.end()) + 1;
-  size_t bad = 0;
-  std::string err = check_stage_sequence(st, count, pattern, bad);
-  if (!err.empty()) ck.fail(ck.at(base + ".stage_of_unit") + ": " + err);
+bool pattern_ok(const std::string& pattern) {
+  return !pattern.empty() && pattern.find_first_not_of("M*-") == std::string::npos;
 }
 
 // Upper bounds of the sizes (docs/config.md, "Bounds"): far above any model
@@ -263,7 +241,7 @@ void check_train(const TrainConfig& t, Checker& ck) {
   ck.within("train.threads", t.threads, 0, kMaxThreads, "OpenMP threads per rank");
 }
 
-void check_parallel(const Config& original, const Applied& a, int world_size, Checker& ck) {
+void check_parallel(const Applied& a, int world_size, Checker& ck) {
   const Config& c = a.cfg;
   const ParallelConfig& p = c.parallel;
   const std::string ranks_why = "2^16 ranks along one axis of the rank grid";
@@ -321,9 +299,6 @@ void check_parallel(const Config& original, const Applied& a, int world_size, Ch
   if (zero_ok && p.zero > 0 && dims_ok && p.dp == 1)
     ck.fail(ck.head("parallel.zero") +
             ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") + "; use dp >= 2 or zero 0");
-  // How many stages the schedule holds (pp x its chunks per rank) is the IR's rule: ir::validate checks the
-  // count a place directive gives.
-  if (a.place_from >= 0 && pattern_ok(c.model.pattern)) check_placement(original, a, ck);
   ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, kMaxBucketMb, false,
           "> 0 and at most 1048576 MiB (1 TiB) (typical: 25)");
   ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, kMaxCommTimeout, false,
@@ -345,7 +320,7 @@ void validate(const Config& cfg, int world_size) {
     ck.fail(ck.head("checkpoint.on_error") + ": must be 'stop' (end the job, exit 3) or 'continue' (warn and "
             "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
-  check_parallel(cfg, a, world_size, ck);
+  check_parallel(a, world_size, ck);
   if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));
 }
 

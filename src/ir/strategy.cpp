@@ -10,6 +10,8 @@
 #include <stdexcept>
 
 #include "config/checked.hpp"
+#include "ir/model_graph.hpp"
+#include "ir/placement.hpp"
 
 namespace piper::ir {
 
@@ -45,7 +47,17 @@ Strategy expand(const config::Config& cfg, int world_size) {
   s.place.pp = static_cast<int>(p.pp);
   s.place.virtual_stages = s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
                                                                                : static_cast<int>(p.virtual_stages);
-  for (int64_t st : e.stage_of_unit) s.place.stage_of_unit.push_back(static_cast<int>(st));
+  std::vector<int64_t> stage_of_unit = e.stage_of_unit;
+  if (!e.stage_filters.empty()) {
+    std::vector<std::string> errors;
+    stage_of_unit = resolve_stages(make_model_graph(cfg.model), e.stage_filters, e.place_path, e.positions, errors);
+    if (!errors.empty()) {
+      std::string text;
+      for (const std::string& err : errors) text += (text.empty() ? "" : "\n") + err;
+      throw config::ConfigError(text);
+    }
+  }
+  for (int64_t st : stage_of_unit) s.place.stage_of_unit.push_back(static_cast<int>(st));
   s.replicate.dp = static_cast<int>(p.dp);
   s.replicate.zero = static_cast<int>(p.zero);
   // At least one byte: a bucket_mb above 0 but below half a byte (1e-310) would round to 0, and the directives

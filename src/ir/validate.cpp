@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "ir/model_graph.hpp"
 #include "ir/pipeline_schedules.hpp"
+#include "ir/placement.hpp"
 #include "ir/strategy.hpp"
 
 namespace piper::ir {
@@ -44,8 +46,9 @@ std::optional<std::string> order_rules(const config::EffectiveStrategy& e, const
 
 // The stages a place directive gives against the pp x chunks per rank the schedule holds.
 std::optional<std::string> stage_count_rule(const config::EffectiveStrategy& e, const Strategy& s) {
-  if (e.stage_of_unit.empty()) return std::nullopt;
-  const int64_t given = *std::max_element(e.stage_of_unit.begin(), e.stage_of_unit.end()) + 1;
+  const std::vector<int>& st = s.place.stage_of_unit;  // the placement's, filters resolved
+  if (st.empty()) return std::nullopt;
+  const int64_t given = *std::max_element(st.begin(), st.end()) + 1;
   const int64_t held = static_cast<int64_t>(s.place.pp) * s.place.virtual_stages;
   if (given == held) return std::nullopt;
   return e.positions.at(e.place_path) + ": lists " + std::to_string(given) + " stages, but pp x chunks per rank = " +
@@ -59,6 +62,12 @@ std::optional<std::string> stage_count_rule(const config::EffectiveStrategy& e, 
 void validate(const config::Config& cfg, int world_size) {
   config::validate(cfg, world_size);
   const config::EffectiveStrategy e = config::effective_strategy(cfg);
+  const std::vector<std::string> placement = placement_problems(make_model_graph(cfg.model), e);
+  if (!placement.empty()) {
+    std::string text;
+    for (const std::string& p : placement) text += (text.empty() ? "" : "\n") + p;
+    throw config::ConfigError(text);
+  }
   const std::vector<std::string>& known = schedule_names();
   if (e.order_ranks.empty() && std::find(known.begin(), known.end(), e.parallel.schedule) == known.end()) {
     const std::string near = config::closest(e.parallel.schedule, known);

@@ -148,47 +148,6 @@ TEST(Directives, ReplicateFlagsGiveTheZeroStage) {
   }
 }
 
-TEST(Directives, StageFiltersSelectUnitsByTags) {
-  auto stages = [&](const std::string& place, const std::string& pattern = "M*-M-") {
-    std::string model = kModel;
-    model.replace(model.find("M*-M-"), 5, pattern);
-    Config c = parse(model + "directives:\n  - place: " + place + "\n", "d.yaml");
-    return effective_strategy(c).stage_of_unit;
-  };
-  // embed goes with the first stage, head with the last.
-  EXPECT_EQ(stages("{pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-4\"}]}"),
-            (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1}));
-  // A single index, a list, and a list of ranges.
-  EXPECT_EQ(stages("{pp: 3, stages: [{blocks: 0}, {blocks: [1, 2]}, {blocks: [\"3-3\", 4]}]}"),
-            (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 2}));
-  // embed and head named on stages of their own.
-  EXPECT_EQ(stages("{pp: 3, stages: [{kind: embed}, {blocks: \"0-4\"}, {kind: head}]}"),
-            (std::vector<int64_t>{0, 1, 1, 1, 1, 1, 2}));
-  // kind with blocks: both filters must match; kind lists.
-  EXPECT_EQ(stages("{pp: 2, stages: [{blocks: \"0-2\", kind: [M, \"*\", \"-\"]}, "
-                   "{blocks: \"3-4\", kind: [M, \"-\", head]}]}"),
-            (std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1}));
-  // Block filters never select embed or head: "MM**" with the head named.
-  EXPECT_EQ(stages("{pp: 2, stages: [{kind: M}, {kind: [\"*\", head]}]}", "MM**"),
-            (std::vector<int64_t>{0, 0, 0, 1, 1, 1}));
-  // Block-style YAML, with the stages one per line.
-  Config c = parse(kModel +
-                       "directives:\n"
-                       "  - place:\n"
-                       "      pp: 2\n"
-                       "      stages:\n"
-                       "        - blocks: \"0-2\"\n"
-                       "        - blocks: [3, 4]\n",
-                   "d.yaml");
-  const auto& f = *c.directives.list[0].stages;
-  ASSERT_EQ(f.size(), 2u);
-  EXPECT_EQ(f[0].blocks, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}}));
-  EXPECT_EQ(f[1].blocks, (std::vector<std::pair<int64_t, int64_t>>{{3, 3}, {4, 4}}));
-  EXPECT_TRUE(f[1].kinds.empty());
-  EXPECT_EQ(c.locations.at("directives[0].place.stages[1]"), "d.yaml:14:11");
-  EXPECT_NO_THROW(validate(c, 2));
-}
-
 TEST(Directives, HandWrittenOrders) {
   Config c = parse(kModel +
                        "directives:\n"
@@ -240,7 +199,7 @@ TEST(Directives, RoundTripThroughToYaml) {
   Config back = parse(c.yaml_text, "resolved.yaml");
   EXPECT_TRUE(back.same_settings(c));
   EXPECT_EQ(back.yaml_text, c.yaml_text);
-  EXPECT_EQ(effective_strategy(back).stage_of_unit, effective_strategy(c).stage_of_unit);
+  EXPECT_EQ(effective_strategy(back).stage_filters, effective_strategy(c).stage_filters);
   EXPECT_NO_THROW(validate(back, 2));
   // Changing one directive changes the settings.
   Config other = parse(text + "  - split: {microbatches: 2}\n", "d.yaml");
@@ -326,26 +285,6 @@ const std::vector<BadCase> kBad = {
      {"d.yaml:10:38", "runs backwards; write 0-2"}},
     {"FilterBadKind", "directives:\n  - place: {pp: 2, stages: [{kind: X}, {blocks: \"1-4\"}]}\n", 2,
      {"d.yaml:10:36", "directives[0].place.stages[0].kind", "expected a block kind", "found 'X'"}},
-    {"UnitOnNoStage", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"3-4\", kind: \"*\"}]}\n",
-     2,
-     {"d.yaml:10:46: directives[0].place.stages[1]: stage 1 selects no unit of the pattern \"M*-M-\"",
-      "d.yaml:10:20: directives[0].place.stages: unit layers.3 (block 3, 'M') is on no stage",
-      "unit layers.4 (block 4, '-') is on no stage", "every unit must be on exactly one"}},
-    {"UnitOnTwoStages", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"2-4\"}]}\n", 2,
-     {"d.yaml:10:46", "directives[0].place.stages[1]", "unit layers.2 (block 2, '-') is already on stage 0",
-      "(d.yaml:10:29: directives[0].place.stages[0])", "a unit belongs to one stage"}},
-    {"StagesNotContiguous", "directives:\n  - place: {pp: 2, stages: [{blocks: [0, 1, 4]}, {blocks: \"2-3\"}]}\n", 2,
-     {"d.yaml:10:29", "directives[0].place.stages[0]", "unit layers.4 (block 4, '-') is on stage 0 but comes after "
-                                                        "layers.3 on stage 1", "contiguous"}},
-    {"HeadBeforeLastStage", "directives:\n  - place: {pp: 2, stages: [{kind: head}, {blocks: \"0-4\"}]}\n", 2,
-     {"d.yaml:10:29: directives[0].place.stages[0]: unit head is on stage 0 but comes after layers.4 on stage 1"}},
-    {"NonexistentBlock", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-9\"}]}\n", 2,
-     {"d.yaml:10:46", "directives[0].place.stages[1]", "block 9 does not exist", "blocks 0..4"}},
-    {"StageOfUnitLength", "directives:\n  - place: {pp: 2, stage_of_unit: [0, 0, 1, 1]}\n", 2,
-     {"d.yaml:10:20", "directives[0].place.stage_of_unit", "lists 4 stages, one per unit", "the model has 7 units"}},
-    {"StageOfUnitGap", "directives:\n  - place: {pp: 3, stage_of_unit: [0, 0, 0, 2, 2, 2, 2]}\n", 3,
-     {"d.yaml:10:20", "unit layers.2 (block 2, '-') is on stage 2 right after layers.1 on stage 0",
-      "stage 1 holds no unit"}},
     // values checked against each other, named by the directive that set them
     {"WorldSize", "directives:\n  - replicate: {dp: 2}\n  - place: {pp: 2}\n", 2,
      {"world size 2 != dp(2) x tp(1) x pp(2) = 4", "directives[0].replicate.dp=2 (at d.yaml:10:17)",

@@ -1,5 +1,5 @@
 // test_schedule_rules.cpp — the rules the IR owns (schedule names and requirements, hand-written
-// orders, the stage count of a placement) reported on a config by ir::validate, once, at the file
+// orders, stage filters and the stages of a placement) reported on a config by ir::validate, once, at the file
 // position of the key they concern; config::validate does not restate them.
 #include <gtest/gtest.h>
 
@@ -9,6 +9,7 @@
 
 #include "config/config.hpp"
 #include "ir/pipeline_schedules.hpp"
+#include "ir/strategy.hpp"
 #include "ir/validate.hpp"
 
 namespace piper::ir {
@@ -159,6 +160,96 @@ TEST(IrRules, ValidStrategiesPass) {
     EXPECT_NO_THROW(ir::validate(cfg, 2)) << yaml;
   }
 }
+
+// ---- placement: stage filters resolved over the units, stages along the model ------------------
+
+TEST(Placement, StageFiltersSelectUnitsByTags) {
+  auto stages = [&](const std::string& place, const std::string& pattern = "M*-M-") {
+    std::string model = kModel;
+    model.replace(model.find("M*-M-"), 5, pattern);
+    const config::Config c = config::parse(model + "directives:\n  - place: " + place + "\n", "d.yaml");
+    const std::vector<int> st = expand(c, 1).place.stage_of_unit;
+    return std::vector<int64_t>(st.begin(), st.end());
+  };
+  // embed goes with the first stage, head with the last.
+  EXPECT_EQ(stages("{pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-4\"}]}"),
+            (std::vector<int64_t>{0, 0, 0, 1, 1, 1, 1}));
+  // A single index, a list, and a list of ranges.
+  EXPECT_EQ(stages("{pp: 3, stages: [{blocks: 0}, {blocks: [1, 2]}, {blocks: [\"3-3\", 4]}]}"),
+            (std::vector<int64_t>{0, 0, 1, 1, 2, 2, 2}));
+  // embed and head named on stages of their own.
+  EXPECT_EQ(stages("{pp: 3, stages: [{kind: embed}, {blocks: \"0-4\"}, {kind: head}]}"),
+            (std::vector<int64_t>{0, 1, 1, 1, 1, 1, 2}));
+  // kind with blocks: both filters must match; kind lists.
+  EXPECT_EQ(stages("{pp: 2, stages: [{blocks: \"0-2\", kind: [M, \"*\", \"-\"]}, "
+                   "{blocks: \"3-4\", kind: [M, \"-\", head]}]}"),
+            (std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1}));
+  // Block filters never select embed or head: "MM**" with the head named.
+  EXPECT_EQ(stages("{pp: 2, stages: [{kind: M}, {kind: [\"*\", head]}]}", "MM**"),
+            (std::vector<int64_t>{0, 0, 0, 1, 1, 1}));
+  // Block-style YAML, with the stages one per line.
+  const config::Config c = config::parse(kModel +
+                       "directives:\n"
+                       "  - place:\n"
+                       "      pp: 2\n"
+                       "      stages:\n"
+                       "        - blocks: \"0-2\"\n"
+                       "        - blocks: [3, 4]\n",
+                   "d.yaml");
+  const auto& f = *c.directives.list[0].stages;
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].blocks, (std::vector<std::pair<int64_t, int64_t>>{{0, 2}}));
+  EXPECT_EQ(f[1].blocks, (std::vector<std::pair<int64_t, int64_t>>{{3, 3}, {4, 4}}));
+  EXPECT_TRUE(f[1].kinds.empty());
+  EXPECT_EQ(c.locations.at("directives[0].place.stages[1]"), "d.yaml:14:11");
+  EXPECT_NO_THROW(ir::validate(c, 2));
+}
+
+const std::vector<RuleCase> kPlacement = {
+    {"UnitOnNoStage", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"3-4\", kind: \"*\"}]}\n",
+     2,
+     {"d.yaml:10:46: directives[0].place.stages[1]: stage 1 selects no unit of the pattern \"M*-M-\"",
+      "d.yaml:10:20: directives[0].place.stages: unit layers.3 (block 3, 'M') is on no stage",
+      "unit layers.4 (block 4, '-') is on no stage", "every unit must be on exactly one"}},
+    {"UnitOnTwoStages", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"2-4\"}]}\n", 2,
+     {"d.yaml:10:46", "directives[0].place.stages[1]", "unit layers.2 (block 2, '-') is already on stage 0",
+      "(d.yaml:10:29: directives[0].place.stages[0])", "a unit belongs to one stage"}},
+    {"StagesNotContiguous", "directives:\n  - place: {pp: 2, stages: [{blocks: [0, 1, 4]}, {blocks: \"2-3\"}]}\n", 2,
+     {"d.yaml:10:29", "directives[0].place.stages[0]", "unit layers.4 (block 4, '-') is on stage 0 but comes after "
+                                                        "layers.3 on stage 1", "contiguous"}},
+    {"HeadBeforeLastStage", "directives:\n  - place: {pp: 2, stages: [{kind: head}, {blocks: \"0-4\"}]}\n", 2,
+     {"d.yaml:10:29: directives[0].place.stages[0]: unit head is on stage 0 but comes after layers.4 on stage 1"}},
+    {"NonexistentBlock", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-9\"}]}\n", 2,
+     {"d.yaml:10:46", "directives[0].place.stages[1]", "block 9 does not exist", "blocks 0..4"}},
+    {"StageOfUnitLength", "directives:\n  - place: {pp: 2, stage_of_unit: [0, 0, 1, 1]}\n", 2,
+     {"d.yaml:10:20", "directives[0].place.stage_of_unit", "lists 4 stages, one per unit", "the model has 7 units"}},
+    {"StageOfUnitGap", "directives:\n  - place: {pp: 3, stage_of_unit: [0, 0, 0, 2, 2, 2, 2]}\n", 3,
+     {"d.yaml:10:20", "unit layers.2 (block 2, '-') is on stage 2 right after layers.1 on stage 0",
+      "stage 1 holds no unit"}},
+};
+
+class PlacementRules : public testing::TestWithParam<RuleCase> {};
+
+// The config's own rules accept it; the IR's placement rules report every problem at the filter or
+// list it concerns.
+TEST_P(PlacementRules, ReportedByTheOwnerAtTheFilePosition) {
+  const RuleCase& c = GetParam();
+  const config::Config cfg = config::parse(kModel + c.yaml, "d.yaml");
+  EXPECT_NO_THROW(config::validate(cfg, c.world)) << "config restates a rule of the IR";
+  std::string message;
+  try {
+    ir::validate(cfg, c.world);
+  } catch (const config::ConfigError& e) {
+    message = e.what();
+  }
+  std::printf("[ placement ] %s:\n%s\n", c.name, message.c_str());
+  ASSERT_FALSE(message.empty()) << "no ConfigError";
+  EXPECT_EQ(message.rfind("d.yaml:", 0), 0u) << message;
+  for (const std::string& s : c.needs) EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, PlacementRules, testing::ValuesIn(kPlacement),
+                         [](const testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace piper::ir
