@@ -192,7 +192,7 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
 
 // Reads one key of a directive into d; reports and returns false when the value is wrong.
 bool Reader::read_directive_key(Directive& d, const std::string& name, const YAML::Node& v, const std::string& path,
-                        const std::string& vat) {
+                                 const std::string& vat) {
   std::string err;
   if (name == "microbatches") err = read_int(v, d.microbatches);
   else if (name == "pp") err = read_int(v, d.pp);

@@ -166,7 +166,8 @@ EffectiveStrategy effective_strategy(const Config& cfg) {
   e.positions = Positions(a.cfg, a.names);
   if (a.place_from >= 0) {
     const Directive& d = cfg.directives.list[static_cast<size_t>(a.place_from)];
-    e.place_path = dpath(static_cast<size_t>(a.place_from)) + ".place." + (d.stage_of_unit ? "stage_of_unit" : "stages");
+    const std::string key = d.stage_of_unit ? "stage_of_unit" : "stages";
+    e.place_path = dpath(static_cast<size_t>(a.place_from)) + ".place." + key;
     if (d.stage_of_unit) e.stage_of_unit = *d.stage_of_unit;
     else e.stage_filters = *d.stages;
   }

@@ -112,7 +112,7 @@ void Reader::read_section(const std::string& section, const YAML::Node& map) {
 }
 
 bool Reader::first_time(std::map<std::string, YAML::Mark>& seen, const std::string& name, const YAML::Mark& m,
-                const std::string& at, const std::string& what) {
+                         const std::string& at, const std::string& what) {
   auto [it, fresh] = seen.emplace(name, m);
   if (!fresh)
     fail(at + ": duplicate " + what + " (first at " + where(source_, it->second) + "); keep one of them");

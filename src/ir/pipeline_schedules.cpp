@@ -173,38 +173,36 @@ const std::vector<std::string>& schedule_names() {
 }
 
 std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int p, int v, int m, bool split) {
-  const std::string name = schedule_name(kind);
-  if (p < 1) return ScheduleProblem{"parallel.pp", name + " needs at least 1 pipeline rank (got " + std::to_string(p) + ")"};
-  if (m < 1)
-    return ScheduleProblem{"parallel.microbatches", name + " needs at least 1 microbatch (got " + std::to_string(m) + ")"};
+  const std::string name = schedule_name(kind), got_v = "(got " + std::to_string(v) + ")";
+  auto problem = [](const char* key, const std::string& message) {
+    return std::optional<ScheduleProblem>(ScheduleProblem{std::string("parallel.") + key, message});
+  };
+  if (p < 1) return problem("pp", name + " needs at least 1 pipeline rank (got " + std::to_string(p) + ")");
+  if (m < 1) return problem("microbatches", name + " needs at least 1 microbatch (got " + std::to_string(m) + ")");
   switch (kind) {
     case ScheduleKind::SCHEDULE_INTERLEAVED:
       if (v < 2)
-        return ScheduleProblem{"parallel.virtual_stages", "interleaved needs virtual_stages >= 2 model chunks per rank (got " +
-                                                              std::to_string(v) + "); with one chunk use 1f1b"};
+        return problem("virtual_stages", "interleaved needs virtual_stages >= 2 model chunks per rank " + got_v +
+                                             "; with one chunk use 1f1b");
       if (m % p != 0)
-        return ScheduleProblem{"parallel.microbatches",
-                               "interleaved needs microbatches divisible by pipeline ranks " + counts(m, p)};
+        return problem("microbatches", "interleaved needs microbatches divisible by pipeline ranks " + counts(m, p));
       return std::nullopt;
     case ScheduleKind::SCHEDULE_DUALPIPEV:
       if (v != 1 && v != 2)
-        return ScheduleProblem{"parallel.virtual_stages",
-                               "dualpipev holds exactly 2 model chunks per rank: virtual_stages must be 1 or 2 (got " +
-                                   std::to_string(v) + ")"};
-      if (!split)
-        return ScheduleProblem{"parallel.split_backward", "dualpipev needs split_backward (its W passes fill the bubbles)"};
+        return problem("virtual_stages",
+                       "dualpipev holds exactly 2 model chunks per rank: virtual_stages must be 1 or 2 " + got_v);
+      if (!split) return problem("split_backward", "dualpipev needs split_backward (its W passes fill the bubbles)");
       if (m < 2 * p)
-        return ScheduleProblem{"parallel.microbatches", "dualpipev needs microbatches >= 2 x pipeline ranks " + counts(m, p)};
+        return problem("microbatches", "dualpipev needs microbatches >= 2 x pipeline ranks " + counts(m, p));
       return std::nullopt;
     case ScheduleKind::SCHEDULE_ZBH1:
-      if (!split)
-        return ScheduleProblem{"parallel.split_backward", "zbh1 needs split_backward (its W passes fill the bubbles)"};
+      if (!split) return problem("split_backward", "zbh1 needs split_backward (its W passes fill the bubbles)");
       [[fallthrough]];
     case ScheduleKind::SCHEDULE_GPIPE:
     case ScheduleKind::SCHEDULE_1F1B:
       if (v != 1)
-        return ScheduleProblem{"parallel.virtual_stages", name + " holds one model chunk per rank: virtual_stages must be 1 (got " +
-                                                              std::to_string(v) + "); interleaved runs several"};
+        return problem("virtual_stages", name + " holds one model chunk per rank: virtual_stages must be 1 " + got_v +
+                                             "; interleaved runs several");
       return std::nullopt;
   }
   return std::nullopt;

@@ -96,7 +96,8 @@ std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<c
   if (const std::optional<StageProblem> problem = stage_problem(model, st, n_stages)) {
     // Point at the filter that put the unit there.
     const int64_t s = st[static_cast<size_t>(problem->unit)];
-    const bool named = s >= 0 && s < n_stages && selects(stages[static_cast<size_t>(s)], model.units[static_cast<size_t>(problem->unit)]);
+    const UnitSpec& unit = model.units[static_cast<size_t>(problem->unit)];
+    const bool named = s >= 0 && s < n_stages && selects(stages[static_cast<size_t>(s)], unit);
     errors.push_back(at.at(named ? base + "[" + std::to_string(s) + "]" : base) + ": " + problem->message);
     return {};
   }
