@@ -716,14 +716,7 @@ std::vector<int64_t> batch_sizes(int64_t mb, bool quick) {
 
 // Validates the config for the world size its own strategy needs.
 int strategy_world(const config::Config& cfg, int job_world) {
-  config::EffectiveStrategy es;
-  try {
-    es = config::effective_strategy(cfg);
-  } catch (const std::exception&) {
-    ir::validate(cfg, job_world);  // the full list of problems, when there are others
-    throw;
-  }
-  const config::ParallelConfig& p = es.parallel;
+  const config::ParallelConfig p = config::effective_strategy(cfg).parallel;
   const int w = p.dp >= 1 && p.tp >= 1 && p.pp >= 1 ? static_cast<int>(p.dp * p.tp * p.pp) : job_world;
   ir::validate(cfg, w);
   return w;

@@ -1,9 +1,9 @@
 // fuzz_directives.cpp — the directive reader: the `directives:` section of a config (src/config reads it,
-// config::effective_strategy resolves stage filters and hand-written orders, ir::expand and ir::compile
-// turn it into the global DAG for a world size).
+// config::effective_strategy applies it onto the shorthand, ir::validate checks the IR's rules on it,
+// ir::expand resolves the stage filters and ir::compile turns it into the global DAG for a world size).
 //
 // Input: the body of a `directives:` list, appended to a fixed small config (every block kind, global
-// batch 8). For each world size 1, 2, 4 and 8 that validate() accepts, the plan is compiled.
+// batch 8). For each world size 1, 2, 4 and 8 that ir::validate accepts, the plan is compiled.
 // Refusals: config::ConfigError (parse, validate, filters), ir::BuildError and ir::VerifyError (compile).
 // Invariant: the directives `piper plan --directives` prints for a compiled plan (ir::directives_yaml)
 // are accepted again and compile to the same plan hash.
