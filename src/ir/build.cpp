@@ -9,6 +9,7 @@
 
 #include "ir/grid.hpp"
 #include "ir/pipeline_schedules.hpp"
+#include "ir/placement.hpp"
 #include "ir/unit_passes.hpp"
 
 namespace piper::ir {
@@ -103,15 +104,9 @@ struct Builder {
     if (static_cast<int>(stage_of_unit.size()) != n_units)
       throw BuildError("place: stage_of_unit lists " + std::to_string(stage_of_unit.size()) +
                        " units, the model has " + std::to_string(n_units));
-    for (int u = 0; u < n_units; ++u) {
-      const int s = stage_of_unit[static_cast<size_t>(u)];
-      const int prev = u > 0 ? stage_of_unit[static_cast<size_t>(u - 1)] : 0;
-      if (s < 0 || s >= n_stages || s < prev || s > prev + 1 || (u == 0 && s != 0) ||
-          (u == n_units - 1 && s != n_stages - 1))
-        throw BuildError("place: unit " + model.units[static_cast<size_t>(u)].name + " is on stage " +
-                         std::to_string(s) + "; stages must run 0.." + std::to_string(n_stages - 1) +
-                         " along the model, each holding at least one unit");
-    }
+    const std::vector<int64_t> stages(stage_of_unit.begin(), stage_of_unit.end());
+    if (const auto problem = stage_problem(model, stages, n_stages))
+      throw BuildError("place: " + problem->message);
     devices_of_stage.resize(static_cast<size_t>(n_stages));
     for (int s = 0; s < n_stages; ++s) {
       const int p = sched.rank_of(s);

@@ -336,15 +336,15 @@ TEST(Build, BadDirectivesThrowBuildError) {
   expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1}, 2), {"stage_of_unit lists 3", "has 7"});
   // not contiguous: layers.2 goes back to stage 0 after layers.1 on stage 1
   expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 1, 0, 1, 1, 1}, 2),
-               {"place:", "unit layers.2 is on stage 0", "stages must run 0..1"});
+               {"place:", "unit layers.2", "is on stage 0 but comes after layers.1 on stage 1", "stages run along the model"});
   // skips a stage: stage 1 of three holds nothing, layers.2 jumps from 0 to 2
   expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 2, 2, 2, 2}, 3),
-               {"unit layers.2 is on stage 2", "stages must run 0..2", "at least one unit"});
+               {"unit layers.2", "is on stage 2 right after layers.1 on stage 0", "stage 1 holds no unit"});
   // leaves the last stage empty: the head must sit on the last stage
   expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 3),
-               {"unit head is on stage 1", "stages must run 0..2"});
+               {"the last unit, head, is on stage 1", "stage 2 holds no unit"});
   // the first unit must sit on stage 0
-  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {1, 1, 1, 1, 1, 1, 1}, 2), {"unit embed is on stage 1"});
+  expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {1, 1, 1, 1, 1, 1, 1}, 2), {"the first unit, embed, is on stage 1", "stage 0 holds no unit"});
   // a stage outside the pipeline
   expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 2}, 2), {"unit head is on stage 2"});
   expect_error(strategy(1, false, ScheduleKind::SCHEDULE_1F1B, {-1, 0, 0, 1, 1, 1, 1}, 2), {"unit embed is on stage -1"});
