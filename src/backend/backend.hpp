@@ -81,7 +81,8 @@ struct ConstTensorView {
   const void* ptr = nullptr;
   ConstTensorView() = default;
   ConstTensorView(Backend* d, DType t, Shape s, const void* p) : device(d), dtype(t), shape(s), ptr(p) {}
-  ConstTensorView(const TensorView& v) : device(v.device), dtype(v.dtype), shape(v.shape), ptr(v.ptr) {}  // NOLINT
+  ConstTensorView(const TensorView& v)  // NOLINT: a view converts to its read-only form
+      : device(v.device), dtype(v.dtype), shape(v.shape), ptr(v.ptr) {}
   int64_t numel() const { return shape.numel(); }
   const float* f32() const { return static_cast<const float*>(ptr); }
   const int32_t* i32() const { return static_cast<const int32_t*>(ptr); }

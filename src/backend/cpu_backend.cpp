@@ -109,6 +109,13 @@ class Check {
       fail(op_, std::string("tensor ") + name + " has shape " + t.shape.str() + ", expected rank " +
                     std::to_string(r));
   }
+  // i32 ids or targets, one per row of a [rows, ...] tensor.
+  void ids(const char* name, const ConstTensorView& t, int64_t rows) const {
+    i32(name, t);
+    if (t.numel() != rows)
+      fail(op_, std::string("tensor ") + name + " has " + std::to_string(t.numel()) +
+                    " values, expected one per row (" + std::to_string(rows) + ")");
+  }
   void that(bool ok, const std::string& what) const {
     if (!ok) fail(op_, what);
   }
@@ -242,7 +249,8 @@ class CpuBackend final : public Backend {
     const int64_t M = y.shape[0], Di = y.shape[1], G = rstd.shape[1];
     c.shape("z", z, {M, Di}), c.shape("w", w, {Di}), c.shape("out", out, {M, Di});
     c.shape("rstd", rstd, {M, G});
-    c.that(G > 0 && Di % G == 0, "groups " + std::to_string(G) + " do not divide width " + std::to_string(Di));
+    c.that(G > 0 && Di % G == 0,
+           "groups " + std::to_string(G) + " do not divide width " + std::to_string(Di));
     k::gated_rmsnorm_fwd(y.f32(), z.f32(), w.f32(), out.f32(), rstd.f32(), M, Di, G, eps);
   }
   void gated_rmsnorm_bwd(V dout, V y, V z, V w, V rstd, O dy, O dz, O dw) override {
@@ -368,10 +376,9 @@ class CpuBackend final : public Backend {
   }
   double cross_entropy(V logits, V targets, O dlogits, float scale) override {
     const Check c("cross_entropy", this);
-    c.rank("logits", logits, 2), c.i32("targets", targets);
+    c.rank("logits", logits, 2);
     const int64_t M = logits.shape[0], Vn = logits.shape[1];
-    c.that(targets.numel() == M, "targets has " + std::to_string(targets.numel()) +
-                                     " values, expected one per row of logits (" + std::to_string(M) + ")");
+    c.ids("targets", targets, M);
     c.shape("dlogits", dlogits, logits.shape);
     return k::cross_entropy(logits.f32(), targets.i32(), dlogits.f32(), M, Vn, scale);
   }
@@ -383,20 +390,19 @@ class CpuBackend final : public Backend {
   void vocab_ce_partials(V logits, V row_max, V targets, int64_t vocab_offset, O exps,
                          O sums) override {
     const Check c("vocab_ce_partials", this);
-    c.rank("logits", logits, 2), c.i32("targets", targets);
+    c.rank("logits", logits, 2);
     const int64_t M = logits.shape[0], Vn = logits.shape[1];
-    c.shape("row_max", row_max, {M}), c.shape("exps", exps, logits.shape), c.shape("sums", sums, {2, M});
-    c.that(targets.numel() == M, "targets has " + std::to_string(targets.numel()) + " values, expected " + std::to_string(M));
+    c.ids("targets", targets, M), c.shape("row_max", row_max, {M});
+    c.shape("exps", exps, logits.shape), c.shape("sums", sums, {2, M});
     k::vocab_ce_partials(logits.f32(), row_max.f32(), targets.i32(), vocab_offset, exps.f32(),
                          sums.f32(), M, Vn);
   }
   double vocab_ce_finish(V sums, V row_max, V targets, int64_t vocab_offset, O dlogits,
                          float scale) override {
     const Check c("vocab_ce_finish", this);
-    c.rank("dlogits", dlogits, 2), c.i32("targets", targets);
+    c.rank("dlogits", dlogits, 2);
     const int64_t M = dlogits.shape[0], Vn = dlogits.shape[1];
-    c.shape("sums", sums, {2, M}), c.shape("row_max", row_max, {M});
-    c.that(targets.numel() == M, "targets has " + std::to_string(targets.numel()) + " values, expected " + std::to_string(M));
+    c.ids("targets", targets, M), c.shape("sums", sums, {2, M}), c.shape("row_max", row_max, {M});
     return k::vocab_ce_finish(sums.f32(), row_max.f32(), targets.i32(), vocab_offset,
                               dlogits.f32(), M, Vn, scale);
   }
