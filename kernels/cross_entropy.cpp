@@ -69,6 +69,48 @@ double cross_entropy(const T* logits, const int32_t* targets, T* dlogits, int64_
   return total;
 }
 
+// Megatron's vocab-parallel loss, one shard logits[M,V] of the vocabulary at `offset`; the
+// group's row maxima and the sums below are reduced over the shards by the caller.
+template <class T>
+void vocab_ce_partials(const T* logits, const T* row_max, const int32_t* targets, int64_t offset,
+                       T* exps, T* sums, int64_t M, int64_t V) {
+#pragma omp parallel for schedule(static) if (M * V >= kParallelMin)
+  for (int64_t m = 0; m < M; ++m) {
+    const T* l = logits + m * V;
+    T* e = exps + m * V;
+    T sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += (e[v] = std::exp(l[v] - row_max[m]));
+    sums[m] = sum;
+    const int64_t t = targets[m] - offset;
+    sums[M + m] = t >= 0 && t < V ? l[t] : T(0);
+  }
+}
+
+template <class T>
+double vocab_ce_finish(const T* sums, const T* row_max, const int32_t* targets, int64_t offset,
+                       T* dlogits, int64_t M, int64_t V, T scale) {
+  double loss = 0.0;
+  for (int64_t m = 0; m < M; ++m) {
+    const T total = sums[m];
+    loss += std::log(static_cast<double>(total)) + row_max[m] - sums[M + m];
+    T* d = dlogits + m * V;
+    const T inv = T(1) / total;
+    for (int64_t v = 0; v < V; ++v) d[v] *= inv * scale;
+    const int64_t t = targets[m] - offset;
+    if (t >= 0 && t < V) d[t] -= scale;
+  }
+  return loss;
+}
+
+#define PIPER_INSTANTIATE(T)                                                                  \
+  template void vocab_ce_partials<T>(const T*, const T*, const int32_t*, int64_t, T*, T*,     \
+                                     int64_t, int64_t);                                       \
+  template double vocab_ce_finish<T>(const T*, const T*, const int32_t*, int64_t, T*, int64_t, \
+                                     int64_t, T);
+PIPER_INSTANTIATE(float)
+PIPER_INSTANTIATE(double)
+#undef PIPER_INSTANTIATE
+
 template double cross_entropy<float>(const float*, const int32_t*, float*, int64_t, int64_t, float);
 template double cross_entropy<double>(const double*, const int32_t*, double*, int64_t, int64_t,
                                       double);

@@ -16,25 +16,34 @@ constexpr int64_t kParallelMin = int64_t(1) << 15;
 constexpr int64_t kColAlign = 16;
 }  // namespace
 
-// ids[M], table[V,D] -> out[M,D]
+// ids[M], table[V,D] holding ids offset..offset+V-1 -> out[M,D]
 template <class T>
-void embedding_fwd(const int32_t* ids, const T* table, T* out, int64_t M, int64_t D) {
+void embedding_fwd(const int32_t* ids, const T* table, T* out, int64_t M, int64_t D, int64_t V,
+                   int64_t offset) {
   const size_t bytes = static_cast<size_t>(D) * sizeof(T);
 #pragma omp parallel for schedule(static) if (M * D >= kParallelMin)
-  for (int64_t m = 0; m < M; ++m)
-    std::memcpy(out + m * D, table + static_cast<int64_t>(ids[m]) * D, bytes);
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t row = static_cast<int64_t>(ids[m]) - offset;
+    if (row >= 0 && row < V)
+      std::memcpy(out + m * D, table + row * D, bytes);
+    else
+      std::memset(out + m * D, 0, bytes);
+  }
 }
 
 // dtable[V,D] += scatter of dout[M,D] by ids[M].
 // Each thread owns a contiguous range of columns and walks the rows m = 0..M-1 in order,
 // so every dtable element is summed in the same order whatever the thread count.
 template <class T>
-void embedding_bwd(const int32_t* ids, const T* dout, T* dtable, int64_t M, int64_t D) {
+void embedding_bwd(const int32_t* ids, const T* dout, T* dtable, int64_t M, int64_t D, int64_t V,
+                   int64_t offset) {
   if (M <= 0 || D <= 0) return;
   auto add_cols = [&](int64_t d0, int64_t d1) {
     for (int64_t m = 0; m < M; ++m) {
+      const int64_t row = static_cast<int64_t>(ids[m]) - offset;
+      if (row < 0 || row >= V) continue;
       const T* src = dout + m * D;
-      T* dst = dtable + static_cast<int64_t>(ids[m]) * D;
+      T* dst = dtable + row * D;
 #pragma omp simd
       for (int64_t d = d0; d < d1; ++d) dst[d] += src[d];
     }
@@ -55,8 +64,8 @@ void embedding_bwd(const int32_t* ids, const T* dout, T* dtable, int64_t M, int6
 }
 
 #define PIPER_INSTANTIATE(T)                                                      \
-  template void embedding_fwd<T>(const int32_t*, const T*, T*, int64_t, int64_t); \
-  template void embedding_bwd<T>(const int32_t*, const T*, T*, int64_t, int64_t);
+  template void embedding_fwd<T>(const int32_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t); \
+  template void embedding_bwd<T>(const int32_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t);
 PIPER_INSTANTIATE(float)
 PIPER_INSTANTIATE(double)
 #undef PIPER_INSTANTIATE

@@ -27,3 +27,5 @@
 #include "ssd.hpp"
 #include "gated_rmsnorm.hpp"
 #include "cross_entropy.hpp"
+#include "tensor_ops.hpp"
+#include "adamw.hpp"

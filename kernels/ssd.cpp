@@ -109,16 +109,6 @@ void transpose(int64_t R, int64_t C, const T* __restrict src, int64_t ls, T* __r
     }
 }
 
-// Scratch shared by the calls of one calling thread: grown on demand and kept, so the large
-// per-call buffers are not page-faulted in again on every step. Several pointers into it are
-// carved by the caller; calls from different threads use different buffers.
-template <class T>
-T* workspace(int64_t n) {
-  static thread_local std::vector<T> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
-  return buf.data();
-}
-
 // For all (b, g, chunk) k: bt[k] = B_chunk^T ([N,Lc], leading dimension Lc) and
 // cb[k] = C_chunk B_chunk^T ([Lc,Lc], leading dimension L).
 template <class T>
@@ -142,6 +132,18 @@ int64_t ssd_saved_size(const SsdShape& s) {
   return d.B * d.nc * d.Hm * d.PN;
 }
 
+// The workspace layouts carved below: C B^T and B^T per (b, g, chunk); the backward adds the
+// per-head dCB and the per-head dC and dB terms.
+int64_t ssd_fwd_workspace_size(const SsdShape& s) {
+  const Dims d = dims_of(s);
+  return d.B * d.G * d.nc * (d.L * d.L + d.N * d.L);
+}
+
+int64_t ssd_bwd_workspace_size(const SsdShape& s) {
+  const Dims d = dims_of(s);
+  return ssd_fwd_workspace_size(s) + d.B * d.Hm * d.nc * d.L * d.L + 2 * d.B * d.Tn * d.Hm * d.N;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chunked forward
 // ---------------------------------------------------------------------------------------------
@@ -149,12 +151,12 @@ int64_t ssd_saved_size(const SsdShape& s) {
 // sends small row-major A @ B^T products down its slower packing path.
 template <class T>
 void ssd_fwd(const SsdShape& s, const T* x, const T* dt, const T* A_log, const T* Bm, const T* Cm,
-             const T* D, T* y, T* saved) {
+             const T* D, T* y, T* saved, T* work) {
   const Dims d = dims_of(s);
   if (d.B <= 0 || d.Tn <= 0 || d.Hm <= 0) return;
   const int64_t L = d.L, P = d.P, N = d.N;
   const int64_t n_cb = d.B * d.G * d.nc * L * L;
-  T* const cb = workspace<T>(n_cb + d.B * d.G * d.nc * N * L);  // C B^T per (b, g, chunk) [L,L]
+  T* const cb = work;                                            // C B^T per (b, g, chunk) [L,L]
   T* const bt = cb + n_cb;                                       // B^T per (b, g, chunk)  [N,L]
   chunk_cb(d, Bm, Cm, cb, bt);
 
@@ -239,13 +241,13 @@ void ssd_fwd(const SsdShape& s, const T* x, const T* dt, const T* A_log, const T
 template <class T>
 void ssd_bwd(const SsdShape& s, const T* dy, const T* x, const T* dt, const T* A_log,
              const T* Bm, const T* Cm, const T* D, const T* saved, T* dx, T* ddt, T* dA_log,
-             T* dBm, T* dCm, T* dD) {
+             T* dBm, T* dCm, T* dD, T* work) {
   const Dims d = dims_of(s);
   if (d.B <= 0 || d.Tn <= 0 || d.Hm <= 0) return;
   const int64_t L = d.L, P = d.P, N = d.N;
   const int64_t n_cb = d.B * d.G * d.nc * L * L, n_bt = d.B * d.G * d.nc * N * L;
   const int64_t n_dcb = d.B * d.Hm * d.nc * L * L, n_dh = d.B * d.Tn * d.Hm * N;
-  T* const cb = workspace<T>(n_cb + n_bt + n_dcb + 2 * n_dh);  // C B^T per (b, g, chunk) [L,L]
+  T* const cb = work;             // C B^T per (b, g, chunk) [L,L]
   T* const bt = cb + n_cb;        // B^T per (b, g, chunk)   [N,L]
   // Per-head pieces reduced over the group's heads afterwards, in head order.
   T* const dcb = bt + n_bt;       // dCB per (b, h, chunk)   [L,L]
@@ -631,9 +633,9 @@ void ssd_ref_bwd(const SsdShape& s, const T* dy, const T* x, const T* dt, const 
 
 #define PIPER_SSD_INSTANTIATE(T)                                                                 \
   template void ssd_fwd<T>(const SsdShape&, const T*, const T*, const T*, const T*, const T*,      \
-                           const T*, T*, T*);                                                     \
+                           const T*, T*, T*, T*);                                                 \
   template void ssd_bwd<T>(const SsdShape&, const T*, const T*, const T*, const T*, const T*,      \
-                           const T*, const T*, const T*, T*, T*, T*, T*, T*, T*);                 \
+                           const T*, const T*, const T*, T*, T*, T*, T*, T*, T*, T*);             \
   template void ssd_ref_fwd<T>(const SsdShape&, const T*, const T*, const T*, const T*, const T*,  \
                                const T*, T*);                                                     \
   template void ssd_ref_bwd<T>(const SsdShape&, const T*, const T*, const T*, const T*, const T*,  \

@@ -17,15 +17,19 @@ struct SsdShape {
 // Floats of saved state the chunked forward writes for its backward:
 // B * n_chunks * Hm * P * N (the state entering each chunk).
 int64_t ssd_saved_size(const SsdShape& s);
+// Elements of the scratch `work` the chunked forward and backward need (the caller allocates
+// it, so memory accounting sees it; contents need not survive between calls).
+int64_t ssd_fwd_workspace_size(const SsdShape& s);
+int64_t ssd_bwd_workspace_size(const SsdShape& s);
 // Chunked SSD forward: matrix products inside chunks, a scan across chunks.
 template <class T>
 void ssd_fwd(const SsdShape& s, const T* x, const T* dt, const T* A_log, const T* Bm, const T* Cm,
-             const T* D, T* y, T* saved);
+             const T* D, T* y, T* saved, T* work);
 // Chunked SSD backward. dx, ddt, dB, dC overwritten; dA_log, dD accumulated.
 template <class T>
 void ssd_bwd(const SsdShape& s, const T* dy, const T* x, const T* dt, const T* A_log,
              const T* Bm, const T* Cm, const T* D, const T* saved, T* dx, T* ddt, T* dA_log,
-             T* dBm, T* dCm, T* dD);
+             T* dBm, T* dCm, T* dD, T* work);
 // Plain recurrence from the spec: the test reference.
 template <class T>
 void ssd_ref_fwd(const SsdShape& s, const T* x, const T* dt, const T* A_log, const T* Bm,

@@ -1,16 +1,20 @@
-// backend.hpp — the narrow device interface: memory, copies and streams.
-// The CPU backend implements it here; the CUDA backend implements the same
-// table. Knows nothing of ranks or models.
+// backend.hpp — the device interface: memory, copies, streams and events, and the
+// op table (every op the model and the optimiser compute, forward and backward).
+// The CPU backend implements it with the kernels of kernels/; a GPU backend
+// implements the same table. Knows nothing of ranks or models.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace piper::backend {
 
-constexpr int kBackendVersion = 1;
+constexpr int kBackendVersion = 2;
 
 enum class DeviceKind : uint8_t { DEVICE_CPU, DEVICE_CUDA };
 
@@ -20,10 +24,17 @@ enum class MemCategory : uint8_t {
   MEM_GRADS,
   MEM_OPTIMIZER,
   MEM_ACTIVATIONS,
-  MEM_BUFFERS,  // communication and scratch
+  MEM_BUFFERS,  // communication, scratch and kernel workspaces
 };
 constexpr int kMemCategoryCount = 5;
 const char* mem_category_name(MemCategory c);
+
+// Storage type of a tensor's elements. Float ops accumulate in
+// accumulation_dtype(storage): bf16 storage computes in fp32.
+enum class DType : uint8_t { DTYPE_F32, DTYPE_BF16, DTYPE_I32 };
+const char* dtype_name(DType t);
+size_t dtype_size(DType t);
+DType accumulation_dtype(DType storage);
 
 struct MemoryStats {
   std::array<int64_t, kMemCategoryCount> current{};
@@ -32,8 +43,149 @@ struct MemoryStats {
   int64_t total_peak = 0;  // of the sum
 };
 
+// Row-major extents, outermost first; rank 0 is a scalar.
+class Shape {
+ public:
+  static constexpr int kMaxRank = 5;
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  int rank() const { return rank_; }
+  int64_t operator[](int i) const { return dim_[static_cast<size_t>(i)]; }
+  int64_t numel() const;
+  bool operator==(const Shape& o) const;
+  bool operator!=(const Shape& o) const { return !(*this == o); }
+  std::string str() const;  // "[2,3,4]"
+
+ private:
+  std::array<int64_t, kMaxRank> dim_{};
+  int rank_ = 0;
+};
+
+class Backend;
+
+// A tensor's storage as an op sees it: the device that owns it, the element
+// type, the shape and the data (contiguous, row-major). Views own nothing.
+struct TensorView {
+  Backend* device = nullptr;
+  DType dtype = DType::DTYPE_F32;
+  Shape shape;
+  void* ptr = nullptr;
+  int64_t numel() const { return shape.numel(); }
+  float* f32() const { return static_cast<float*>(ptr); }
+  int32_t* i32() const { return static_cast<int32_t*>(ptr); }
+};
+struct ConstTensorView {
+  Backend* device = nullptr;
+  DType dtype = DType::DTYPE_F32;
+  Shape shape;
+  const void* ptr = nullptr;
+  ConstTensorView() = default;
+  ConstTensorView(Backend* d, DType t, Shape s, const void* p) : device(d), dtype(t), shape(s), ptr(p) {}
+  ConstTensorView(const TensorView& v)  // NOLINT: a view converts to its read-only form
+      : device(v.device), dtype(v.dtype), shape(v.shape), ptr(v.ptr) {}
+  int64_t numel() const { return shape.numel(); }
+  const float* f32() const { return static_cast<const float*>(ptr); }
+  const int32_t* i32() const { return static_cast<const int32_t*>(ptr); }
+};
+
+// Views of memory `b` allocated (parameters, activations handed in by the runtime).
+TensorView view(Backend& b, float* p, Shape s);
+ConstTensorView view(Backend& b, const float* p, Shape s);
+ConstTensorView view(Backend& b, const int32_t* p, Shape s);
+
+// One AdamW step (torch.optim.AdamW): t is the 1-based step count; decay turns
+// weight decay on; the gradient is multiplied by grad_scale (clipping) first.
+struct AdamWStep {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  int64_t t = 1;
+  bool decay = true;
+  float grad_scale = 1.0f;
+};
+
+// A point in a stream's work; waiting on it orders work across streams.
+struct Event {
+  int stream = 0;
+  uint64_t seq = 0;
+};
+
+// The op table: X(name, return type, parameter list), V an input view and O
+// an output view (Backend::V, Backend::O). Shapes use M rows, B batch, T
+// sequence, D width; docs/backend.md states every op's contract. Gradients of
+// inputs are overwritten, gradients of parameters accumulated.
+#define PIPER_BACKEND_OPS(X)                                                                     \
+  /* y[M,N] = x[M,K] @ w[N,K]^T */                                                               \
+  X(linear_fwd, void, (V x, V w, O y))                                                           \
+  /* dx[M,K] = dy[M,N] @ w[N,K], or += when accumulate */                                        \
+  X(linear_bwd_input, void, (V dy, V w, O dx, bool accumulate))                                  \
+  /* dw[N,K] += dy[M,N]^T @ x[M,K] */                                                            \
+  X(linear_bwd_weight, void, (V dy, V x, O dw))                                                  \
+  /* y[M,D] = x / rms(x) * w[D]; rstd[M] saved */                                                \
+  X(rmsnorm_fwd, void, (V x, V w, O y, O rstd, float eps))                                       \
+  X(rmsnorm_bwd, void, (V dy, V x, V w, V rstd, O dx, O dw))                                     \
+  /* out[M,Di] = grouped_rmsnorm(y * silu(z)) * w[Di]; rstd[M,G] gives the G groups */           \
+  X(gated_rmsnorm_fwd, void, (V y, V z, V w, O out, O rstd, float eps))                          \
+  X(gated_rmsnorm_bwd, void, (V dout, V y, V z, V w, V rstd, O dy, O dz, O dw))                  \
+  /* rotate-half RoPE of x[B,T,H,hd]; y may be x */                                              \
+  X(rope_fwd, void, (V x, O y, double theta))                                                    \
+  X(rope_bwd, void, (V dy, O dx, double theta))                                                  \
+  /* causal GQA: q[B,T,H,hd], k, v[B,T,KV,hd] -> out[B,T,H,hd], lse[B,H,T] */                    \
+  X(attention_fwd, void, (V q, V k, V v, O out, O lse))                                          \
+  X(attention_bwd, void, (V dout, V q, V k, V v, V out, V lse, O dq, O dk, O dv))                \
+  /* causal depthwise conv: x[B,T,C], w[C,K], bias[C] -> y[B,T,C] */                             \
+  X(conv1d_fwd, void, (V x, V w, V bias, O y))                                                   \
+  X(conv1d_bwd, void, (V dy, V x, V w, O dx, O dw, O dbias))                                     \
+  /* Mamba-2 scan: x[B,T,Hm,P], dt[B,T,Hm], A_log, D[Hm], Bm, Cm[B,T,G,N] -> y[B,T,Hm,P];  */    \
+  /* saved[ssd_saved_numel] is the state the backward needs */                                   \
+  X(ssd_fwd, void, (V x, V dt, V A_log, V Bm, V Cm, V D, O y, O saved, int64_t chunk))           \
+  X(ssd_bwd, void,                                                                               \
+    (V dy, V x, V dt, V A_log, V Bm, V Cm, V D, V saved, O dx, O ddt, O dA_log, O dBm, O dCm,    \
+     O dD, int64_t chunk))                                                                       \
+  X(silu_fwd, void, (V x, O y))                                                                  \
+  X(silu_bwd, void, (V dy, V x, O dx))                                                           \
+  /* h = silu(gate) * up */                                                                      \
+  X(swiglu_fwd, void, (V gate, V up, O h))                                                       \
+  X(swiglu_bwd, void, (V dh, V gate, V up, O dgate, O dup))                                      \
+  /* dt[M,Hm] = softplus(dt_raw + dt_bias[Hm]) */                                                \
+  X(dt_softplus_fwd, void, (V dt_raw, V dt_bias, O dt))                                          \
+  X(dt_softplus_bwd, void, (V ddt, V dt_raw, V dt_bias, O ddt_raw, O ddt_bias))                  \
+  /* out[m] = table[ids[m] - offset] (i32 ids[M], table [V,D]); ids outside the table give 0 */  \
+  X(embedding_fwd, void, (V ids, V table, O out, int64_t vocab_offset))                          \
+  X(embedding_bwd, void, (V ids, V dout, O dtable, int64_t vocab_offset))                        \
+  /* logits[M,V], i32 targets[M] -> loss sum; dlogits = (softmax - onehot) * scale */            \
+  X(cross_entropy, double, (V logits, V targets, O dlogits, float scale))                        \
+  /* out[M] = max over each row of x[M,N] */                                                     \
+  X(row_max, void, (V x, O out))                                                                 \
+  /* vocab-parallel loss, per shard [M,V] of the vocabulary at vocab_offset, given the    */     \
+  /* group's row_max[M]: exps = exp(logits - max); sums[2,M] = (sum of exps | target logit) */   \
+  X(vocab_ce_partials, void, (V logits, V row_max, V targets, int64_t vocab_offset, O exps, O sums)) \
+  /* with the group's sums: exps -> dlogits in place; returns the loss sum */                    \
+  X(vocab_ce_finish, double, (V sums, V row_max, V targets, int64_t vocab_offset, O dlogits, float scale)) \
+  /* dst[M,n] = src[M,S][:, col:col+n] */                                                        \
+  X(gather_cols, void, (V src, int64_t col, O dst))                                              \
+  /* dst[M,S][:, col:col+n] = src[M,n] */                                                        \
+  X(scatter_cols, void, (V src, O dst, int64_t col))                                             \
+  /* y += x */                                                                                   \
+  X(add_inplace, void, (O y, V x))                                                               \
+  X(adamw_update, void, (O p, V g, O m, O v, const AdamWStep& step))                             \
+  /* sum of x^2 in double, independent of the thread count */                                    \
+  X(sum_squares, double, (V x))
+
+enum class Op : uint8_t {
+#define PIPER_OP_ENUM(name, ret, params) OP_##name,
+  PIPER_BACKEND_OPS(PIPER_OP_ENUM)
+#undef PIPER_OP_ENUM
+};
+constexpr int kOpCount = 0
+#define PIPER_OP_COUNT(name, ret, params) +1
+    PIPER_BACKEND_OPS(PIPER_OP_COUNT)
+#undef PIPER_OP_COUNT
+    ;
+const char* op_name(Op op);
+
 class Backend {
  public:
+  using V = ConstTensorView;
+  using O = TensorView;
   virtual ~Backend() = default;
   virtual DeviceKind kind() const = 0;
   virtual const char* name() const = 0;
@@ -43,41 +195,73 @@ class Backend {
   virtual void deallocate(void* p, size_t bytes, MemCategory category) = 0;
   // Returns cached free blocks to the system.
   virtual void release_cached() = 0;
+  // Copies within device memory, and between host memory and the device.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_device(void* dst, const void* host, size_t bytes) = 0;
+  virtual void to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
-  // Logical streams; the CPU runs everything in order on stream 0.
-  virtual int stream_count() const = 0;
-  virtual void synchronize(int stream) = 0;
   virtual MemoryStats memory() const = 0;
   virtual void reset_peak() = 0;
+
+  // Streams: ops and copies go to the current stream and run in issue order
+  // within it; events order work across streams.
+  virtual int stream_count() const = 0;
+  virtual void set_stream(int stream) = 0;
+  virtual Event record(int stream) = 0;
+  virtual void wait(int stream, Event e) = 0;  // later work on `stream` waits for e
+  virtual void synchronize(int stream) = 0;    // the host waits for the stream
+
+  // Storage types the op table computes on (i32 index tensors always).
+  virtual bool supports(DType storage) const = 0;
+  // Elements of the state ssd_fwd saves for ssd_bwd.
+  virtual int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const = 0;
+
+#define PIPER_OP_VIRTUAL(name, ret, params) virtual ret name params = 0;
+  PIPER_BACKEND_OPS(PIPER_OP_VIRTUAL)
+#undef PIPER_OP_VIRTUAL
 };
 
 // The process-wide CPU backend.
 Backend& cpu();
+// Every backend this build has, the CPU first: what the op runner tests.
+std::vector<Backend*> registered_backends();
 
-// A float buffer on a backend, released when it goes out of scope.
+// A buffer on a backend, released when it goes out of scope.
 class Tensor {
  public:
   Tensor() = default;
-  // Uninitialised storage for numel floats.
+  // Uninitialised storage for numel f32 values, shape [numel].
   Tensor(Backend& b, int64_t numel, MemCategory category);
+  // Uninitialised storage of `shape` elements of `dtype`.
+  Tensor(Backend& b, Shape shape, MemCategory category, DType dtype = DType::DTYPE_F32);
   ~Tensor();
   Tensor(Tensor&& o) noexcept;
   Tensor& operator=(Tensor&& o) noexcept;
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
 
-  float* data() { return data_; }
-  const float* data() const { return data_; }
-  int64_t numel() const { return numel_; }
-  bool empty() const { return numel_ == 0; }
+  // The f32 data (a logic_error for other dtypes).
+  float* data();
+  const float* data() const;
+  int64_t numel() const { return shape_.numel(); }
+  bool empty() const { return numel() == 0; }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  Backend* device() const { return backend_; }
   void zero();
+  // The whole tensor, or the same storage seen with another shape of as many elements.
+  TensorView view();
+  ConstTensorView view() const;
+  TensorView view(Shape s);
+  ConstTensorView view(Shape s) const;
 
  private:
   void release();
   Backend* backend_ = nullptr;
-  float* data_ = nullptr;
-  int64_t numel_ = 0;
+  void* data_ = nullptr;
+  Shape shape_{0};
+  DType dtype_ = DType::DTYPE_F32;
   MemCategory category_ = MemCategory::MEM_BUFFERS;
 };
 

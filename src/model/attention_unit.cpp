@@ -1,58 +1,67 @@
 // attention_unit.cpp — the causal GQA attention block ('*') with RoPE.
-#include "kernels.hpp"
 #include "model/units.hpp"
 
 namespace piper::model {
 
-namespace k = piper::kernels;
+using backend::view;
 
-// Params: 0 norm, 1 q_proj [H*hd,D], 2 k_proj [KV*hd,D], 3 v_proj [KV*hd,D], 4 o_proj [D,H*hd].
+namespace {
+// Parameters in spec order: q_proj [H*hd,D], k_proj [KV*hd,D], v_proj [KV*hd,D], o_proj [D,H*hd]
+// (0 is the block's norm).
+enum AttentionParam : size_t { ATTN_Q_PROJ = 1, ATTN_K_PROJ, ATTN_V_PROJ, ATTN_O_PROJ };
+}  // namespace
+
 void AttentionBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
   const int64_t M = mb.rows(), D = cfg_.d_model, H = dims_.heads, KV = dims_.kv_heads;
-  const int64_t hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
+  const int64_t B = mb.batch, T = mb.seq, hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
   Saved s;
-  s.batch = mb.batch;
-  s.seq = mb.seq;
+  s.batch = B;
+  s.seq = T;
   s.q = act(M * Q), s.k = act(M * KVD), s.v = act(M * KVD), s.att = act(M * Q);
-  s.lse = act(mb.batch * H * mb.seq);
-  k::linear_fwd(xn, w(1), s.q.data(), M, D, Q);  // q [B,T,H,hd]
-  k::linear_fwd(xn, w(2), s.k.data(), M, D, KVD);
-  k::linear_fwd(xn, w(3), s.v.data(), M, D, KVD);
-  k::rope_fwd(s.q.data(), s.q.data(), mb.batch, mb.seq, H, hd, cfg_.rope_theta);
-  k::rope_fwd(s.k.data(), s.k.data(), mb.batch, mb.seq, KV, hd, cfg_.rope_theta);
-  k::attention_fwd(s.q.data(), s.k.data(), s.v.data(), s.att.data(), s.lse.data(), mb.batch,
-                   mb.seq, H, KV, hd);
-  k::linear_fwd(s.att.data(), w(4), out, M, Q, D);
+  s.lse = act(B * H * T);
+  const auto x = view(be_, xn, {M, D});
+  be_.linear_fwd(x, view(be_, w(ATTN_Q_PROJ), {Q, D}), s.q.view({M, Q}));
+  be_.linear_fwd(x, view(be_, w(ATTN_K_PROJ), {KVD, D}), s.k.view({M, KVD}));
+  be_.linear_fwd(x, view(be_, w(ATTN_V_PROJ), {KVD, D}), s.v.view({M, KVD}));
+  const backend::Shape qs{B, T, H, hd}, ks{B, T, KV, hd};
+  be_.rope_fwd(s.q.view(qs), s.q.view(qs), cfg_.rope_theta);
+  be_.rope_fwd(s.k.view(ks), s.k.view(ks), cfg_.rope_theta);
+  be_.attention_fwd(s.q.view(qs), s.k.view(ks), s.v.view(ks), s.att.view(qs), s.lse.view({B, H, T}));
+  be_.linear_fwd(s.att.view({M, Q}), view(be_, w(ATTN_O_PROJ), {D, Q}), view(be_, out, {M, D}));
   saved_[slot] = std::move(s);
 }
 
 void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout,
                                           float* dxn) {
   Saved& s = saved_.at(slot);
-  const int64_t M = s.batch * s.seq, D = cfg_.d_model, H = dims_.heads, KV = dims_.kv_heads;
-  const int64_t hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
+  const int64_t B = s.batch, T = s.seq, M = B * T, D = cfg_.d_model, H = dims_.heads;
+  const int64_t KV = dims_.kv_heads, hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
   s.dout = scratch(M * D);
   be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
   Tensor datt = scratch(M * Q);
-  k::linear_bwd_input(dout, w(4), datt.data(), M, Q, D, false);
+  be_.linear_bwd_input(view(be_, dout, {M, D}), view(be_, w(ATTN_O_PROJ), {D, Q}), datt.view({M, Q}),
+                       false);
   s.dq = scratch(M * Q), s.dk = scratch(M * KVD), s.dv = scratch(M * KVD);
-  k::attention_bwd(datt.data(), s.q.data(), s.k.data(), s.v.data(), s.att.data(), s.lse.data(),
-                   s.dq.data(), s.dk.data(), s.dv.data(), s.batch, s.seq, H, KV, hd);
-  k::rope_bwd(s.dq.data(), s.dq.data(), s.batch, s.seq, H, hd, cfg_.rope_theta);
-  k::rope_bwd(s.dk.data(), s.dk.data(), s.batch, s.seq, KV, hd, cfg_.rope_theta);
-  k::linear_bwd_input(s.dq.data(), w(1), dxn, M, D, Q, false);
-  k::linear_bwd_input(s.dk.data(), w(2), dxn, M, D, KVD, true);
-  k::linear_bwd_input(s.dv.data(), w(3), dxn, M, D, KVD, true);
+  const backend::Shape qs{B, T, H, hd}, ks{B, T, KV, hd};
+  be_.attention_bwd(datt.view(qs), s.q.view(qs), s.k.view(ks), s.v.view(ks), s.att.view(qs),
+                    s.lse.view({B, H, T}), s.dq.view(qs), s.dk.view(ks), s.dv.view(ks));
+  be_.rope_bwd(s.dq.view(qs), s.dq.view(qs), cfg_.rope_theta);
+  be_.rope_bwd(s.dk.view(ks), s.dk.view(ks), cfg_.rope_theta);
+  const auto dx = view(be_, dxn, {M, D});
+  be_.linear_bwd_input(s.dq.view({M, Q}), view(be_, w(ATTN_Q_PROJ), {Q, D}), dx, false);
+  be_.linear_bwd_input(s.dk.view({M, KVD}), view(be_, w(ATTN_K_PROJ), {KVD, D}), dx, true);
+  be_.linear_bwd_input(s.dv.view({M, KVD}), view(be_, w(ATTN_V_PROJ), {KVD, D}), dx, true);
 }
 
 void AttentionBlock::mixer_backward_weight(int slot, const float* xn) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.batch * s.seq, D = cfg_.d_model;
   const int64_t hd = cfg_.attn_head_dim(), Q = dims_.heads * hd, KVD = dims_.kv_heads * hd;
-  k::linear_bwd_weight(s.dout.data(), s.att.data(), g(4), M, Q, D);
-  k::linear_bwd_weight(s.dq.data(), xn, g(1), M, D, Q);
-  k::linear_bwd_weight(s.dk.data(), xn, g(2), M, D, KVD);
-  k::linear_bwd_weight(s.dv.data(), xn, g(3), M, D, KVD);
+  const auto x = view(be_, xn, {M, D});
+  be_.linear_bwd_weight(s.dout.view({M, D}), s.att.view({M, Q}), view(be_, g(ATTN_O_PROJ), {D, Q}));
+  be_.linear_bwd_weight(s.dq.view({M, Q}), x, view(be_, g(ATTN_Q_PROJ), {Q, D}));
+  be_.linear_bwd_weight(s.dk.view({M, KVD}), x, view(be_, g(ATTN_K_PROJ), {KVD, D}));
+  be_.linear_bwd_weight(s.dv.view({M, KVD}), x, view(be_, g(ATTN_V_PROJ), {KVD, D}));
 }
 
 void AttentionBlock::mixer_release(int slot) { saved_.erase(slot); }

@@ -18,7 +18,7 @@ double EmbedUnit::forward(int /*k*/, int slot, const PassArgs& a) {
   const MicroBatch& mb = *a.mb;
   const int64_t M = mb.rows(), D = cfg_.d_model;
   if (tp_.size == 1) {
-    k::embedding_fwd(mb.inputs, w(0), a.y, M, D);
+    k::embedding_fwd(mb.inputs, w(0), a.y, M, D, dims_.vocab, 0);
   } else {  // vocab-parallel: this rank's rows, zeros elsewhere, summed over the group at point 0
     const float* table = w(0);
 #pragma omp parallel for schedule(static) if (M * D > 65536)
@@ -46,7 +46,7 @@ void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = static_cast<int64_t>(s.ids.size()), D = cfg_.d_model;
   if (tp_.size == 1) {
-    k::embedding_bwd(s.ids.data(), a.dy, g(0), M, D);
+    k::embedding_bwd(s.ids.data(), a.dy, g(0), M, D, dims_.vocab, 0);
   } else {  // rows of this rank's vocabulary, in order m = 0..M-1 (deterministic)
     float* dtable = g(0);
     for (int64_t m = 0; m < M; ++m) {

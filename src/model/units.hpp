@@ -106,7 +106,6 @@ class MambaBlock final : public Block {
   void mixer_release(int slot) override;
 
  private:
-  kernels::SsdShape ssd_shape(int64_t batch, int64_t seq) const;
   struct Saved {
     int64_t batch = 0, seq = 0;
     Tensor z, xbc_in, dt_raw;   // slices of in_proj's output: [rows, d_inner], [rows, C], [rows, Hm]

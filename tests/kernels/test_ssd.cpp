@@ -62,8 +62,9 @@ std::vector<T> chunk_fwd(const SsdShape& s, const SsdInputs<T>& in,
                          std::vector<T>* saved_out = nullptr) {
   std::vector<T> y(s.B * s.Tn * s.Hm * s.P, std::numeric_limits<T>::quiet_NaN());
   std::vector<T> saved(piper::kernels::ssd_saved_size(s), std::numeric_limits<T>::quiet_NaN());
+  std::vector<T> work(piper::kernels::ssd_fwd_workspace_size(s));
   piper::kernels::ssd_fwd<T>(s, in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(),
-                             in.Cm.data(), in.D.data(), y.data(), saved.data());
+                             in.Cm.data(), in.D.data(), y.data(), saved.data(), work.data());
   if (saved_out) *saved_out = saved;
   return y;
 }
@@ -87,10 +88,11 @@ SsdGrads<T> chunk_bwd(const SsdShape& s, const SsdInputs<T>& in, const std::vect
   auto g = zero_grads<T>(s);
   const T nan = std::numeric_limits<T>::quiet_NaN();
   for (auto* v : {&g.dx, &g.ddt, &g.dBm, &g.dCm}) std::fill(v->begin(), v->end(), nan);
+  std::vector<T> work(piper::kernels::ssd_bwd_workspace_size(s), nan);
   piper::kernels::ssd_bwd<T>(s, dy.data(), in.x.data(), in.dt.data(), in.A_log.data(),
                              in.Bm.data(), in.Cm.data(), in.D.data(), saved.data(), g.dx.data(),
                              g.ddt.data(), g.dA_log.data(), g.dBm.data(), g.dCm.data(),
-                             g.dD.data());
+                             g.dD.data(), work.data());
   return g;
 }
 
@@ -240,6 +242,7 @@ TEST(Ssd, ParameterGradientsAccumulate) {
   const auto dy = random_vec<double>(s.B * s.Tn * s.Hm * s.P, 801);
   std::vector<double> saved;
   chunk_fwd(s, in, &saved);
+  std::vector<double> work(piper::kernels::ssd_bwd_workspace_size(s));
   const auto once = chunk_bwd(s, in, dy);
   const auto once_ref = ref_bwd(s, in, dy);
   for (int form = 0; form < 2; ++form) {
@@ -253,7 +256,7 @@ TEST(Ssd, ParameterGradientsAccumulate) {
         piper::kernels::ssd_bwd<double>(s, dy.data(), in.x.data(), in.dt.data(), in.A_log.data(),
                                         in.Bm.data(), in.Cm.data(), in.D.data(), saved.data(),
                                         g.dx.data(), g.ddt.data(), g.dA_log.data(), g.dBm.data(),
-                                        g.dCm.data(), g.dD.data());
+                                        g.dCm.data(), g.dD.data(), work.data());
       else
         piper::kernels::ssd_ref_bwd<double>(s, dy.data(), in.x.data(), in.dt.data(),
                                             in.A_log.data(), in.Bm.data(), in.Cm.data(),

@@ -1,0 +1,620 @@
+// test_backend_ops.cpp — the cross-backend op runner: every op of the backend op table, forward
+// and backward, on every registered backend, against a double-precision reference, on small
+// random shapes. One line per op and output with the error seen and the tolerance; an op of the
+// table without a case here is a failure. The references are the kernels' double instantiations
+// (whose own correctness, against finite differences and naive forms, kernel_tests checks), the
+// plain SSD recurrence, and a double AdamW written out here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "kernels.hpp"
+#include "kernels/gradcheck.hpp"
+
+namespace piper::backend {
+namespace {
+
+using piper::testing::normwise_err;
+using piper::testing::random_f;
+using piper::testing::random_ids;
+namespace k = piper::kernels;
+using Vec = std::vector<double>;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Host data moved to and from one backend, as f32 (the reference keeps the double values,
+// exactly representable in float, that the backend sees).
+class Device {
+ public:
+  explicit Device(Backend& be) : be_(be) {}
+  Backend& be() { return be_; }
+  Tensor put(const Vec& host, Shape s) {
+    EXPECT_EQ(static_cast<int64_t>(host.size()), s.numel()) << "test data for shape " << s.str();
+    Tensor t(be_, s, MemCategory::MEM_BUFFERS);
+    const std::vector<float> f(host.begin(), host.end());
+    be_.to_device(t.view().ptr, f.data(), t.bytes());
+    return t;
+  }
+  Tensor put_ids(const std::vector<int32_t>& host) {
+    Tensor t(be_, Shape{static_cast<int64_t>(host.size())}, MemCategory::MEM_BUFFERS, DType::DTYPE_I32);
+    be_.to_device(t.view().ptr, host.data(), t.bytes());
+    return t;
+  }
+  Vec get(const Tensor& t) {
+    std::vector<float> f(static_cast<size_t>(t.numel()));
+    be_.to_host(f.data(), t.view().ptr, t.bytes());
+    return Vec(f.begin(), f.end());
+  }
+
+ private:
+  Backend& be_;
+};
+
+// Values rounded to float, so a reference computed from them sees what a backend is given.
+Vec rounded(const Vec& v) {
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = static_cast<float>(v[i]);
+  return r;
+}
+
+Vec filled(int64_t n, double value) { return Vec(static_cast<size_t>(n), value); }
+
+// The outputs of one op case: name and error (normwise, see gradcheck.hpp).
+using Errors = std::vector<std::pair<std::string, double>>;
+struct Case {
+  double tol;
+  std::function<Errors(Device&)> run;
+};
+
+// Shapes shared by the cases: small, with remainders (rows not a multiple of any blocking).
+constexpr int64_t M = 13, Kd = 12, N = 9;                   // matrices
+constexpr int64_t B = 2, T = 10, H = 4, KV = 2, HD = 8;     // attention
+constexpr int64_t C = 6, KC = 4;                            // conv
+constexpr int64_t HM = 4, P = 3, G = 2, NS = 5, CHUNK = 4;  // ssd
+
+Errors linear_fwd(Device& d) {
+  const Vec x = random_f(M * Kd, 1), w = random_f(N * Kd, 2);
+  Vec y = filled(M * N, 0);
+  k::linear_fwd<double>(x.data(), w.data(), y.data(), M, Kd, N);
+  Tensor tx = d.put(x, {M, Kd}), tw = d.put(w, {N, Kd}), ty = d.put(filled(M * N, kNaN), {M, N});
+  d.be().linear_fwd(tx.view(), tw.view(), ty.view());
+  return {{"y", normwise_err(d.get(ty), y)}};
+}
+
+Errors linear_bwd_input(Device& d) {
+  const Vec dy = random_f(M * N, 3), w = random_f(N * Kd, 4), dx0 = random_f(M * Kd, 5);
+  Vec dx = filled(M * Kd, 0), dxa = dx0;
+  k::linear_bwd_input<double>(dy.data(), w.data(), dx.data(), M, Kd, N, false);
+  k::linear_bwd_input<double>(dy.data(), w.data(), dxa.data(), M, Kd, N, true);
+  Tensor tdy = d.put(dy, {M, N}), tw = d.put(w, {N, Kd});
+  Tensor tdx = d.put(filled(M * Kd, kNaN), {M, Kd}), tdxa = d.put(dx0, {M, Kd});
+  d.be().linear_bwd_input(tdy.view(), tw.view(), tdx.view(), false);
+  d.be().linear_bwd_input(tdy.view(), tw.view(), tdxa.view(), true);
+  return {{"dx", normwise_err(d.get(tdx), dx)}, {"dx (accumulate)", normwise_err(d.get(tdxa), dxa)}};
+}
+
+Errors linear_bwd_weight(Device& d) {
+  const Vec dy = random_f(M * N, 6), x = random_f(M * Kd, 7);
+  Vec dw = random_f(N * Kd, 8);
+  Tensor tdy = d.put(dy, {M, N}), tx = d.put(x, {M, Kd}), tdw = d.put(dw, {N, Kd});
+  k::linear_bwd_weight<double>(dy.data(), x.data(), dw.data(), M, Kd, N);
+  d.be().linear_bwd_weight(tdy.view(), tx.view(), tdw.view());
+  return {{"dw (accumulated)", normwise_err(d.get(tdw), dw)}};
+}
+
+constexpr float kEps = 1e-5f;
+
+Errors rmsnorm_fwd(Device& d) {
+  const Vec x = random_f(M * Kd, 9), w = random_f(Kd, 10, 0.5, 1.5);
+  Vec y = filled(M * Kd, 0), rstd = filled(M, 0);
+  k::rmsnorm_fwd<double>(x.data(), w.data(), y.data(), rstd.data(), M, Kd, kEps);
+  Tensor tx = d.put(x, {M, Kd}), tw = d.put(w, {Kd});
+  Tensor ty = d.put(filled(M * Kd, kNaN), {M, Kd}), tr = d.put(filled(M, kNaN), {M});
+  d.be().rmsnorm_fwd(tx.view(), tw.view(), ty.view(), tr.view(), kEps);
+  return {{"y", normwise_err(d.get(ty), y)}, {"rstd", normwise_err(d.get(tr), rstd)}};
+}
+
+Errors rmsnorm_bwd(Device& d) {
+  const Vec x = random_f(M * Kd, 11), w = random_f(Kd, 12, 0.5, 1.5), dy = random_f(M * Kd, 13);
+  Vec y = filled(M * Kd, 0), rstd = filled(M, 0);
+  k::rmsnorm_fwd<double>(x.data(), w.data(), y.data(), rstd.data(), M, Kd, kEps);
+  rstd = rounded(rstd);
+  Vec dx = filled(M * Kd, 0), dw = random_f(Kd, 14);
+  Tensor tdy = d.put(dy, {M, Kd}), tx = d.put(x, {M, Kd}), tw = d.put(w, {Kd}), tr = d.put(rstd, {M});
+  Tensor tdx = d.put(filled(M * Kd, kNaN), {M, Kd}), tdw = d.put(dw, {Kd});
+  k::rmsnorm_bwd<double>(dy.data(), x.data(), w.data(), rstd.data(), dx.data(), dw.data(), M, Kd);
+  d.be().rmsnorm_bwd(tdy.view(), tx.view(), tw.view(), tr.view(), tdx.view(), tdw.view());
+  return {{"dx", normwise_err(d.get(tdx), dx)}, {"dw (accumulated)", normwise_err(d.get(tdw), dw)}};
+}
+
+Errors gated_rmsnorm_fwd(Device& d) {
+  const Vec y = random_f(M * Kd, 15), z = random_f(M * Kd, 16), w = random_f(Kd, 17, 0.5, 1.5);
+  Vec out = filled(M * Kd, 0), rstd = filled(M * G, 0);
+  k::gated_rmsnorm_fwd<double>(y.data(), z.data(), w.data(), out.data(), rstd.data(), M, Kd, G, kEps);
+  Tensor ty = d.put(y, {M, Kd}), tz = d.put(z, {M, Kd}), tw = d.put(w, {Kd});
+  Tensor to = d.put(filled(M * Kd, kNaN), {M, Kd}), tr = d.put(filled(M * G, kNaN), {M, G});
+  d.be().gated_rmsnorm_fwd(ty.view(), tz.view(), tw.view(), to.view(), tr.view(), kEps);
+  return {{"out", normwise_err(d.get(to), out)}, {"rstd", normwise_err(d.get(tr), rstd)}};
+}
+
+Errors gated_rmsnorm_bwd(Device& d) {
+  const Vec y = random_f(M * Kd, 18), z = random_f(M * Kd, 19), w = random_f(Kd, 20, 0.5, 1.5);
+  const Vec dout = random_f(M * Kd, 21);
+  Vec out = filled(M * Kd, 0), rstd = filled(M * G, 0);
+  k::gated_rmsnorm_fwd<double>(y.data(), z.data(), w.data(), out.data(), rstd.data(), M, Kd, G, kEps);
+  rstd = rounded(rstd);
+  Vec dy = filled(M * Kd, 0), dz = filled(M * Kd, 0), dw = random_f(Kd, 22);
+  Tensor tdo = d.put(dout, {M, Kd}), ty = d.put(y, {M, Kd}), tz = d.put(z, {M, Kd});
+  Tensor tw = d.put(w, {Kd}), tr = d.put(rstd, {M, G}), tdw = d.put(dw, {Kd});
+  Tensor tdy = d.put(filled(M * Kd, kNaN), {M, Kd}), tdz = d.put(filled(M * Kd, kNaN), {M, Kd});
+  k::gated_rmsnorm_bwd<double>(dout.data(), y.data(), z.data(), w.data(), rstd.data(), dy.data(),
+                               dz.data(), dw.data(), M, Kd, G);
+  d.be().gated_rmsnorm_bwd(tdo.view(), ty.view(), tz.view(), tw.view(), tr.view(), tdy.view(),
+                           tdz.view(), tdw.view());
+  return {{"dy", normwise_err(d.get(tdy), dy)},
+          {"dz", normwise_err(d.get(tdz), dz)},
+          {"dw (accumulated)", normwise_err(d.get(tdw), dw)}};
+}
+
+constexpr double kTheta = 10000.0;
+
+Errors rope(Device& d, bool backward) {
+  const Vec x = random_f(B * T * H * HD, backward ? 24 : 23);
+  Vec y = filled(B * T * H * HD, 0);
+  const Shape s{B, T, H, HD};
+  Tensor tx = d.put(x, s), ty = d.put(filled(s.numel(), kNaN), s), tin = d.put(x, s);
+  if (backward) {
+    k::rope_bwd<double>(x.data(), y.data(), B, T, H, HD, kTheta);
+    d.be().rope_bwd(tx.view(), ty.view(), kTheta);
+    d.be().rope_bwd(tin.view(), tin.view(), kTheta);
+  } else {
+    k::rope_fwd<double>(x.data(), y.data(), B, T, H, HD, kTheta);
+    d.be().rope_fwd(tx.view(), ty.view(), kTheta);
+    d.be().rope_fwd(tin.view(), tin.view(), kTheta);
+  }
+  const std::string out = backward ? "dx" : "y";
+  return {{out, normwise_err(d.get(ty), y)}, {out + " (in place)", normwise_err(d.get(tin), y)}};
+}
+
+struct AttnData {
+  Vec q, k, v, out, lse;
+};
+AttnData attention_data(uint64_t seed) {
+  AttnData a{random_f(B * T * H * HD, seed), random_f(B * T * KV * HD, seed + 1),
+             random_f(B * T * KV * HD, seed + 2), filled(B * T * H * HD, 0), filled(B * H * T, 0)};
+  k::attention_fwd<double>(a.q.data(), a.k.data(), a.v.data(), a.out.data(), a.lse.data(), B, T, H,
+                           KV, HD);
+  return a;
+}
+
+Errors attention_fwd(Device& d) {
+  const AttnData a = attention_data(25);
+  const Shape qs{B, T, H, HD}, ks{B, T, KV, HD};
+  Tensor tq = d.put(a.q, qs), tk = d.put(a.k, ks), tv = d.put(a.v, ks);
+  Tensor to = d.put(filled(qs.numel(), kNaN), qs), tl = d.put(filled(B * H * T, kNaN), {B, H, T});
+  d.be().attention_fwd(tq.view(), tk.view(), tv.view(), to.view(), tl.view());
+  return {{"out", normwise_err(d.get(to), a.out)}, {"lse", normwise_err(d.get(tl), a.lse)}};
+}
+
+Errors attention_bwd(Device& d) {
+  AttnData a = attention_data(28);
+  a.out = rounded(a.out), a.lse = rounded(a.lse);
+  const Vec dout = random_f(B * T * H * HD, 31);
+  Vec dq = filled(a.q.size(), 0), dk = filled(a.k.size(), 0), dv = filled(a.v.size(), 0);
+  k::attention_bwd<double>(dout.data(), a.q.data(), a.k.data(), a.v.data(), a.out.data(),
+                           a.lse.data(), dq.data(), dk.data(), dv.data(), B, T, H, KV, HD);
+  const Shape qs{B, T, H, HD}, ks{B, T, KV, HD};
+  Tensor tdo = d.put(dout, qs), tq = d.put(a.q, qs), tk = d.put(a.k, ks), tv = d.put(a.v, ks);
+  Tensor to = d.put(a.out, qs), tl = d.put(a.lse, {B, H, T});
+  Tensor tdq = d.put(filled(qs.numel(), kNaN), qs), tdk = d.put(filled(ks.numel(), kNaN), ks);
+  Tensor tdv = d.put(filled(ks.numel(), kNaN), ks);
+  d.be().attention_bwd(tdo.view(), tq.view(), tk.view(), tv.view(), to.view(), tl.view(), tdq.view(),
+                       tdk.view(), tdv.view());
+  return {{"dq", normwise_err(d.get(tdq), dq)},
+          {"dk", normwise_err(d.get(tdk), dk)},
+          {"dv", normwise_err(d.get(tdv), dv)}};
+}
+
+Errors conv1d_fwd(Device& d) {
+  const Vec x = random_f(B * T * C, 32), w = random_f(C * KC, 33), bias = random_f(C, 34);
+  Vec y = filled(B * T * C, 0);
+  k::conv1d_fwd<double>(x.data(), w.data(), bias.data(), y.data(), B, T, C, KC);
+  Tensor tx = d.put(x, {B, T, C}), tw = d.put(w, {C, KC}), tb = d.put(bias, {C});
+  Tensor ty = d.put(filled(B * T * C, kNaN), {B, T, C});
+  d.be().conv1d_fwd(tx.view(), tw.view(), tb.view(), ty.view());
+  return {{"y", normwise_err(d.get(ty), y)}};
+}
+
+Errors conv1d_bwd(Device& d) {
+  const Vec dy = random_f(B * T * C, 35), x = random_f(B * T * C, 36), w = random_f(C * KC, 37);
+  Vec dx = filled(B * T * C, 0), dw = random_f(C * KC, 38), db = random_f(C, 39);
+  Tensor tdy = d.put(dy, {B, T, C}), tx = d.put(x, {B, T, C}), tw = d.put(w, {C, KC});
+  Tensor tdx = d.put(filled(B * T * C, kNaN), {B, T, C}), tdw = d.put(dw, {C, KC}), tdb = d.put(db, {C});
+  k::conv1d_bwd<double>(dy.data(), x.data(), w.data(), dx.data(), dw.data(), db.data(), B, T, C, KC);
+  d.be().conv1d_bwd(tdy.view(), tx.view(), tw.view(), tdx.view(), tdw.view(), tdb.view());
+  return {{"dx", normwise_err(d.get(tdx), dx)},
+          {"dw (accumulated)", normwise_err(d.get(tdw), dw)},
+          {"dbias (accumulated)", normwise_err(d.get(tdb), db)}};
+}
+
+struct SsdData {
+  k::SsdShape s{B, T, HM, P, G, NS, CHUNK};
+  Shape xs{B, T, HM, P}, ts{B, T, HM}, bs{B, T, G, NS};
+  Vec x = random_f(B * T * HM * P, 40), dt = random_f(B * T * HM, 41, 0.05, 0.5);
+  Vec A_log = random_f(HM, 42, -1.0, 0.5), Bm = random_f(B * T * G * NS, 43);
+  Vec Cm = random_f(B * T * G * NS, 44), D = random_f(HM, 45);
+};
+
+Errors ssd_fwd(Device& d) {
+  const SsdData in;
+  Vec y = filled(in.xs.numel(), 0);
+  k::ssd_ref_fwd<double>(in.s, in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(),
+                         in.Cm.data(), in.D.data(), y.data());
+  Backend& be = d.be();
+  Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put(in.A_log, {HM});
+  Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put(in.D, {HM});
+  Tensor ty = d.put(filled(in.xs.numel(), kNaN), in.xs);
+  Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, CHUNK)}, MemCategory::MEM_BUFFERS);
+  be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(),
+             saved.view(), CHUNK);
+  return {{"y", normwise_err(d.get(ty), y)}};
+}
+
+Errors ssd_bwd(Device& d) {
+  const SsdData in;
+  const Vec dy = random_f(in.xs.numel(), 46);
+  Vec dx = filled(in.xs.numel(), 0), ddt = filled(in.ts.numel(), 0), dA = random_f(HM, 47);
+  Vec dB = filled(in.bs.numel(), 0), dC = filled(in.bs.numel(), 0), dD = random_f(HM, 48);
+  Backend& be = d.be();
+  Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put(in.A_log, {HM});
+  Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put(in.D, {HM});
+  Tensor ty = d.put(filled(in.xs.numel(), kNaN), in.xs), tdy = d.put(dy, in.xs);
+  Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, CHUNK)}, MemCategory::MEM_BUFFERS);
+  be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(),
+             saved.view(), CHUNK);
+  Tensor tdx = d.put(filled(in.xs.numel(), kNaN), in.xs), tddt = d.put(filled(in.ts.numel(), kNaN), in.ts);
+  Tensor tdB = d.put(filled(in.bs.numel(), kNaN), in.bs), tdC = d.put(filled(in.bs.numel(), kNaN), in.bs);
+  Tensor tdA = d.put(dA, {HM}), tdD = d.put(dD, {HM});
+  k::ssd_ref_bwd<double>(in.s, dy.data(), in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(),
+                         in.Cm.data(), in.D.data(), dx.data(), ddt.data(), dA.data(), dB.data(),
+                         dC.data(), dD.data());
+  be.ssd_bwd(tdy.view(), tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(),
+             saved.view(), tdx.view(), tddt.view(), tdA.view(), tdB.view(), tdC.view(), tdD.view(),
+             CHUNK);
+  return {{"dx", normwise_err(d.get(tdx), dx)},       {"ddt", normwise_err(d.get(tddt), ddt)},
+          {"dBm", normwise_err(d.get(tdB), dB)},      {"dCm", normwise_err(d.get(tdC), dC)},
+          {"dA_log (accumulated)", normwise_err(d.get(tdA), dA)},
+          {"dD (accumulated)", normwise_err(d.get(tdD), dD)}};
+}
+
+constexpr int64_t kElems = 1000;  // elementwise ops
+
+Errors silu_fwd(Device& d) {
+  const Vec x = random_f(kElems, 49, -6, 6);
+  Vec y = filled(kElems, 0);
+  k::silu_fwd<double>(x.data(), y.data(), kElems);
+  Tensor tx = d.put(x, {kElems}), ty = d.put(filled(kElems, kNaN), {kElems});
+  d.be().silu_fwd(tx.view(), ty.view());
+  return {{"y", normwise_err(d.get(ty), y)}};
+}
+
+Errors silu_bwd(Device& d) {
+  const Vec dy = random_f(kElems, 50), x = random_f(kElems, 51, -6, 6);
+  Vec dx = filled(kElems, 0);
+  k::silu_bwd<double>(dy.data(), x.data(), dx.data(), kElems);
+  Tensor tdy = d.put(dy, {kElems}), tx = d.put(x, {kElems}), tdx = d.put(filled(kElems, kNaN), {kElems});
+  d.be().silu_bwd(tdy.view(), tx.view(), tdx.view());
+  return {{"dx", normwise_err(d.get(tdx), dx)}};
+}
+
+Errors swiglu_fwd(Device& d) {
+  const Vec gate = random_f(kElems, 52, -6, 6), up = random_f(kElems, 53);
+  Vec h = filled(kElems, 0);
+  k::swiglu_fwd<double>(gate.data(), up.data(), h.data(), kElems);
+  Tensor tg = d.put(gate, {kElems}), tu = d.put(up, {kElems}), th = d.put(filled(kElems, kNaN), {kElems});
+  d.be().swiglu_fwd(tg.view(), tu.view(), th.view());
+  return {{"h", normwise_err(d.get(th), h)}};
+}
+
+Errors swiglu_bwd(Device& d) {
+  const Vec dh = random_f(kElems, 54), gate = random_f(kElems, 55, -6, 6), up = random_f(kElems, 56);
+  Vec dg = filled(kElems, 0), du = filled(kElems, 0);
+  k::swiglu_bwd<double>(dh.data(), gate.data(), up.data(), dg.data(), du.data(), kElems);
+  Tensor tdh = d.put(dh, {kElems}), tg = d.put(gate, {kElems}), tu = d.put(up, {kElems});
+  Tensor tdg = d.put(filled(kElems, kNaN), {kElems}), tdu = d.put(filled(kElems, kNaN), {kElems});
+  d.be().swiglu_bwd(tdh.view(), tg.view(), tu.view(), tdg.view(), tdu.view());
+  return {{"dgate", normwise_err(d.get(tdg), dg)}, {"dup", normwise_err(d.get(tdu), du)}};
+}
+
+Errors dt_softplus_fwd(Device& d) {
+  const Vec raw = random_f(M * HM, 57, -4, 4), bias = random_f(HM, 58);
+  Vec dt = filled(M * HM, 0);
+  k::dt_softplus_fwd<double>(raw.data(), bias.data(), dt.data(), M, HM);
+  Tensor tr = d.put(raw, {M, HM}), tb = d.put(bias, {HM}), tdt = d.put(filled(M * HM, kNaN), {M, HM});
+  d.be().dt_softplus_fwd(tr.view(), tb.view(), tdt.view());
+  return {{"dt", normwise_err(d.get(tdt), dt)}};
+}
+
+Errors dt_softplus_bwd(Device& d) {
+  const Vec ddt = random_f(M * HM, 59), raw = random_f(M * HM, 60, -4, 4), bias = random_f(HM, 61);
+  Vec draw = filled(M * HM, 0), dbias = random_f(HM, 62);
+  Tensor tddt = d.put(ddt, {M, HM}), tr = d.put(raw, {M, HM}), tb = d.put(bias, {HM});
+  Tensor tdr = d.put(filled(M * HM, kNaN), {M, HM}), tdb = d.put(dbias, {HM});
+  k::dt_softplus_bwd<double>(ddt.data(), raw.data(), bias.data(), draw.data(), dbias.data(), M, HM);
+  d.be().dt_softplus_bwd(tddt.view(), tr.view(), tb.view(), tdr.view(), tdb.view());
+  return {{"ddt_raw", normwise_err(d.get(tdr), draw)},
+          {"ddt_bias (accumulated)", normwise_err(d.get(tdb), dbias)}};
+}
+
+// The vocabulary [0, VOC) and the shard [OFF, OFF + VS) of a vocab-parallel rank.
+constexpr int64_t VOC = 11, VS = 4, OFF = 5;
+
+Errors embedding(Device& d, bool backward) {
+  const auto ids = random_ids(M, VOC, backward ? 64 : 63);
+  Tensor tids = d.put_ids(ids);
+  Errors e;
+  for (const auto& [rows, offset] : {std::pair<int64_t, int64_t>{VOC, 0}, {VS, OFF}}) {
+    const std::string which = offset ? " (shard)" : "";
+    if (backward) {
+      const Vec dout = random_f(M * Kd, 65);
+      Vec dt = random_f(rows * Kd, 66);
+      Tensor tdo = d.put(dout, {M, Kd}), tdt = d.put(dt, {rows, Kd});
+      k::embedding_bwd<double>(ids.data(), dout.data(), dt.data(), M, Kd, rows, offset);
+      d.be().embedding_bwd(tids.view(), tdo.view(), tdt.view(), offset);
+      e.emplace_back("dtable" + which + " (accumulated)", normwise_err(d.get(tdt), dt));
+    } else {
+      const Vec table = random_f(rows * Kd, 67);
+      Vec out = filled(M * Kd, 0);
+      k::embedding_fwd<double>(ids.data(), table.data(), out.data(), M, Kd, rows, offset);
+      Tensor tt = d.put(table, {rows, Kd}), to = d.put(filled(M * Kd, kNaN), {M, Kd});
+      d.be().embedding_fwd(tids.view(), tt.view(), to.view(), offset);
+      e.emplace_back("out" + which, normwise_err(d.get(to), out));
+    }
+  }
+  return e;
+}
+
+constexpr float kScale = 0.125f;
+
+Errors cross_entropy(Device& d) {
+  const Vec logits = random_f(M * VOC, 68, -4, 4);
+  const auto targets = random_ids(M, VOC, 69);
+  Vec dl = filled(M * VOC, 0);
+  const double loss = k::cross_entropy<double>(logits.data(), targets.data(), dl.data(), M, VOC, kScale);
+  Tensor tl = d.put(logits, {M, VOC}), tt = d.put_ids(targets), tdl = d.put(filled(M * VOC, kNaN), {M, VOC});
+  const double got = d.be().cross_entropy(tl.view(), tt.view(), tdl.view(), kScale);
+  return {{"loss", std::fabs(got - loss) / std::fabs(loss)}, {"dlogits", normwise_err(d.get(tdl), dl)}};
+}
+
+Errors row_max(Device& d) {
+  const Vec x = random_f(M * VOC, 70, -4, 4);
+  Vec mx = filled(M, 0);
+  k::row_max<double>(x.data(), mx.data(), M, VOC);
+  Tensor tx = d.put(x, {M, VOC}), tm = d.put(filled(M, kNaN), {M});
+  d.be().row_max(tx.view(), tm.view());
+  return {{"out", normwise_err(d.get(tm), mx)}};
+}
+
+// One shard's logits with the row maxima of the whole vocabulary (its own max plus a margin).
+struct VocabShard {
+  Vec logits = random_f(M * VS, 71, -4, 4), row_max;
+  std::vector<int32_t> targets = random_ids(M, VOC, 72);
+  VocabShard() {
+    row_max = filled(M, 0);
+    k::row_max<double>(logits.data(), row_max.data(), M, VS);
+    for (auto& m : row_max) m = static_cast<float>(m + 0.5);
+  }
+};
+
+Errors vocab_ce_partials(Device& d) {
+  const VocabShard s;
+  Vec exps = filled(M * VS, 0), sums = filled(2 * M, 0);
+  k::vocab_ce_partials<double>(s.logits.data(), s.row_max.data(), s.targets.data(), OFF, exps.data(),
+                               sums.data(), M, VS);
+  Tensor tl = d.put(s.logits, {M, VS}), tm = d.put(s.row_max, {M}), tt = d.put_ids(s.targets);
+  Tensor te = d.put(filled(M * VS, kNaN), {M, VS}), ts = d.put(filled(2 * M, kNaN), {2, M});
+  d.be().vocab_ce_partials(tl.view(), tm.view(), tt.view(), OFF, te.view(), ts.view());
+  return {{"exps", normwise_err(d.get(te), exps)}, {"sums", normwise_err(d.get(ts), sums)}};
+}
+
+Errors vocab_ce_finish(Device& d) {
+  const VocabShard s;
+  Vec exps = filled(M * VS, 0), sums = filled(2 * M, 0);
+  k::vocab_ce_partials<double>(s.logits.data(), s.row_max.data(), s.targets.data(), OFF, exps.data(),
+                               sums.data(), M, VS);
+  for (int64_t m = 0; m < M; ++m) sums[static_cast<size_t>(m)] += 3.0;  // the other shards' exps
+  exps = rounded(exps), sums = rounded(sums);
+  Tensor ts = d.put(sums, {2, M}), tm = d.put(s.row_max, {M}), tt = d.put_ids(s.targets);
+  Tensor td = d.put(exps, {M, VS});
+  const double loss = k::vocab_ce_finish<double>(sums.data(), s.row_max.data(), s.targets.data(), OFF,
+                                                 exps.data(), M, VS, kScale);
+  const double got = d.be().vocab_ce_finish(ts.view(), tm.view(), tt.view(), OFF, td.view(), kScale);
+  return {{"loss", std::fabs(got - loss) / std::fabs(loss)}, {"dlogits", normwise_err(d.get(td), exps)}};
+}
+
+Errors gather_scatter(Device& d, bool scatter) {
+  constexpr int64_t S = 10, col = 3, n = 4;
+  const Vec src = random_f(M * (scatter ? n : S), 73);
+  Vec dst = scatter ? random_f(M * S, 74) : filled(M * n, 0);
+  Tensor tdst = d.put(scatter ? dst : filled(M * n, kNaN), {M, scatter ? S : n});
+  if (scatter) {
+    k::scatter_cols<double>(src.data(), n, dst.data(), S, col, M);
+    Tensor ts = d.put(src, {M, n});
+    d.be().scatter_cols(ts.view(), tdst.view(), col);
+  } else {
+    k::gather_cols<double>(src.data(), S, col, dst.data(), n, M);
+    Tensor ts = d.put(src, {M, S});
+    d.be().gather_cols(ts.view(), col, tdst.view());
+  }
+  return {{"dst", normwise_err(d.get(tdst), dst)}};
+}
+
+Errors add_inplace(Device& d) {
+  const Vec x = random_f(kElems, 75);
+  Vec y = random_f(kElems, 76);
+  Tensor ty = d.put(y, {kElems}), tx = d.put(x, {kElems});
+  k::add_inplace<double>(y.data(), x.data(), kElems);
+  d.be().add_inplace(ty.view(), tx.view());
+  return {{"y", normwise_err(d.get(ty), y)}};
+}
+
+// torch.optim.AdamW, single-tensor path, in double.
+void ref_adamw(Vec& p, const Vec& g, Vec& m, Vec& v, const AdamWStep& s) {
+  const double bc1 = 1.0 - std::pow(s.beta1, double(s.t)), bc2 = 1.0 - std::pow(s.beta2, double(s.t));
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double gi = g[i] * double(s.grad_scale);
+    if (s.decay) p[i] *= 1.0 - s.lr * s.weight_decay;
+    m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * gi;
+    v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * gi * gi;
+    p[i] -= s.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + s.eps);
+  }
+}
+
+Errors adamw_update(Device& d) {
+  const AdamWStep step{1e-2, 0.9, 0.95, 1e-8, 0.1, 3, true, 0.5f};
+  const Vec g = random_f(kElems, 77);
+  Vec p = random_f(kElems, 78), m = random_f(kElems, 79, -0.1, 0.1), v = random_f(kElems, 80, 0.0, 0.01);
+  Tensor tp = d.put(p, {kElems}), tg = d.put(g, {kElems}), tm = d.put(m, {kElems}), tv = d.put(v, {kElems});
+  ref_adamw(p, g, m, v, step);
+  d.be().adamw_update(tp.view(), tg.view(), tm.view(), tv.view(), step);
+  return {{"p", normwise_err(d.get(tp), p)}, {"m", normwise_err(d.get(tm), m)}, {"v", normwise_err(d.get(tv), v)}};
+}
+
+Errors sum_squares(Device& d) {
+  constexpr int64_t n = 20000;  // several of the kernel's fixed blocks
+  const Vec x = random_f(n, 81);
+  const double want = k::sum_squares<double>(x.data(), n);
+  Tensor tx = d.put(x, {n});
+  return {{"sum", std::fabs(d.be().sum_squares(tx.view()) - want) / want}};
+}
+
+// Tolerances: normwise float error of a few ulps (elementwise ops, copies), more where a
+// result sums many terms (products, norms, scans).
+std::map<Op, Case> cases() {
+  using std::placeholders::_1;
+  return {
+      {Op::OP_linear_fwd, {1e-5, linear_fwd}},
+      {Op::OP_linear_bwd_input, {1e-5, linear_bwd_input}},
+      {Op::OP_linear_bwd_weight, {1e-5, linear_bwd_weight}},
+      {Op::OP_rmsnorm_fwd, {1e-5, rmsnorm_fwd}},
+      {Op::OP_rmsnorm_bwd, {1e-5, rmsnorm_bwd}},
+      {Op::OP_gated_rmsnorm_fwd, {1e-5, gated_rmsnorm_fwd}},
+      {Op::OP_gated_rmsnorm_bwd, {1e-5, gated_rmsnorm_bwd}},
+      {Op::OP_rope_fwd, {1e-5, [](Device& d) { return rope(d, false); }}},
+      {Op::OP_rope_bwd, {1e-5, [](Device& d) { return rope(d, true); }}},
+      {Op::OP_attention_fwd, {1e-5, attention_fwd}},
+      {Op::OP_attention_bwd, {1e-5, attention_bwd}},
+      {Op::OP_conv1d_fwd, {1e-5, conv1d_fwd}},
+      {Op::OP_conv1d_bwd, {1e-5, conv1d_bwd}},
+      {Op::OP_ssd_fwd, {1e-5, ssd_fwd}},
+      {Op::OP_ssd_bwd, {1e-4, ssd_bwd}},
+      {Op::OP_silu_fwd, {1e-6, silu_fwd}},
+      {Op::OP_silu_bwd, {1e-6, silu_bwd}},
+      {Op::OP_swiglu_fwd, {1e-6, swiglu_fwd}},
+      {Op::OP_swiglu_bwd, {1e-6, swiglu_bwd}},
+      {Op::OP_dt_softplus_fwd, {1e-6, dt_softplus_fwd}},
+      {Op::OP_dt_softplus_bwd, {1e-6, dt_softplus_bwd}},
+      {Op::OP_embedding_fwd, {1e-7, [](Device& d) { return embedding(d, false); }}},
+      {Op::OP_embedding_bwd, {1e-6, [](Device& d) { return embedding(d, true); }}},
+      {Op::OP_cross_entropy, {1e-6, cross_entropy}},
+      {Op::OP_row_max, {1e-7, row_max}},
+      {Op::OP_vocab_ce_partials, {1e-6, vocab_ce_partials}},
+      {Op::OP_vocab_ce_finish, {1e-6, vocab_ce_finish}},
+      {Op::OP_gather_cols, {1e-7, [](Device& d) { return gather_scatter(d, false); }}},
+      {Op::OP_scatter_cols, {1e-7, [](Device& d) { return gather_scatter(d, true); }}},
+      {Op::OP_add_inplace, {1e-6, add_inplace}},
+      {Op::OP_adamw_update, {1e-5, adamw_update}},
+      {Op::OP_sum_squares, {1e-6, sum_squares}},
+  };
+}
+
+TEST(BackendOps, EveryOpOnEveryBackendMatchesTheDoubleReference) {
+  const auto table = cases();
+  for (Backend* be : registered_backends()) {
+    Device dev(*be);
+    for (int i = 0; i < kOpCount; ++i) {
+      const Op op = static_cast<Op>(i);
+      const auto it = table.find(op);
+      if (it == table.end()) {
+        ADD_FAILURE() << "op " << op_name(op) << " of the backend op table has no case in the op runner";
+        continue;
+      }
+      for (const auto& [out, err] : it->second.run(dev)) {
+        const bool ok = err <= it->second.tol;  // false for NaN: an output left unwritten
+        std::printf("[ %-4s ] %-4s %-18s %-28s max rel err %.3e (tol %.0e)\n", ok ? "ok" : "FAIL",
+                    be->name(), op_name(op), out.c_str(), err, it->second.tol);
+        EXPECT_TRUE(ok) << be->name() << " " << op_name(op) << " " << out << ": error " << err
+                        << " above tolerance " << it->second.tol;
+      }
+    }
+  }
+}
+
+// The op table's names are its entries, in order, each once.
+TEST(BackendOps, OpNamesAreDistinct) {
+  std::map<std::string, int> seen;
+  for (int i = 0; i < kOpCount; ++i) ++seen[op_name(static_cast<Op>(i))];
+  EXPECT_EQ(static_cast<int>(seen.size()), kOpCount);
+  EXPECT_STREQ(op_name(Op::OP_linear_fwd), "linear_fwd");
+  EXPECT_STREQ(op_name(Op::OP_sum_squares), "sum_squares");
+}
+
+// Shape, dtype and device errors name the op, the tensor and what was expected.
+TEST(BackendOps, MisshapenTensorsAreRefusedWithTheOpAndTensorNamed) {
+  Backend& be = cpu();
+  Tensor x(be, Shape{4, 3}, MemCategory::MEM_BUFFERS), w(be, Shape{5, 2}, MemCategory::MEM_BUFFERS);
+  Tensor y(be, Shape{4, 5}, MemCategory::MEM_BUFFERS);
+  try {
+    be.linear_fwd(x.view(), w.view(), y.view());
+    ADD_FAILURE() << "linear_fwd accepted w [5,2] for x [4,3]";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "backend cpu, op linear_fwd: tensor w has shape [5,2], expected [5,3]");
+  }
+  Tensor ids(be, Shape{4}, MemCategory::MEM_BUFFERS);  // f32, not i32
+  Tensor table(be, Shape{7, 3}, MemCategory::MEM_BUFFERS);
+  EXPECT_THROW(be.embedding_fwd(ids.view(), table.view(), x.view(), 0), std::invalid_argument);
+  Tensor half(be, Shape{4, 3}, MemCategory::MEM_BUFFERS, DType::DTYPE_BF16);
+  try {
+    be.silu_fwd(half.view(), x.view());
+    ADD_FAILURE() << "the cpu backend computed on bf16";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor x has dtype bf16, expected f32"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(be.set_stream(1), std::invalid_argument);
+}
+
+// Kernel workspaces are backend allocations: the scan's scratch shows in the buffer category
+// while it runs and is returned afterwards.
+TEST(BackendOps, SsdWorkspaceIsAccountedAndReturned) {
+  Backend& be = cpu();
+  Device d(be);
+  const SsdData in;
+  Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put(in.A_log, {HM});
+  Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put(in.D, {HM});
+  Tensor ty(be, in.xs, MemCategory::MEM_BUFFERS);
+  Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, CHUNK)}, MemCategory::MEM_BUFFERS);
+  be.reset_peak();
+  const auto before = be.memory();
+  be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(),
+             saved.view(), CHUNK);
+  const auto after = be.memory();
+  const auto buf = static_cast<size_t>(MemCategory::MEM_BUFFERS);
+  const int64_t work = k::ssd_fwd_workspace_size(in.s) * static_cast<int64_t>(sizeof(float));
+  std::printf("ssd_fwd workspace %lld bytes; buffers peak %lld -> %lld\n", static_cast<long long>(work),
+              static_cast<long long>(before.peak[buf]), static_cast<long long>(after.peak[buf]));
+  EXPECT_GT(work, 0);
+  EXPECT_EQ(after.peak[buf], before.current[buf] + work);
+  EXPECT_EQ(after.current[buf], before.current[buf]);
+}
+
+}  // namespace
+}  // namespace piper::backend
