@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "model/init.hpp"
 
@@ -73,12 +75,18 @@ void ParamStore::init(uint64_t seed) {
       hi = std::min(r.numel, s.zero.offset + s.zero.len - r.offset);
       dst = s.shard_values_t.data() + (r.offset + lo - s.zero.offset);
     }
-    // Stretch by stretch of globally contiguous elements.
+    // Stretch by stretch of globally contiguous elements (one per row of a column split):
+    // one long stretch draws in parallel inside init_range, many short ones in parallel here.
+    std::vector<std::pair<int64_t, ir::Stretch>> stretches;  // local start, global start and length
     for (int64_t i = lo; i < hi;) {
       const ir::Stretch st = ir::global_stretch(*r.spec, degrees, at, i);
-      const int64_t n = std::min(st.len, hi - i);
-      init_range(seed, *r.spec, st.global, n, dst + (i - lo));
-      i += n;
+      stretches.push_back({i, {st.global, std::min(st.len, hi - i)}});
+      i += stretches.back().second.len;
+    }
+#pragma omp parallel for schedule(static) if (stretches.size() > 1 && hi - lo > 65536)
+    for (size_t k = 0; k < stretches.size(); ++k) {
+      const auto& [i, st] = stretches[k];
+      init_range(seed, *r.spec, st.global, st.len, dst + (i - lo));
     }
   }
 }

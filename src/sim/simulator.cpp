@@ -100,8 +100,8 @@ class Sim {
       : plan_(plan), programs_(programs), cost_(cost), opts_(opts), stretch_(stretch), world_(plan.strategy.world_size),
         dims_(plan.strategy.dims()) {
     const auto& s = plan.strategy;
-    tp_ = s.shard.tp;
-    dp_ = s.replicate.dp;
+    tp_ = dims_.degree(ir::Axis::TP);
+    dp_ = dims_.degree(ir::Axis::DP);
     zero_ = s.replicate.zero;
     rows_ = cfg.train.global_batch / std::max(1, dp_ * s.split.microbatches) * cfg.train.seq_len;
     act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * 4);
