@@ -7,7 +7,7 @@
 #include <numeric>
 #include <string>
 
-#include "ir/grid.hpp"
+#include "ir/parallel_dims.hpp"
 #include "ir/pipeline_schedules.hpp"
 #include "ir/placement.hpp"
 #include "ir/unit_passes.hpp"
@@ -64,7 +64,7 @@ struct Builder {
   const ModelGraph& model;
   const Strategy& strategy;
   Graph g;
-  RankGrid grid;
+  ParallelDims grid;
   PipeSchedule sched;
   int n_units = 0, n_mb = 0, n_stages = 1;
   std::vector<int> stage_of_unit;
@@ -77,8 +77,7 @@ struct Builder {
   Builder(const ModelGraph& m, const Strategy& s)
       : model(m),
         strategy(s),
-        grid(s.world_size, s.grid_order,
-             {{"tp", s.shard.tp}, {"dp", s.replicate.dp}, {"pp", s.place.pp}}) {}
+        grid(s.dims()) {}
 
   void place() {
     n_units = static_cast<int>(model.units.size());
@@ -111,7 +110,7 @@ struct Builder {
     for (int s = 0; s < n_stages; ++s) {
       const int p = sched.rank_of(s);
       for (int r = 0; r < strategy.world_size; ++r)
-        if (grid.coord(r, "pp") == p) devices_of_stage[static_cast<size_t>(s)].push_back(r);
+        if (grid.coord(r, Axis::PP) == p) devices_of_stage[static_cast<size_t>(s)].push_back(r);
     }
   }
 
@@ -130,9 +129,8 @@ struct Builder {
 
   // The rank of `to_devices` with the same tp and dp coordinates as `rank`.
   int partner(int rank, const std::vector<int>& to_devices) const {
-    const int p = grid.coord(to_devices.front(), "pp");
-    auto coords = grid.coords(rank);
-    coords["pp"] = p;
+    Coords coords = grid.coords(rank);
+    coords.pp = grid.coord(to_devices.front(), Axis::PP);
     return grid.rank_of(coords);
   }
 

@@ -1,6 +1,9 @@
 // compile.cpp — config to verified global DAG.
 #include "ir/compile.hpp"
 
+#include <stdexcept>
+#include <string>
+
 namespace piper::ir {
 
 Plan compile(const config::Config& cfg, int world_size) {
@@ -8,6 +11,12 @@ Plan compile(const config::Config& cfg, int world_size) {
   p.model = make_model_graph(cfg.model);
   p.strategy = expand(cfg, world_size);
   p.graph = build(p.model, p.strategy);
+  try {
+    // Every parameter's pieces exist under these degrees (config::validate states the same rules by key).
+    check_shards(p.model, p.strategy.dims().degrees());
+  } catch (const std::invalid_argument& e) {
+    throw BuildError(std::string("shard: ") + e.what());
+  }
   verify(p.graph, p.model);
   p.hash = plan_hash(p.graph, p.model);
   p.devices_of_unit.resize(p.model.units.size());

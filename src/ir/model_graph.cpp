@@ -15,50 +15,6 @@ int64_t ParamSpec::numel() const {
 }
 
 namespace {
-
-std::vector<int64_t> parts_of(const ParamSpec& s) {
-  if (!s.tp_parts.empty()) return s.tp_parts;
-  return {s.shape.at(static_cast<size_t>(s.tp_dim))};
-}
-
-}  // namespace
-
-bool tp_divides(const ParamSpec& spec, int tp) {
-  if (spec.tp_dim < 0) return true;
-  for (int64_t p : parts_of(spec))
-    if (p % tp != 0) return false;
-  return true;
-}
-
-std::vector<int64_t> tp_local_shape(const ParamSpec& spec, int tp) {
-  std::vector<int64_t> shape = spec.shape;
-  if (spec.tp_dim >= 0) shape[static_cast<size_t>(spec.tp_dim)] /= tp;
-  return shape;
-}
-
-int64_t tp_global_index(const ParamSpec& spec, int tp_rank, int tp, int64_t i) {
-  if (spec.tp_dim < 0 || tp == 1) return i;
-  const auto local = tp_local_shape(spec, tp);
-  // Row-major coordinates of i in the local shape; only the split one moves.
-  int64_t inner = 1;
-  for (size_t d = static_cast<size_t>(spec.tp_dim) + 1; d < local.size(); ++d) inner *= local[d];
-  const int64_t n_local = local[static_cast<size_t>(spec.tp_dim)];
-  const int64_t outer = i / (inner * n_local), c = (i / inner) % n_local, rest = i % inner;
-  // Local coordinate c lies in part k at offset o; globally, piece tp_rank of part k.
-  int64_t part_start = 0, local_start = 0, g = 0;
-  for (int64_t p : parts_of(spec)) {
-    const int64_t piece = p / tp;
-    if (c < local_start + piece) {
-      g = part_start + tp_rank * piece + (c - local_start);
-      break;
-    }
-    part_start += p, local_start += piece;
-  }
-  const int64_t n_global = spec.shape[static_cast<size_t>(spec.tp_dim)];
-  return (outer * n_global + g) * inner + rest;
-}
-
-namespace {
 // a + b for parameter counts; ConfigError naming `what` when the sum leaves 64 bits.
 int64_t add_count(int64_t a, int64_t b, const char* what, const std::string& name) {
   if (std::optional<int64_t> r = config::checked_add(a, b)) return *r;
@@ -108,16 +64,15 @@ namespace {
 constexpr double kInitStd = 0.02;
 
 ParamSpec matrix(std::string name, int64_t rows, int64_t cols, double std_dev) {
-  return {std::move(name), {rows, cols}, true, InitKind::INIT_NORMAL, std_dev, -1, {}};
+  return {std::move(name), {rows, cols}, true, InitKind::INIT_NORMAL, std_dev, {}};
 }
 ParamSpec ones(std::string name, int64_t n) {
-  return {std::move(name), {n}, false, InitKind::INIT_ONES, 0.0, -1, {}};
+  return {std::move(name), {n}, false, InitKind::INIT_ONES, 0.0, {}};
 }
 
-// Megatron's column-parallel (output rows split) and row-parallel (input columns split).
+// Megatron's column-parallel (output rows split) and row-parallel (input columns split) over tp.
 ParamSpec split(ParamSpec p, int dim, std::vector<int64_t> parts = {}) {
-  p.tp_dim = dim;
-  p.tp_parts = std::move(parts);
+  p.shards = {{dim, Axis::TP, std::move(parts)}};
   return p;
 }
 
@@ -146,11 +101,11 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
         u.params.push_back(split(matrix(mix + "in_proj.weight", m.in_proj_rows(), D, kInitStd), 0, {di, di, gn, gn, hm}));
         // conv1d: uniform(+-1/sqrt(K)), torch's default for a depthwise conv
         u.params.push_back(split({mix + "conv1d.weight", {c, m.d_conv}, true, InitKind::INIT_UNIFORM,
-                                  1.0 / std::sqrt(static_cast<double>(m.d_conv)), -1, {}}, 0, {di, gn, gn}));
+                                  1.0 / std::sqrt(static_cast<double>(m.d_conv)), {}}, 0, {di, gn, gn}));
         u.params.push_back(split({mix + "conv1d.bias", {c}, false, InitKind::INIT_UNIFORM,
-                                  1.0 / std::sqrt(static_cast<double>(m.d_conv)), -1, {}}, 0, {di, gn, gn}));
-        u.params.push_back(split({mix + "dt_bias", {hm}, false, InitKind::INIT_DT_BIAS, 0.0, -1, {}}, 0));
-        u.params.push_back(split({mix + "A_log", {hm}, false, InitKind::INIT_A_LOG, 0.0, -1, {}}, 0));
+                                  1.0 / std::sqrt(static_cast<double>(m.d_conv)), {}}, 0, {di, gn, gn}));
+        u.params.push_back(split({mix + "dt_bias", {hm}, false, InitKind::INIT_DT_BIAS, 0.0, {}}, 0));
+        u.params.push_back(split({mix + "A_log", {hm}, false, InitKind::INIT_A_LOG, 0.0, {}}, 0));
         u.params.push_back(split(ones(mix + "D", hm), 0));
         u.params.push_back(split(ones(mix + "norm.weight", di), 0));
         u.params.push_back(split(matrix(mix + "out_proj.weight", D, di, out_std), 1));

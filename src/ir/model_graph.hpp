@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "ir/grid.hpp"
 
 namespace piper::ir {
 
@@ -21,28 +22,72 @@ enum class InitKind : uint8_t {
   INIT_UNIFORM,       // uniform(-bound, bound)
 };
 
+// How a parameter splits along one axis of the rank grid: dimension `dim`
+// of its shape into degree(axis) contiguous pieces, rank c holding piece c.
+// A packed tensor (Mamba's in_proj: z | x | B | C | dt) lists the sizes of
+// its parts along `dim`; each part splits on its own and rank c holds piece c
+// of every part, in order. The same form says "experts along dimension 0 over
+// ep" or "the sequence over cp".
+struct Shard {
+  int dim = -1;
+  Axis axis = Axis::TP;
+  std::vector<int64_t> parts;  // empty: the whole dimension is one part
+  bool operator==(const Shard&) const = default;
+};
+
 struct ParamSpec {
   std::string name;            // exactly as spec/MODEL.md, e.g. "layers.3.mixer.in_proj.weight"
   std::vector<int64_t> shape;  // global shape, [out, in] for matrices
   bool weight_decay = false;   // AdamW decay: 2-D and 3-D weights only
   InitKind init = InitKind::INIT_NORMAL;
   double init_scale = 0.0;     // std for INIT_NORMAL, bound for INIT_UNIFORM
-  // Tensor parallelism (Megatron style): the dimension split over the tp
-  // ranks (-1: replicated on every tp rank) and, for packed tensors such as
-  // Mamba's in_proj (z | x | B | C | dt), the sizes of the parts along it;
-  // each part is split into tp contiguous pieces and rank r holds piece r of
-  // every part, in order.
-  int tp_dim = -1;
-  std::vector<int64_t> tp_parts;  // empty: the whole dimension is one part
+  // Applied in order, each to the shape the earlier ones leave (its `parts`
+  // are sizes of that shape); empty: whole on every rank. Megatron's tensor
+  // parallelism is one Shard along tp.
+  std::vector<Shard> shards;
   int64_t numel() const;
 };
 
-// The shape of tensor-parallel rank `tp_rank`'s piece of `spec` (of `tp` ranks).
-std::vector<int64_t> tp_local_shape(const ParamSpec& spec, int tp);
-// The global flat (row-major) index of local flat element `i` on `tp_rank`.
-int64_t tp_global_index(const ParamSpec& spec, int tp_rank, int tp, int64_t i);
-// Whether every part along the split dimension divides by `tp`.
-bool tp_divides(const ParamSpec& spec, int tp);
+struct UnitSpec;
+struct ModelGraph;
+
+// ---- a parameter's pieces: every consumer derives them from ParamSpec::shards ----
+
+// Whether the parameter is split along `a` (else every rank along `a` holds the same piece).
+bool split_along(const ParamSpec& spec, Axis a);
+// "" when every shard's dimension exists and every part divides by its
+// degree; otherwise what is wrong, naming the parameter, the dimension, the
+// part and the degree.
+std::string shard_problem(const ParamSpec& spec, const Degrees& n);
+// Throws std::invalid_argument with the first shard_problem of the model's parameters.
+void check_shards(const ModelGraph& graph, const Degrees& n);
+// The shape of every rank's piece (all pieces have one shape). Checked.
+std::vector<int64_t> local_shape(const ParamSpec& spec, const Degrees& n);
+int64_t local_numel(const ParamSpec& spec, const Degrees& n);
+// A unit's local flat buffer: its parameters' pieces concatenated in spec order.
+int64_t local_numel(const UnitSpec& unit, const Degrees& n);
+
+// Where local flat (row-major) element `i` of the piece at coordinates `at`
+// sits in the global tensor, and how many local elements from `i` on follow
+// it contiguously there (within one part's piece of one outer index).
+struct Stretch {
+  int64_t global = 0, len = 0;
+};
+Stretch global_stretch(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i);
+int64_t global_index(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i);
+
+// ---- ZeRO: a rank's shard of a unit's flat local buffer ----
+
+// The state a ZeRO level shards over the data-parallel group: parameters at
+// zero 3, gradients from zero 2, the optimiser moments from zero 1.
+enum class ZeroState : uint8_t { ZERO_PARAMS, ZERO_GRADS, ZERO_MOMENTS };
+bool zero_shards(int zero, ZeroState s);
+// The buffer of `numel` elements is padded to len * dp; data-parallel rank d
+// holds [d * len, (d + 1) * len), cut across parameter boundaries as it falls.
+struct FlatShard {
+  int64_t offset = 0, len = 0, padded = 0;
+};
+FlatShard flat_shard(int64_t numel, int dp, int dp_rank);
 
 enum class UnitKind : uint8_t {
   UNIT_EMBED,      // token embedding

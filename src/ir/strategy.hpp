@@ -10,6 +10,7 @@
 
 #include "config/config.hpp"
 #include "ir/graph.hpp"
+#include "ir/parallel_dims.hpp"
 
 namespace piper::ir {
 
@@ -74,6 +75,11 @@ struct Strategy {
   int64_t microbatch_rows = 0;   // tokens of one microbatch on one data-parallel replica
   int64_t activation_bytes = 0;  // one microbatch's activation between units, per rank
   bool operator==(const Strategy&) const = default;
+  // The degrees and the rank grid of these directives; throws
+  // std::invalid_argument when they do not form one (ParallelDims).
+  ParallelDims dims() const {
+    return ParallelDims(world_size, grid_order, {.tp = shard.tp, .dp = replicate.dp, .pp = place.pp});
+  }
 };
 
 // Parses a schedule name ("gpipe", "1f1b", ...); throws std::invalid_argument.

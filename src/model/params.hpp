@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,7 @@ struct ParamRef {
   const ir::ParamSpec* spec = nullptr;
   int unit = -1;
   int64_t offset = 0;  // into the unit's (full) buffer
-  int64_t numel = 0;   // this rank's tp piece
+  int64_t numel = 0;   // this rank's piece (ir::local_numel)
 };
 
 // How the store is sharded over the data-parallel group.
@@ -26,8 +27,12 @@ struct Sharding {
   int dp_rank = 0;
   int dp_size = 1;
   int zero = 0;  // 0 replicated, 1 optimiser state, 2 + gradients, 3 + parameters
-  int tp_rank = 0;  // tensor parallelism: each parameter is this rank's piece (ir::tp_local_shape)
+  int tp_rank = 0;  // tensor parallelism: each parameter is this rank's piece (ir::local_shape)
   int tp_size = 1;
+  // The degrees and this rank's coordinates the parameters' pieces depend on (ParamSpec::shards).
+  ir::Degrees degrees() const { return {.tp = tp_size, .dp = dp_size}; }
+  ir::Coords coords() const { return {.tp = tp_rank, .dp = dp_rank}; }
+  bool shards(ir::ZeroState s) const { return ir::zero_shards(zero, s); }
 };
 
 class ParamStore {
@@ -42,19 +47,19 @@ class ParamStore {
   bool holds(int unit) const { return slots_.count(unit) > 0; }
   std::vector<int> units() const;
   const std::vector<ParamRef>& params() const { return refs_; }
+  // The parameters of a unit held here, in spec order.
+  std::span<const ParamRef> params(int unit) const;
   const ParamRef& find(const std::string& name) const;  // throws std::out_of_range
 
   int64_t unit_numel(int unit) const { return slot(unit).numel; }
-  // Elements of parameter i (spec order) of a unit held here (its tp piece).
-  int64_t param_numel(int unit, size_t i) const { return slot(unit).numels.at(i); }
-  int64_t padded_numel(int unit) const { return slot(unit).shard_len * sharding_.dp_size; }
-  int64_t shard_len(int unit) const { return slot(unit).shard_len; }
-  int64_t shard_offset(int unit) const { return slot(unit).shard_len * sharding_.dp_rank; }
+  int64_t padded_numel(int unit) const { return slot(unit).zero.padded; }
+  int64_t shard_len(int unit) const { return slot(unit).zero.len; }
+  int64_t shard_offset(int unit) const { return slot(unit).zero.offset; }
 
   // Full parameter values [padded_numel]. With ZeRO-3 only while gathered
   // values are bound (bind_full_values); throws otherwise.
   float* values(int unit);
-  float* value(int unit, size_t i);  // parameter i (spec order) of a unit
+  float* value(int unit, size_t i);  // parameter i (spec order) of a unit, for the unit itself
   // This rank's shard of the values [shard_len].
   float* shard_values(int unit);
   // ZeRO-3: lends gathered full values to the unit's computation (not owned).
@@ -75,9 +80,9 @@ class ParamStore {
 
  private:
   struct Slot {
-    int64_t numel = 0, shard_len = 0;
-    std::vector<int64_t> offsets;  // per param
-    std::vector<int64_t> numels;   // per param, this rank's tp piece
+    int64_t numel = 0;
+    ir::FlatShard zero;           // this rank's shard of the padded buffer
+    size_t first = 0, count = 0;  // the unit's parameters in refs_
     backend::Tensor values, grads;   // full (padded), when this rank keeps them
     backend::Tensor shard_values_t;  // ZeRO-3: the persistent shard
     backend::Tensor shard_grads_t;   // ZeRO >= 2: the persistent shard

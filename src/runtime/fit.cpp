@@ -85,7 +85,7 @@ struct Contributor {
 std::vector<Contributor> contributors(const config::Config& cfg, const ir::Plan& plan, int rank,
                                       const RankMemory& m) {
   const config::ModelConfig& mc = cfg.model;
-  const int tp = plan.strategy.shard.tp;
+  const ir::Degrees degrees = plan.strategy.dims().degrees();
   // The state (parameters, gradients, Adam moments) of each unit is in proportion to its
   // parameters on this rank; the simulator gives the total.
   std::map<char, double> params_of_kind;
@@ -94,7 +94,7 @@ std::vector<Contributor> contributors(const config::Config& cfg, const ir::Plan&
     const auto& devs = plan.devices_of_unit[static_cast<size_t>(u.index)];
     if (std::find(devs.begin(), devs.end(), rank) == devs.end()) continue;
     double n = 0;
-    for (const auto& p : u.params) n += static_cast<double>(config::size_product(ir::tp_local_shape(p, tp), p.name));
+    for (const auto& p : u.params) n += static_cast<double>(ir::local_numel(p, degrees));
     const char sym = ir::unit_symbol(u.kind);
     params_of_kind[sym == 'h' ? 'e' : sym] += n;
     held += n;

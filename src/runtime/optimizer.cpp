@@ -35,12 +35,10 @@ void Optimizer::for_each_owned_range(int unit, bool shard, Fn&& fn) {
   model::ParamStore& ps = model_.params();
   const int64_t base = shard ? ps.shard_offset(unit) : 0;
   const int64_t end = shard ? std::min(base + ps.shard_len(unit), ps.unit_numel(unit)) : ps.unit_numel(unit);
-  const size_t n_params = model_.graph().units[static_cast<size_t>(unit)].params.size();
-  int64_t off = 0;
-  for (size_t p = 0; p < n_params; ++p) {
-    const int64_t lo = std::max(off, base), hi = std::min(off + ps.param_numel(unit, p), end);
+  const std::span<const model::ParamRef> refs = ps.params(unit);
+  for (size_t p = 0; p < refs.size(); ++p) {
+    const int64_t lo = std::max(refs[p].offset, base), hi = std::min(refs[p].offset + refs[p].numel, end);
     if (lo < hi) fn(p, lo, hi, base);
-    off += ps.param_numel(unit, p);
   }
 }
 
@@ -51,7 +49,7 @@ double Optimizer::local_grad_sq() {
   for (int u : ps.units())
     for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
       // Each data-parallel rank adds its shard; a parameter replicated over the tp group counts once.
-      if (model_.graph().units[static_cast<size_t>(u)].params[p].tp_dim < 0 && !tp_lead) return;
+      if (!ir::split_along(model_.graph().units[static_cast<size_t>(u)].params[p], ir::Axis::TP) && !tp_lead) return;
       sq += optim::sum_squares(ps.shard_grads(u) + (lo - base), hi - lo);
     });
   return sq;

@@ -19,12 +19,6 @@ std::vector<int> units_of(const ir::Program& program) {
   return held;
 }
 
-ir::RankGrid grid_of(const ir::Plan& plan, int world_size) {
-  return ir::RankGrid(world_size, plan.strategy.grid_order,
-                      {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp},
-                       {"pp", plan.strategy.place.pp}});
-}
-
 // The samples of one step, each microbatch a view into them.
 struct StepBatch {
   std::vector<int32_t> inputs, targets;  // [this replica's share of the global batch, T]
@@ -62,13 +56,14 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
     : cfg_(cfg),
       plan_(std::move(plan)),
       rank_(world.rank()),
-      grid_(grid_of(plan_, world.size())),
-      dp_(world.split(grid_.group(rank_, "dp"), "dp")),
-      tp_(world.split(grid_.group(rank_, "tp"), "tp")),
+      grid_(plan_.strategy.dims()),
+      dp_(world.split(grid_.group(rank_, ir::Axis::DP), "dp")),
+      tp_(world.split(grid_.group(rank_, ir::Axis::TP), "tp")),
       groups_{&world, dp_.get(), tp_.get()},
       held_units_(units_of(program)),
       model_(cfg.model, plan_.model, held_units_, backend::cpu(),
-             {replica(), replicas(), plan_.strategy.replicate.zero, grid_.coord(rank_, "tp"), grid_.size("tp")},
+             {replica(), replicas(), plan_.strategy.replicate.zero, grid_.coord(rank_, ir::Axis::TP),
+              grid_.degree(ir::Axis::TP)},
              tp_.get()),
       optimizer_(model_, cfg.train),
       instructions_per_step_(program.compute.size() + program.comm.size()),

@@ -18,7 +18,7 @@
 #include "config/config.hpp"
 #include "data/token_file.hpp"
 #include "ir/compile.hpp"
-#include "ir/grid.hpp"
+#include "ir/parallel_dims.hpp"
 #include "model/model.hpp"
 #include "runtime/executor.hpp"
 #include "runtime/optimizer.hpp"
@@ -46,11 +46,11 @@ class RankRuntime {
 
   const config::Config& config() const { return cfg_; }
   const ir::Plan& plan() const { return plan_; }
-  const ir::RankGrid& grid() const { return grid_; }
+  const ir::ParallelDims& grid() const { return grid_; }
   const Groups& groups() const { return groups_; }
   int rank() const { return rank_; }
-  int replica() const { return grid_.coord(rank_, "dp"); }
-  int replicas() const { return grid_.size("dp"); }
+  int replica() const { return grid_.coord(rank_, ir::Axis::DP); }
+  int replicas() const { return grid_.degree(ir::Axis::DP); }
   // Whether every unit is on this rank (generating text needs the whole model).
   bool holds_whole_model() const { return held_units_.size() == plan_.model.units.size(); }
   // Instructions of this rank's program per step, both streams.
@@ -89,7 +89,7 @@ class RankRuntime {
   const config::Config& cfg_;
   const ir::Plan plan_;
   const int rank_;
-  const ir::RankGrid grid_;
+  const ir::ParallelDims grid_;
   std::unique_ptr<comm::Communicator> dp_, tp_;
   const Groups groups_;
   const std::vector<int> held_units_;

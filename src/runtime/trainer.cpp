@@ -68,10 +68,11 @@ void write_params(const std::string& path, const ir::ModelGraph& g,
 // places — and writes them. Collective: every rank calls it.
 void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
   const ir::Plan& plan = rt.plan();
-  const ir::RankGrid& grid = rt.grid();
+  const ir::ParallelDims& grid = rt.grid();
   const Groups& groups = rt.groups();
   model::ParamStore& ps = rt.model().params();
-  const int tp = ps.sharding().tp_size;
+  const ir::Degrees degrees = grid.degrees();
+  const int tp = degrees.tp;
   std::map<int, std::vector<float>> values;
   for (const auto& unit : plan.model.units) {
     const int u = unit.index;
@@ -84,17 +85,12 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
         std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), local.begin());
     }
     std::vector<float> global(env.rank() == 0 ? static_cast<size_t>(unit.param_count()) : 0);
-    auto coords = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
+    ir::Coords coords = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
+    // Local sizes of tp rank t are those of every tp rank.
+    const int64_t n_local = ir::local_numel(unit, degrees);
     for (int t = 0; t < tp; ++t) {
-      coords["tp"] = t;
+      coords.tp = t;
       const int src = grid.rank_of(coords);
-      // Local sizes of tp rank t are those of every tp rank.
-      int64_t n_local = 0;
-      for (const auto& p : unit.params) {
-        int64_t n = 1;
-        for (int64_t d : ir::tp_local_shape(p, tp)) n *= d;
-        n_local += n;
-      }
       std::vector<float> piece;
       if (env.rank() == src) piece.assign(local.begin(), local.begin() + n_local);
       if (src != 0) {
@@ -107,10 +103,13 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
       if (env.rank() != 0) continue;
       int64_t local_off = 0, global_off = 0;
       for (const auto& p : unit.params) {
-        int64_t n = 1;
-        for (int64_t d : ir::tp_local_shape(p, tp)) n *= d;
-        for (int64_t j = 0; j < n; ++j)
-          global[static_cast<size_t>(global_off + ir::tp_global_index(p, t, tp, j))] = piece[static_cast<size_t>(local_off + j)];
+        const int64_t n = ir::local_numel(p, degrees);
+        for (int64_t j = 0; j < n;) {
+          const ir::Stretch st = ir::global_stretch(p, degrees, coords, j);
+          const int64_t len = std::min(st.len, n - j);
+          std::copy_n(piece.begin() + local_off + j, len, global.begin() + global_off + st.global);
+          j += len;
+        }
         local_off += n;
         global_off += p.numel();
       }

@@ -19,7 +19,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "ir/grid.hpp"
+#include "ir/parallel_dims.hpp"
 #include "ir/player.hpp"
 #include "ir/unit_passes.hpp"
 
@@ -64,9 +64,12 @@ struct MemDelta {
   double bytes;
 };
 
-// Per-unit sizes on one rank: elements of the tp piece, the dp shard, the padded buffer.
+// Per-unit sizes on one rank: elements of its local pieces, the dp shard, the
+// padded buffer, and the elements of parameters, gradients and each Adam
+// moment it keeps between steps (ir::zero_shards).
 struct UnitSize {
   int64_t numel = 0, shard = 0, padded = 0;
+  int64_t kept[3] = {0, 0, 0};
 };
 
 struct RankState {
@@ -95,24 +98,23 @@ class Sim {
   Sim(const ir::Plan& plan, const std::vector<ir::Program>& programs, const config::Config& cfg, const CostModel& cost,
       const SimOptions& opts, const std::vector<std::vector<double>>* stretch = nullptr)
       : plan_(plan), programs_(programs), cost_(cost), opts_(opts), stretch_(stretch), world_(plan.strategy.world_size),
-        grid_(world_, plan.strategy.grid_order,
-              {{"tp", plan.strategy.shard.tp}, {"dp", plan.strategy.replicate.dp}, {"pp", plan.strategy.place.pp}}) {
+        dims_(plan.strategy.dims()) {
     const auto& s = plan.strategy;
-    tp_ = s.shard.tp;
-    dp_ = s.replicate.dp;
+    tp_ = dims_.degree(ir::Axis::TP);
+    dp_ = dims_.degree(ir::Axis::DP);
     zero_ = s.replicate.zero;
     rows_ = cfg.train.global_batch / std::max(1, dp_ * s.split.microbatches) * cfg.train.seq_len;
     act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * 4);
     last_unit_ = static_cast<int>(plan.model.units.size()) - 1;
+    const ir::ZeroState kept[3] = {ir::ZeroState::ZERO_PARAMS, ir::ZeroState::ZERO_GRADS,
+                                   ir::ZeroState::ZERO_MOMENTS};
     for (const auto& u : plan.model.units) {
       UnitSize us;
-      for (const auto& p : u.params) {
-        int64_t n = 1;
-        for (int64_t d : ir::tp_local_shape(p, tp_)) n *= d;
-        us.numel += n;
-      }
-      us.shard = (us.numel + dp_ - 1) / dp_;
-      us.padded = us.shard * dp_;
+      us.numel = ir::local_numel(u, dims_.degrees());
+      const ir::FlatShard z = ir::flat_shard(us.numel, dp_, 0);
+      us.shard = z.len;
+      us.padded = z.padded;
+      for (int c = 0; c < 3; ++c) us.kept[c] = ir::zero_shards(zero_, kept[c]) ? z.len : z.padded;
       sizes_.push_back(us);
       kind_.push_back(ir::unit_symbol(u.kind));
       names_.push_back(u.name);
@@ -124,10 +126,10 @@ class Sim {
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
     issued_members_.assign(plan.graph.nodes().size(), 0);
     // Each dp and tp group once (not once per member: a group of n ranks is n ints, not n^2), and the world.
-    const char* dims[2] = {"dp", "tp"};
+    const ir::Axis axes[2] = {ir::Axis::DP, ir::Axis::TP};
     for (int d = 0; d < 2; ++d) {
       group_of_[d].assign(static_cast<size_t>(world_), 0);
-      for (std::vector<int>& g : grid_.groups(dims[d])) {
+      for (std::vector<int>& g : dims_.groups(axes[d])) {
         for (int m : g) group_of_[d][static_cast<size_t>(m)] = groups_.size();
         groups_.push_back(std::move(g));
       }
@@ -207,9 +209,9 @@ class Sim {
     for (size_t u = 0; u < sizes_.size(); ++u) {
       if (!held[u]) continue;
       const UnitSize& z = sizes_[u];
-      st.res.state[0] += 4.0 * static_cast<double>(zero_ >= 3 ? z.shard : z.padded);
-      st.res.state[1] += 4.0 * static_cast<double>(zero_ >= 2 ? z.shard : z.padded);
-      st.res.state[2] += 8.0 * static_cast<double>(zero_ >= 1 ? z.shard : z.padded);
+      st.res.state[0] += 4.0 * static_cast<double>(z.kept[0]);
+      st.res.state[1] += 4.0 * static_cast<double>(z.kept[1]);
+      st.res.state[2] += 8.0 * static_cast<double>(z.kept[2]);  // two moments
     }
     for (int c = 0; c < 3; ++c) add_mem(st, -1.0, static_cast<Mem>(c), st.res.state[static_cast<size_t>(c)]);
     // The step starts after the batch is read.
@@ -532,7 +534,7 @@ class Sim {
   SimOptions opts_;
   const std::vector<std::vector<double>>* stretch_;  // per rank and compute instruction: time factor
   int world_;
-  ir::RankGrid grid_;
+  ir::ParallelDims dims_;
   int tp_ = 1, dp_ = 1, zero_ = 0, last_unit_ = 0;
   int64_t rows_ = 0;
   double act_bytes_ = 0;

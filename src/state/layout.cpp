@@ -7,7 +7,6 @@
 #include <stdexcept>
 #include <utility>
 
-#include "ir/grid.hpp"
 
 namespace piper::state {
 
@@ -79,15 +78,7 @@ int64_t total(const std::vector<Run>& runs) {
 // ---- layouts -----------------------------------------------------------------------
 
 LayoutParams layout_params(const ir::Plan& plan) {
-  LayoutParams lp;
-  lp.world = plan.strategy.world_size;
-  lp.dp = plan.strategy.replicate.dp;
-  lp.tp = plan.strategy.shard.tp;
-  lp.zero = plan.strategy.replicate.zero;
-  lp.grid_order = plan.strategy.grid_order;
-  lp.pp = plan.strategy.place.pp;
-  lp.devices_of_unit = plan.devices_of_unit;
-  return lp;
+  return {plan.strategy.dims(), plan.strategy.replicate.zero, plan.devices_of_unit};
 }
 
 const char* state_kind_name(StateKind k) {
@@ -108,43 +99,20 @@ std::string dataset_name(StateKind kind, const std::string& param_name) {
   throw std::invalid_argument("unknown state kind");
 }
 
-void local_to_global_runs(const ir::ParamSpec& spec, int tp_rank, int tp, int64_t lo, int64_t hi,
-                          std::vector<Run>& runs, std::vector<int64_t>& local_start) {
+void local_to_global_runs(const ir::ParamSpec& spec, const ir::Degrees& n, const ir::Coords& at, int64_t lo,
+                          int64_t hi, std::vector<Run>& runs, std::vector<int64_t>& local_start) {
   runs.clear();
   local_start.clear();
-  if (lo >= hi) return;
-  if (spec.tp_dim < 0 || tp == 1) {
-    runs.push_back({lo, hi});
-    local_start.push_back(lo);
-    return;
-  }
-  const auto local = ir::tp_local_shape(spec, tp);
-  const size_t d = static_cast<size_t>(spec.tp_dim);
-  int64_t inner = 1;
-  for (size_t k = d + 1; k < local.size(); ++k) inner *= local[k];
-  const int64_t n_local = local[d];
-  std::vector<int64_t> parts = spec.tp_parts;
-  if (parts.empty()) parts.push_back(spec.shape[d]);
-  // Local elements stay globally contiguous within one part's piece of one
-  // outer index: inner * piece elements.
   for (int64_t i = lo; i < hi;) {
-    const int64_t outer = i / (inner * n_local), c = (i / inner) % n_local;
-    int64_t local_part_start = 0, piece = 0;
-    for (int64_t p : parts) {
-      piece = p / tp;
-      if (c < local_part_start + piece) break;
-      local_part_start += piece;
-    }
-    const int64_t block_end = (outer * n_local + local_part_start + piece) * inner;
-    const int64_t end = std::min(hi, block_end);
-    const int64_t g = ir::tp_global_index(spec, tp_rank, tp, i);
-    if (!runs.empty() && runs.back().end == g)
-      runs.back().end += end - i;
+    const ir::Stretch st = ir::global_stretch(spec, n, at, i);
+    const int64_t len = std::min(st.len, hi - i);
+    if (!runs.empty() && runs.back().end == st.global)
+      runs.back().end += len;
     else {
-      runs.push_back({g, g + (end - i)});
+      runs.push_back({st.global, st.global + len});
       local_start.push_back(i);
     }
-    i = end;
+    i += len;
   }
 }
 
@@ -152,61 +120,67 @@ namespace {
 
 constexpr StateKind kKinds[] = {StateKind::STATE_PARAM, StateKind::STATE_EXP_AVG, StateKind::STATE_EXP_AVG_SQ};
 
-ir::RankGrid grid_of(const LayoutParams& lp) {
-  return ir::RankGrid(lp.world, lp.grid_order, {{"tp", lp.tp}, {"dp", lp.dp}, {"pp", lp.pp}});
+ir::ZeroState zero_state_of(StateKind k) {
+  return k == StateKind::STATE_PARAM ? ir::ZeroState::ZERO_PARAMS : ir::ZeroState::ZERO_MOMENTS;
+}
+
+// Whether `rank` writes the elements its piece of `p` holds as far as the
+// grid goes: along every axis the parameter is replicated over, coordinate 0
+// writes (the data-parallel shard rule picks among dp replicas).
+bool writes_replica(const ir::ParamSpec& p, const ir::Coords& at) {
+  for (ir::Axis a : ir::kAxes)
+    if (a != ir::Axis::DP && a != ir::Axis::PP && !ir::split_along(p, a) && at[a] != 0) return false;
+  return true;
+}
+
+// The pieces of one unit's parameters on `rank` (held, or owned for writing).
+void unit_pieces(const ir::UnitSpec& spec, const LayoutParams& lp, const ir::Coords& at, bool owned,
+                 std::vector<Piece>& out) {
+  const ir::Degrees n = lp.dims.degrees();
+  const ir::FlatShard z = ir::flat_shard(ir::local_numel(spec, n), n.dp, at.dp);
+  std::vector<Run> runs;
+  std::vector<int64_t> starts;
+  int64_t offset = 0;  // of the parameter's piece in the unit's flat local buffer
+  for (const ir::ParamSpec& p : spec.params) {
+    const int64_t numel = ir::local_numel(p, n);
+    const int64_t at_offset = offset;
+    offset += numel;
+    if (owned && !writes_replica(p, at)) continue;
+    for (StateKind kind : kKinds) {
+      const bool sharded = ir::zero_shards(lp.zero, zero_state_of(kind));
+      // The range of the unit's flat local buffer concerned, then of this param's piece.
+      int64_t b_lo = sharded ? z.offset : 0, b_hi = sharded ? z.offset + z.len : z.padded;
+      if (owned) b_lo = std::max(b_lo, z.offset), b_hi = std::min(b_hi, z.offset + z.len);
+      const int64_t lo = std::max<int64_t>(0, b_lo - at_offset), hi = std::min(numel, b_hi - at_offset);
+      if (lo >= hi) continue;
+      local_to_global_runs(p, n, at, lo, hi, runs, starts);
+      Piece pc;
+      pc.kind = kind;
+      pc.param = p.name;
+      pc.unit = spec.index;
+      pc.runs = runs;
+      const int64_t base = sharded ? z.offset : 0;
+      pc.local_offsets.reserve(starts.size());
+      for (int64_t s : starts) pc.local_offsets.push_back(at_offset + s - base);
+      out.push_back(std::move(pc));
+    }
+  }
 }
 
 std::vector<Piece> pieces(const ir::ModelGraph& graph, const LayoutParams& lp, int rank, bool owned) {
   if (lp.devices_of_unit.size() != graph.units.size())
     throw std::invalid_argument("layout: devices_of_unit has " + std::to_string(lp.devices_of_unit.size()) +
                                 " units, the model " + std::to_string(graph.units.size()));
-  if (rank < 0 || rank >= lp.world)
-    throw std::out_of_range("layout: rank " + std::to_string(rank) + " outside world " + std::to_string(lp.world));
-  const ir::RankGrid grid = grid_of(lp);
-  const int tr = grid.coord(rank, "tp"), dr = grid.coord(rank, "dp"), pr = grid.coord(rank, "pp");
-  const int64_t dp = std::max(1, lp.dp);
+  if (rank < 0 || rank >= lp.dims.world_size())
+    throw std::out_of_range("layout: rank " + std::to_string(rank) + " outside world " +
+                            std::to_string(lp.dims.world_size()));
+  const ir::Coords at = lp.dims.coords(rank);
   std::vector<Piece> out;
-  std::vector<Run> runs;
-  std::vector<int64_t> starts;
   for (size_t u = 0; u < graph.units.size(); ++u) {
     const auto& devs = lp.devices_of_unit[u];
     if (std::find(devs.begin(), devs.end(), rank) == devs.end()) continue;
-    if (owned && grid.coord(devs.front(), "pp") != pr) continue;
-    const ir::UnitSpec& spec = graph.units[u];
-    std::vector<int64_t> offs, numels;
-    int64_t numel = 0;
-    for (const auto& p : spec.params) {
-      if (!ir::tp_divides(p, lp.tp))
-        throw std::invalid_argument(p.name + ": its split dimension does not divide by tp " + std::to_string(lp.tp));
-      int64_t n = 1;
-      for (int64_t x : ir::tp_local_shape(p, lp.tp)) n *= x;
-      offs.push_back(numel);
-      numels.push_back(n);
-      numel += n;
-    }
-    const int64_t shard_len = (numel + dp - 1) / dp, shard_off = dr * shard_len;
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const ir::ParamSpec& p = spec.params[i];
-      if (owned && p.tp_dim < 0 && tr != 0) continue;  // replicated over tp: tp rank 0 writes
-      for (StateKind kind : kKinds) {
-        const bool sharded = kind == StateKind::STATE_PARAM ? lp.zero >= 3 : lp.zero >= 1;
-        // The range of the unit's flat local buffer concerned, then of this param's piece.
-        int64_t b_lo = sharded ? shard_off : 0, b_hi = sharded ? shard_off + shard_len : numel;
-        if (owned) b_lo = std::max(b_lo, shard_off), b_hi = std::min(b_hi, shard_off + shard_len);
-        const int64_t lo = std::max<int64_t>(0, b_lo - offs[i]), hi = std::min(numels[i], b_hi - offs[i]);
-        if (lo >= hi) continue;
-        local_to_global_runs(p, tr, lp.tp, lo, hi, runs, starts);
-        Piece pc;
-        pc.kind = kind;
-        pc.param = p.name;
-        pc.unit = static_cast<int>(u);
-        pc.runs = runs;
-        const int64_t base = sharded ? shard_off : 0;
-        pc.local_offsets.reserve(starts.size());
-        for (int64_t s : starts) pc.local_offsets.push_back(offs[i] + s - base);
-        out.push_back(std::move(pc));
-      }
-    }
+    if (owned && lp.dims.coord(devs.front(), ir::Axis::PP) != at.pp) continue;
+    unit_pieces(graph.units[u], lp, at, owned, out);
   }
   return out;
 }
@@ -223,10 +197,10 @@ std::vector<Piece> owned_for_write(const ir::ModelGraph& graph, const LayoutPara
 
 std::vector<Transfer> plan_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const LayoutParams& to) {
   std::map<std::pair<StateKind, std::string>, std::vector<std::pair<int, std::vector<Run>>>> sources;
-  for (int s = 0; s < from.world; ++s)
+  for (int s = 0; s < from.dims.world_size(); ++s)
     for (Piece& pc : owned_for_write(graph, from, s)) sources[{pc.kind, pc.param}].emplace_back(s, std::move(pc.runs));
   std::vector<Transfer> out;
-  for (int d = 0; d < to.world; ++d)
+  for (int d = 0; d < to.dims.world_size(); ++d)
     for (const Piece& pc : held(graph, to, d)) {
       auto it = sources.find({pc.kind, pc.param});
       if (it == sources.end()) continue;

@@ -12,6 +12,7 @@
 
 #include "ir/compile.hpp"
 #include "ir/model_graph.hpp"
+#include "ir/parallel_dims.hpp"
 
 namespace piper::state {
 
@@ -34,11 +35,10 @@ int64_t total(const std::vector<Run>& runs);
 
 // ---- layouts -----------------------------------------------------------------------
 
-// What a layout depends on: the rank grid and the units each rank runs.
+// What a layout depends on: the degrees and rank grid, the ZeRO level and the units each rank runs.
 struct LayoutParams {
-  int world = 1, dp = 1, tp = 1, zero = 0;
-  std::string grid_order = "tp-dp-pp";
-  int pp = 1;
+  ir::ParallelDims dims;
+  int zero = 0;
   std::vector<std::vector<int>> devices_of_unit;  // from ir::Plan: ranks running each unit
 };
 LayoutParams layout_params(const ir::Plan& plan);
@@ -92,10 +92,10 @@ std::vector<Transfer> plan_transfers(const ir::ModelGraph& graph, const LayoutPa
 // std::out_of_range otherwise.
 std::vector<int64_t> locate(const Piece& piece, const std::vector<Run>& runs);
 
-// The global flat runs of local elements [lo, hi) of tp rank `tp_rank`'s
-// piece of `spec`, each with its local index (lo-based: local_start[i] is
-// the local index of runs[i].begin). Adjacent runs merge.
-void local_to_global_runs(const ir::ParamSpec& spec, int tp_rank, int tp, int64_t lo, int64_t hi,
-                          std::vector<Run>& runs, std::vector<int64_t>& local_start);
+// The global flat runs of local elements [lo, hi) of the piece of `spec` at
+// coordinates `at` (ir::global_stretch), each with its local index
+// (local_start[i] is the local index of runs[i].begin). Adjacent runs merge.
+void local_to_global_runs(const ir::ParamSpec& spec, const ir::Degrees& n, const ir::Coords& at, int64_t lo,
+                          int64_t hi, std::vector<Run>& runs, std::vector<int64_t>& local_start);
 
 }  // namespace piper::state

@@ -23,7 +23,7 @@
 #include "ir/build.hpp"
 #include "ir/compile.hpp"
 #include "ir/graph.hpp"
-#include "ir/grid.hpp"
+#include "ir/parallel_dims.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/pipeline_schedules.hpp"
 #include "ir/program.hpp"
@@ -86,10 +86,6 @@ Strategy make_strategy(int world, const Par& p, int64_t bucket_bytes = 25 << 20)
   s.replicate.bucket_bytes = bucket_bytes;
   s.activation_bytes = 4096;
   return s;
-}
-
-RankGrid grid_of(const Strategy& s) {
-  return RankGrid(s.world_size, s.grid_order, {{"tp", s.shard.tp}, {"dp", s.replicate.dp}, {"pp", s.place.pp}});
 }
 
 std::vector<int> iota(int from, int to) {  // [from, to)
@@ -216,11 +212,11 @@ void check_programs(const Graph& g, const std::vector<Program>& progs) {
 void check_follows_schedule(const Graph& g, const Strategy& s, const std::vector<Program>& progs, int n_units) {
   const PipeSchedule sched =
       make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches, s.split_backward);
-  const RankGrid grid = grid_of(s);
+  const ParallelDims grid = s.dims();
   const std::vector<int> stage = stages_of_units(g, n_units);
   for (const Program& p : progs) {
     SCOPED_TRACE("rank " + std::to_string(p.rank));
-    const int pr = grid.coord(p.rank, "pp");
+    const int pr = grid.coord(p.rank, Axis::PP);
     std::vector<int> want;
     for (const PipeOp& op : sched.ops[static_cast<size_t>(pr)]) {
       const int st = sched.stage_of(pr, op.chunk);
@@ -251,7 +247,7 @@ void check_follows_schedule(const Graph& g, const Strategy& s, const std::vector
 // the rank holding the other side's stage. Each SEND has one RECV, on the devices of the next
 // (activation) or previous (gradient) stage.
 void check_point_to_point(const Graph& g, const Strategy& s) {
-  const RankGrid grid = grid_of(s);
+  const ParallelDims grid = s.dims();
   const PipeSchedule sched =
       make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches, s.split_backward);
   for (int id : nodes_of(g, NodeKind::SEND)) {
@@ -293,10 +289,10 @@ void check_point_to_point(const Graph& g, const Strategy& s) {
     EXPECT_EQ(send.devices.size(), recv.devices.size());
     for (size_t i = 0; i < send.devices.size(); ++i) {
       const int a = send.devices[i], b = send.peers[i];
-      EXPECT_EQ(grid.coord(a, "pp"), sched.rank_of(producer.tags.stage));
-      EXPECT_EQ(grid.coord(b, "pp"), sched.rank_of(consumer.tags.stage));
-      EXPECT_EQ(grid.coord(a, "dp"), grid.coord(b, "dp")) << a << " -> " << b;
-      EXPECT_EQ(grid.coord(a, "tp"), grid.coord(b, "tp")) << a << " -> " << b;
+      EXPECT_EQ(grid.coord(a, Axis::PP), sched.rank_of(producer.tags.stage));
+      EXPECT_EQ(grid.coord(b, Axis::PP), sched.rank_of(consumer.tags.stage));
+      EXPECT_EQ(grid.coord(a, Axis::DP), grid.coord(b, Axis::DP)) << a << " -> " << b;
+      EXPECT_EQ(grid.coord(a, Axis::TP), grid.coord(b, Axis::TP)) << a << " -> " << b;
       // and the RECV says the same from its side
       auto it = std::find(recv.devices.begin(), recv.devices.end(), b);
       ASSERT_NE(it, recv.devices.end());
@@ -309,8 +305,8 @@ void check_point_to_point(const Graph& g, const Strategy& s) {
 // Collectives carry no tag: every member of a process group must issue its collectives in the
 // same order (src/comm/comm.hpp contract).
 void check_collective_order(const Graph& g, const Strategy& s, const std::vector<Program>& progs) {
-  const RankGrid grid = grid_of(s);
-  for (const auto& group : grid.groups("dp")) {
+  const ParallelDims grid = s.dims();
+  for (const auto& group : grid.groups(Axis::DP)) {
     std::vector<std::vector<int>> seqs;
     for (int r : group) {
       std::vector<int> seq;
@@ -336,7 +332,7 @@ void check_collective_order(const Graph& g, const Strategy& s, const std::vector
 // dp group has posted it. Returns "" when every instruction completes, else each rank's blocked
 // instructions.
 std::string play_programs(const Graph& g, const Strategy& s, const std::vector<Program>& progs) {
-  const RankGrid grid = grid_of(s);
+  const ParallelDims grid = s.dims();
   const int world = static_cast<int>(progs.size());
   std::vector<size_t> ci(static_cast<size_t>(world), 0), mi(static_cast<size_t>(world), 0);
   std::vector<std::set<int>> done(static_cast<size_t>(world)), posted(static_cast<size_t>(world));
@@ -369,7 +365,7 @@ std::string play_programs(const Graph& g, const Strategy& s, const std::vector<P
           complete = posted[static_cast<size_t>(peer)].count(send) > 0;
         } else {
           complete = true;
-          for (int q : grid.group(r, "dp")) complete = complete && posted[static_cast<size_t>(q)].count(id) > 0;
+          for (int q : grid.group(r, Axis::DP)) complete = complete && posted[static_cast<size_t>(q)].count(id) > 0;
         }
         if (complete) d.insert(id), progress = true;
       }

@@ -9,7 +9,7 @@
 
 #include "ir/build.hpp"
 #include "ir/compile.hpp"
-#include "ir/grid.hpp"
+#include "ir/parallel_dims.hpp"
 #include "ir/verify.hpp"
 #include "sim/cost_model.hpp"
 #include "sim/simulator.hpp"
@@ -271,10 +271,10 @@ TEST(SimulatorScale, A1024RankStrategyPlaysEveryRank) {
   std::printf("  1024 ranks: %lld instructions compiled and simulated in %.2f s, step %.1f\n",
               static_cast<long long>(r.nodes), s, r.step_ms);
   ASSERT_EQ(r.ranks.size(), 1024u);
-  const ir::RankGrid grid(1024, plan.strategy.grid_order, {{"tp", 2}, {"dp", 64}, {"pp", 8}});
+  const ir::ParallelDims grid(1024, plan.strategy.grid_order, {.tp = 2, .dp = 64, .pp = 8});
   std::vector<double> finish(8, -1);
   for (const RankResult& rr : r.ranks) {
-    const int stage = grid.coord(rr.rank, "pp");
+    const int stage = grid.coord(rr.rank, ir::Axis::PP);
     if (finish[static_cast<size_t>(stage)] < 0) finish[static_cast<size_t>(stage)] = rr.finish_ms;
     EXPECT_NEAR(rr.finish_ms, finish[static_cast<size_t>(stage)], 1e-9) << "rank " << rr.rank;
     EXPECT_EQ(rr.peak_microbatches, 8 - stage) << "rank " << rr.rank;

@@ -1,5 +1,5 @@
 // test_comm_mpi.cpp — MPI tests of comm::Communicator (run under mpirun -np 2, 3, 4): exact results of every
-// operation, groups from a RankGrid, timeouts, and overlap of a 64 MB transfer with computation.
+// operation, groups from ParallelDims, timeouts, and overlap of a 64 MB transfer with computation.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,7 +16,7 @@
 
 #include "comm/comm.hpp"
 #include "comm/mpi_comm.hpp"
-#include "ir/grid.hpp"
+#include "ir/parallel_dims.hpp"
 
 namespace piper::comm {
 namespace {
@@ -273,17 +273,17 @@ TEST(GroupName, ListsAndRanges) {
   EXPECT_EQ(comm::group_name("pp group", {0, 4, 8, 12, 16, 20, 24, 28, 32}), "pp group [0,4,8,12,...,32]");
 }
 
-TEST(CommMpi, GroupsFromRankGridReduceWithinTheGroup) {
+TEST(CommMpi, GroupsFromParallelDimsReduceWithinTheGroup) {
   const int p = world().size(), me = world().rank();
   if (p != 4) GTEST_SKIP() << "needs 4 ranks";
-  ir::RankGrid grid(4, "tp-dp-pp", {{"tp", 2}, {"dp", 2}});  // tp groups {0,1},{2,3}; dp groups {0,2},{1,3}
-  auto dp = world().split(grid.group(me, "dp"), "dp group");
-  auto tp = world().split(grid.group(me, "tp"), "tp group");
+  const ir::ParallelDims grid(4, "tp-dp-pp", {.tp = 2, .dp = 2});  // tp groups {0,1},{2,3}; dp groups {0,2},{1,3}
+  auto dp = world().split(grid.group(me, ir::Axis::DP), "dp group");
+  auto tp = world().split(grid.group(me, ir::Axis::TP), "tp group");
   ASSERT_TRUE(dp && tp);
   EXPECT_EQ(dp->name(), me % 2 == 0 ? "dp group [0,2]" : "dp group [1,3]");
   EXPECT_EQ(dp->size(), 2);
-  EXPECT_EQ(dp->rank(), grid.coord(me, "dp"));
-  EXPECT_EQ(dp->world_rank(1), grid.group(me, "dp")[1]);
+  EXPECT_EQ(dp->rank(), grid.coord(me, ir::Axis::DP));
+  EXPECT_EQ(dp->world_rank(1), grid.group(me, ir::Axis::DP)[1]);
   float v = static_cast<float>(me);
   dp->allreduce(&v, 1);
   EXPECT_EQ(v, static_cast<float>(me % 2 == 0 ? 0 + 2 : 1 + 3));  // the group's sum, not the world's 6

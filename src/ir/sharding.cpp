@@ -1,0 +1,160 @@
+// sharding.cpp — a parameter's pieces from its shard description, and the
+// ZeRO shard of a unit's flat buffer: the one place these rules live.
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+#include "config/checked.hpp"
+#include "ir/model_graph.hpp"
+
+namespace piper::ir {
+
+namespace {
+
+std::vector<int64_t> parts_of(const Shard& s, const std::vector<int64_t>& shape) {
+  if (!s.parts.empty()) return s.parts;
+  return {shape.at(static_cast<size_t>(s.dim))};
+}
+
+std::string dims_text(const std::vector<int64_t>& shape) {
+  std::string t;
+  for (int64_t d : shape) t += (t.empty() ? "" : " x ") + std::to_string(d);
+  return "[" + t + "]";
+}
+
+// The shape before each shard, and after the last: shapes[k] is what shard k splits.
+std::vector<std::vector<int64_t>> level_shapes(const ParamSpec& spec, const Degrees& n) {
+  std::vector<std::vector<int64_t>> shapes{spec.shape};
+  for (const Shard& s : spec.shards) {
+    shapes.push_back(shapes.back());
+    shapes.back()[static_cast<size_t>(s.dim)] /= n[s.axis];
+  }
+  return shapes;
+}
+
+// Local element i of the piece at coordinate c (of n) of `shape` split by `s`:
+// its index in `shape` and how many local elements from it stay contiguous there.
+Stretch level_stretch(const std::vector<int64_t>& shape, const Shard& s, int n, int c, int64_t i) {
+  const size_t d = static_cast<size_t>(s.dim);
+  if (n == 1) {
+    int64_t numel = 1;
+    for (int64_t x : shape) numel *= x;
+    return {i, numel - i};
+  }
+  int64_t inner = 1;
+  for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
+  const int64_t n_global = shape[d], n_local = n_global / n;
+  const int64_t outer = i / (inner * n_local), cl = (i / inner) % n_local, rest = i % inner;
+  // Local coordinate cl lies in part k's piece; globally, piece c of part k.
+  int64_t local_start = 0, part_start = 0;
+  for (int64_t p : parts_of(s, shape)) {
+    const int64_t piece = p / n;
+    if (cl < local_start + piece) {
+      const int64_t g = part_start + c * piece + (cl - local_start);
+      return {(outer * n_global + g) * inner + rest, (local_start + piece - cl) * inner - rest};
+    }
+    local_start += piece, part_start += p;
+  }
+  throw std::logic_error("shard: local index " + std::to_string(i) + " outside its piece");
+}
+
+}  // namespace
+
+bool split_along(const ParamSpec& spec, Axis a) {
+  return std::any_of(spec.shards.begin(), spec.shards.end(), [a](const Shard& s) { return s.axis == a; });
+}
+
+std::string shard_problem(const ParamSpec& spec, const Degrees& n) {
+  std::vector<int64_t> shape = spec.shape;
+  std::vector<Axis> seen;
+  for (const Shard& s : spec.shards) {
+    const std::string head = "parameter " + spec.name + " (shape " + dims_text(shape) + ", split along " +
+                             axis_name(s.axis) + ")";
+    if (std::find(seen.begin(), seen.end(), s.axis) != seen.end())
+      return head + ": split twice along " + axis_name(s.axis) + "; give one shard per axis";
+    seen.push_back(s.axis);
+    if (s.dim < 0 || s.dim >= static_cast<int>(shape.size()))
+      return head + ": dimension " + std::to_string(s.dim) + " does not exist; use 0.." +
+             std::to_string(shape.size() - 1);
+    const size_t d = static_cast<size_t>(s.dim);
+    const int degree = n[s.axis];
+    if (!s.parts.empty()) {
+      int64_t sum = 0;
+      for (int64_t p : s.parts) sum += p;
+      if (sum != shape[d])
+        return head + ": its parts along dimension " + std::to_string(d) + " sum to " + std::to_string(sum) +
+               ", the dimension is " + std::to_string(shape[d]);
+    }
+    const std::vector<int64_t> parts = parts_of(s, shape);
+    for (size_t k = 0; k < parts.size(); ++k)
+      if (parts[k] % degree != 0)
+        return head + ": " +
+               (s.parts.empty() ? "dimension " + std::to_string(d)
+                                : "part " + std::to_string(k) + " of dimension " + std::to_string(d)) +
+               " (size " + std::to_string(parts[k]) + ") does not divide by " + axis_name(s.axis) + " " +
+               std::to_string(degree) + "; use a degree that divides " + std::to_string(parts[k]);
+    shape[d] /= degree;
+  }
+  return "";
+}
+
+void check_shards(const ModelGraph& graph, const Degrees& n) {
+  for (const UnitSpec& u : graph.units)
+    for (const ParamSpec& p : u.params)
+      if (std::string why = shard_problem(p, n); !why.empty()) throw std::invalid_argument(why);
+}
+
+std::vector<int64_t> local_shape(const ParamSpec& spec, const Degrees& n) {
+  if (std::string why = shard_problem(spec, n); !why.empty()) throw std::invalid_argument(why);
+  return level_shapes(spec, n).back();
+}
+
+int64_t local_numel(const ParamSpec& spec, const Degrees& n) {
+  return config::size_product(local_shape(spec, n), "parameter " + spec.name);
+}
+
+int64_t local_numel(const UnitSpec& unit, const Degrees& n) {
+  int64_t total = 0;
+  for (const ParamSpec& p : unit.params) {
+    const std::optional<int64_t> sum = config::checked_add(total, local_numel(p, n));
+    if (!sum)
+      throw config::ConfigError(unit.name + ": its parameter count does not fit 64-bit arithmetic; use smaller "
+                                "sizes (docs/config.md, Bounds)");
+    total = *sum;
+  }
+  return total;
+}
+
+Stretch global_stretch(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i) {
+  if (spec.shards.empty()) return {i, spec.numel() - i};
+  const auto shapes = level_shapes(spec, n);
+  // From the last shard back to the global shape; the run is as long as its shortest link.
+  Stretch out{i, std::numeric_limits<int64_t>::max()};
+  for (size_t k = spec.shards.size(); k-- > 0;) {
+    const Shard& s = spec.shards[k];
+    const Stretch st = level_stretch(shapes[k], s, n[s.axis], at[s.axis], out.global);
+    out = {st.global, std::min(out.len, st.len)};
+  }
+  return out;
+}
+
+int64_t global_index(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i) {
+  return global_stretch(spec, n, at, i).global;
+}
+
+bool zero_shards(int zero, ZeroState s) {
+  switch (s) {
+    case ZeroState::ZERO_PARAMS: return zero >= 3;
+    case ZeroState::ZERO_GRADS: return zero >= 2;
+    case ZeroState::ZERO_MOMENTS: return zero >= 1;
+  }
+  return false;
+}
+
+FlatShard flat_shard(int64_t numel, int dp, int dp_rank) {
+  const int64_t n = std::max(1, dp);
+  const int64_t len = (numel + n - 1) / n;
+  return {len * dp_rank, len, config::size_product({len, n}, "the padded parameter buffer")};
+}
+
+}  // namespace piper::ir
