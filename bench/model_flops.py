@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# model_flops.py — analytic training FLOPs per token of a piper model (spec/MODEL.md), the
+# model_flops.py — analytic training FLOPs per token of a piper model (docs/model.md), the
 # numerator of "achieved GFLOP/s" in scripts/bench.sh / docs/benchmarks.md.
 #
 # Usage: /usr/bin/python3 bench/model_flops.py [CONFIG.yaml] [--json]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# torch_peer.py — the PyTorch eager peer of piper: exactly the model of spec/MODEL.md (no MoE)
+# torch_peer.py — the PyTorch eager peer of piper: exactly the model of docs/model.md (no MoE)
 # in plain torch, float32, trained with torch.optim.AdamW. Two jobs:
 #   --bench   throughput at a given thread count (scripts/bench.sh compares piper against it)
 #   --parity  loss / grad-norm / lr trajectory from parameters written by piper (PIPERPRM),
@@ -364,7 +364,7 @@ class Model(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed):
-        """A sensible init of MODEL.md's kind (the peer's own; parity runs load piper's)."""
+        """A sensible init as docs/model.md allows (the peer's own; parity runs load piper's)."""
         g = torch.Generator().manual_seed(seed)
         n_blocks = len(self.cfg.pattern)
         for name, p in self.named_parameters():

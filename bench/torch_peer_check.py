@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # torch_peer_check.py — self-test of bench/torch_peer.py, in float64:
 #   1. the chunked SSD against a naive per-timestep recurrence (max abs error < 1e-10);
-#   2. the Mamba-2 and attention mixers against direct loop transcriptions of spec/MODEL.md;
+#   2. the Mamba-2 and attention mixers against direct loop transcriptions of docs/model.md;
 #   3. the whole model's autograd gradients against central finite differences (tiny model);
 #   4. the PIPERPRM / PIPERTOK round trip, the data order, the LR schedule and a --parity run.
 # Run: /usr/bin/python3 bench/torch_peer_check.py   (exits non-zero on any failure)
@@ -50,7 +50,7 @@ def check_ssd():
 
 
 def mamba_reference(m, u):
-    """spec/MODEL.md's Mamba-2 block written as loops (float64), independent of ssd_chunked."""
+    """docs/model.md's Mamba-2 block written as loops (float64), independent of ssd_chunked."""
     b, T, _ = u.shape
     di, G, N, Hm, P, K = m.d_inner, m.G, m.N, m.Hm, m.P, m.K
     zxbcdt = u @ m.in_proj.weight.T
@@ -87,7 +87,7 @@ def mamba_reference(m, u):
 
 
 def attention_reference(a, x):
-    """spec/MODEL.md's attention block as loops over heads and positions (float64)."""
+    """docs/model.md's attention block as loops over heads and positions (float64)."""
     b, T, _ = x.shape
     H, KV, hd = a.H, a.KV, a.hd
     q = (x @ a.q_proj.weight.T).reshape(b, T, H, hd)
@@ -129,8 +129,8 @@ def check_mixers():
         x = torch.randn(2, 20, 16)
         m_err = (model.layers[0].mixer(x) - mamba_reference(model.layers[0].mixer, x)).abs().max()
         a_err = (model.layers[1].mixer(x) - attention_reference(model.layers[1].mixer, x)).abs().max()
-        print(f"Mamba-2 mixer vs loop transcription of MODEL.md: max abs error {m_err:.3e}")
-        print(f"attention mixer vs loop transcription of MODEL.md: max abs error {a_err:.3e}")
+        print(f"Mamba-2 mixer vs loop transcription of docs/model.md: max abs error {m_err:.3e}")
+        print(f"attention mixer vs loop transcription of docs/model.md: max abs error {a_err:.3e}")
         assert m_err < 1e-10 and a_err < 1e-10
     finally:
         torch.set_default_dtype(torch.float32)
@@ -201,7 +201,7 @@ def check_files_and_parity():
         assert list(params) == [n for n, _ in model.named_parameters()]
         for n, p in model.named_parameters():
             assert torch.equal(params[n], p.detach()), n
-        # names of MODEL.md
+        # parameter names of docs/model.md
         names = set(params)
         for want in ["embed.weight", "final_norm.weight", "lm_head.weight",
                      "layers.0.norm.weight", "layers.0.mixer.in_proj.weight",

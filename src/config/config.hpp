@@ -15,7 +15,7 @@
 
 namespace piper::config {
 
-// Model sizes (spec/MODEL.md). Derived sizes are methods, not fields.
+// Model sizes (docs/model.md). Derived sizes are methods, not fields.
 struct ModelConfig {
   std::string pattern = "M-M*M-M-";  // one symbol per block: M mamba2, * attention, - mlp, E moe
   int64_t vocab_size = 256;          // V

@@ -1,5 +1,5 @@
 // token_file.hpp — the on-disk token file (docs/data.md): a 32-byte little-endian header and a
-// flat array of ids, memory-mapped read-only, and the samples of the data order (spec/MODEL.md).
+// flat array of ids, memory-mapped read-only, and the samples of the data order (docs/model.md).
 #pragma once
 
 #include <cstddef>
@@ -48,7 +48,7 @@ class TokenFile {
   // Token i, 0 <= i < size(); throws DataError otherwise.
   int32_t at(int64_t i) const;
 
-  // Global sample g (spec/MODEL.md "Data order"): out[i] = token (g*T + i) mod size(), for
+  // Global sample g (docs/model.md, "Data order"): out[i] = token (g*T + i) mod size(), for
   // i = 0..T, i.e. T + 1 tokens (inputs out[0..T-1], targets out[1..T]) wrapping to the start
   // of the file. out has room for T + 1 ids. Throws DataError unless g >= 0 and T >= 1.
   void sample(int64_t g, int64_t T, int32_t* out) const;

@@ -1,4 +1,4 @@
-// model_graph.cpp — units and parameter specs of the hybrid model (spec/MODEL.md).
+// model_graph.cpp — units and parameter specs of the hybrid model (docs/model.md).
 #include "ir/model_graph.hpp"
 
 #include <cmath>

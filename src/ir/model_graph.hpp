@@ -13,7 +13,7 @@
 
 namespace piper::ir {
 
-// How a parameter's initial values are drawn (spec/MODEL.md, "Initialisation").
+// How a parameter's initial values are drawn (docs/model.md, "Initialisation").
 enum class InitKind : uint8_t {
   INIT_NORMAL,        // normal(0, std)
   INIT_ONES,          // 1
@@ -36,7 +36,7 @@ struct Shard {
 };
 
 struct ParamSpec {
-  std::string name;            // exactly as spec/MODEL.md, e.g. "layers.3.mixer.in_proj.weight"
+  std::string name;            // exactly as docs/model.md, "Parameters", e.g. "layers.3.mixer.in_proj.weight"
   std::vector<int64_t> shape;  // global shape, [out, in] for matrices
   bool weight_decay = false;   // AdamW decay: 2-D and 3-D weights only
   InitKind init = InitKind::INIT_NORMAL;

@@ -1,6 +1,6 @@
 // init.hpp — deterministic initialisation: every initial value is a pure
 // function of (seed, parameter name, global element index), so every parallel
-// layout starts from bit-identical weights (spec/MODEL.md).
+// layout starts from bit-identical weights (docs/model.md, "Initialisation").
 #pragma once
 
 #include <cstdint>

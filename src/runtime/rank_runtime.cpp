@@ -25,7 +25,7 @@ struct StepBatch {
   std::vector<model::MicroBatch> mbs;
 };
 
-// Samples g = first + j of the global batch (spec/MODEL.md, "Data order"):
+// Samples g = first + j of the global batch (docs/model.md, "Data order"):
 // replica `replica` of `replicas` takes the contiguous share [replica * GB /
 // replicas, (replica + 1) * GB / replicas), split into `n_mb` equal
 // microbatches in sample order.

@@ -91,7 +91,7 @@ Dims dims_of(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_
       break;
     case 'E':
       throw std::invalid_argument(
-          "sim: unit 'E' (MoE): spec/MODEL.md defines it, but ModelConfig has no n_experts, top_k or expert "
+          "sim: unit 'E' (MoE): docs/model.md defines it, but ModelConfig has no n_experts, top_k or expert "
           "hidden size yet, so its cost cannot be computed (the runtime refuses it too)");
     default:
       throw std::invalid_argument(std::string("sim: unknown unit kind '") + kind +

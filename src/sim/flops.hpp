@@ -1,6 +1,6 @@
 // flops.hpp — the work of one call of a model unit, op by op: floating-point
 // operations and a lower bound of memory traffic per tensor-parallel rank,
-// following spec/MODEL.md and the kernels piper runs; the activation memory a
+// following docs/model.md and the kernels piper runs; the activation memory a
 // unit holds, counted as the CPU runtime allocates it; AdamW's traffic per
 // element. hardware.hpp turns these into times. docs/hardware.md derives every
 // formula.

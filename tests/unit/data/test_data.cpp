@@ -162,7 +162,7 @@ TEST(TokenFile, AtOutOfRangeThrows) {
   EXPECT_THROW(f.at(-1), DataError);
 }
 
-// ---- data order (spec/MODEL.md "Data order") ------------------------------------------------
+// ---- data order (docs/model.md, "Data order") ------------------------------------------------
 
 // Token (g*T + i) mod n for i = 0..T; ids are 0..n-1, so the id is the index.
 void expect_samples_wrap(uint32_t vocab, int n) {

@@ -123,7 +123,7 @@ std::vector<std::string> names_of(const ModelGraph& m) {
 TEST(ModelGraph, NamesAndShapesFollowTheSpec) {
   const auto cfg = small_model("M*-M-");
   const ModelGraph mg = make_model_graph(cfg);
-  // Sizes from spec/MODEL.md, computed here by hand.
+  // Sizes from docs/model.md, computed here by hand.
   const int64_t D = 16, V = 32, H = 4, KV = 2, hd = D / H, F = 24, N = 8, P = 8, G = 2, K = 4;
   const int64_t di = 2 * D;           // expand * D = 32
   const int64_t Hm = di / P;          // 4

@@ -1,5 +1,5 @@
 // test_flops.cpp — the FLOPs, traffic and memory of src/sim/flops.hpp against
-// numbers computed by hand from spec/MODEL.md and against 6 N D.
+// numbers computed by hand from docs/model.md and against 6 N D.
 #include <gtest/gtest.h>
 
 #include <cmath>
