@@ -1,10 +1,9 @@
 // block.cpp — the pre-norm residual wrapper shared by every block kind.
-#include "kernels.hpp"
 #include "model/units.hpp"
 
 namespace piper::model {
 
-namespace k = piper::kernels;
+using backend::view;
 constexpr float kNormEps = 1e-5f;
 
 LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp) {
@@ -30,13 +29,13 @@ double Block::forward(int k, int slot, const PassArgs& a) {
   if (k == 0) {
     const int64_t M = a.mb->rows();
     Saved s{M, act(M * D), act(M), a.y, {}};
-    k::rmsnorm_fwd(a.x, w(0), s.xn.data(), s.rstd.data(), M, D, kNormEps);
+    be_.rmsnorm_fwd(view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
     mixer_forward(slot, *a.mb, s.xn.data(), a.y);
     saved_[slot] = std::move(s);
   }
   if (last(ir::NodeKind::FWD, k)) {
-    const int64_t n = saved_.at(slot).rows * D;
-    for (int64_t i = 0; i < n; ++i) a.y[i] += a.x[i];  // residual
+    const int64_t M = saved_.at(slot).rows;
+    be_.add_inplace(view(be_, a.y, {M, D}), view(be_, a.x, {M, D}));  // residual
   }
   return 0.0;
 }
@@ -49,8 +48,9 @@ void Block::backward_input(int k, int slot, const PassArgs& a) {
     mixer_backward_input(slot, s.xn.data(), a.dy, s.dxn.data());
   }
   if (last(ir::NodeKind::BWD_I, k)) {
-    k::rmsnorm_bwd(s.dxn.data(), a.x, w(0), s.rstd.data(), a.dx, g(0), M, D);
-    for (int64_t i = 0; i < M * D; ++i) a.dx[i] += a.dy[i];  // residual
+    be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),
+                    view(be_, a.dx, {M, D}), view(be_, g(0), {D}));
+    be_.add_inplace(view(be_, a.dx, {M, D}), view(be_, a.dy, {M, D}));  // residual
     s.dxn = {};
   }
 }

@@ -47,7 +47,7 @@ class HeadUnit final : public Unit {
     // the exponential sums, this rank's row maxima, everyone's, their max,
     // and [sum of exp | target logit] per row.
     Tensor logits;
-    std::vector<float> local_max, all_max, row_max, sums;
+    Tensor local_max, all_max, row_max, sums;
     Tensor dxn;  // backward: the partial input gradient of the norm, summed at point 0
   };
   void vocab_parallel_maxima(Saved& s);

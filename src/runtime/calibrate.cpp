@@ -392,7 +392,8 @@ Points measure_update(const std::vector<int64_t>& sizes, const Effort& effort) {
   Points pts;
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 0.02f);
-  const optim::AdamWHyper h{1e-3, 0.9, 0.95, 1e-8, 0.1};
+  backend::Backend& be = backend::cpu();
+  backend::AdamWStep step{1e-3, 0.9, 0.95, 1e-8, 0.1, 0, true, 1.0f};
   volatile double sink = 0.0;
   for (int64_t n : sizes) {
     std::vector<float> p(static_cast<size_t>(n)), g(p.size()), m(p.size(), 0.0f), v(p.size(), 0.0f), z(p.size());
@@ -400,8 +401,10 @@ Points measure_update(const std::vector<int64_t>& sizes, const Effort& effort) {
     int64_t t = 0;
     auto once = [&] {
       const auto t0 = Clock::now();
-      sink = sink + optim::sum_squares(g.data(), n);
-      optim::adamw_update(p.data(), g.data(), m.data(), v.data(), n, ++t, h, true, 1.0f);
+      sink = sink + be.sum_squares(backend::view(be, g.data(), {n}));
+      step.t = ++t;
+      be.adamw_update(backend::view(be, p.data(), {n}), backend::view(be, g.data(), {n}),
+                      backend::view(be, m.data(), {n}), backend::view(be, v.data(), {n}), step);
       std::memset(z.data(), 0, z.size() * sizeof(float));
       return ms_since(t0);
     };

@@ -50,7 +50,7 @@ double Optimizer::local_grad_sq() {
     for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
       // Each data-parallel rank adds its shard; a parameter replicated over the tp group counts once.
       if (!ir::split_along(model_.graph().units[static_cast<size_t>(u)].params[p], ir::Axis::TP) && !tp_lead) return;
-      sq += optim::sum_squares(ps.shard_grads(u) + (lo - base), hi - lo);
+      sq += model_.backend().sum_squares(backend::view(model_.backend(), ps.shard_grads(u) + (lo - base), {hi - lo}));
     });
   return sq;
 }
@@ -64,15 +64,18 @@ double Optimizer::begin_step(int64_t step, double grad_norm) {
 
 void Optimizer::update(int unit) {
   model::ParamStore& ps = model_.params();
-  const optim::AdamWHyper h{lr_, train_.beta1, train_.beta2, train_.eps, train_.weight_decay};
+  backend::Backend& be = model_.backend();
+  backend::AdamWStep st{lr_, train_.beta1, train_.beta2, train_.eps, train_.weight_decay, steps_, true, clip_scale_};
   auto& [m, v] = moments_.at(unit);
   const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
   const bool sharded = ps.sharding().zero >= 1;  // each rank updates its shard, else everything
   float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
   float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
   for_each_owned_range(unit, sharded, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
-    optim::adamw_update(values + (lo - base), grads + (lo - base), m.data() + (lo - base), v.data() + (lo - base),
-                        hi - lo, steps_, h, spec.params[p].weight_decay, clip_scale_);
+    const backend::Shape n{hi - lo};
+    st.decay = spec.params[p].weight_decay;
+    be.adamw_update(backend::view(be, values + (lo - base), n), backend::view(be, grads + (lo - base), n),
+                    backend::view(be, m.data() + (lo - base), n), backend::view(be, v.data() + (lo - base), n), st);
   });
   ps.zero_grads(unit);
 }

@@ -8,11 +8,35 @@
 #include <random>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "config/config.hpp"
 #include "optim/adamw.hpp"
 
 namespace piper::optim {
 namespace {
+
+// The update is the backend's adamw_update op (the runtime's optimiser calls it); these tests
+// hold the CPU backend's to torch.optim.AdamW, with the hyperparameters torch names.
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, int64_t t, const AdamWHyper& h,
+                  bool decay, float grad_scale) {
+  backend::Backend& be = backend::cpu();
+  const backend::Shape s{n};
+  be.adamw_update(backend::view(be, p, s), backend::view(be, g, s), backend::view(be, m, s), backend::view(be, v, s),
+                  {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, t, decay, grad_scale});
+}
+
+double sum_squares(const float* g, int64_t n) {
+  backend::Backend& be = backend::cpu();
+  return be.sum_squares(backend::view(be, g, {n}));
+}
 
 std::vector<float> random_floats(size_t n, uint64_t seed, double lo, double hi) {
   std::mt19937_64 rng(seed);
