@@ -89,19 +89,24 @@ const std::vector<RuleCase> kRules = {
      {"d.yaml:11:31", "directives[1].order.ranks[1]: rank 1 has no ops"}},
 };
 
+// What ir::validate reports for the case's config, which config's own rules accept.
+std::string ir_problem(const RuleCase& c) {
+  const config::Config cfg = config::parse(kModel + c.yaml, "d.yaml");
+  EXPECT_NO_THROW(config::validate(cfg, c.world)) << "config restates a rule of the IR";
+  try {
+    ir::validate(cfg, c.world);
+  } catch (const config::ConfigError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 class IrRules : public testing::TestWithParam<RuleCase> {};
 
 // The config's own rules accept it; the IR's report it once, at the file position of its key.
 TEST_P(IrRules, ReportedOnceByTheOwnerAtTheFilePosition) {
   const RuleCase& c = GetParam();
-  const config::Config cfg = config::parse(kModel + c.yaml, "d.yaml");
-  EXPECT_NO_THROW(config::validate(cfg, c.world)) << "config restates a rule of the IR";
-  std::string message;
-  try {
-    ir::validate(cfg, c.world);
-  } catch (const config::ConfigError& e) {
-    message = e.what();
-  }
+  const std::string message = ir_problem(c);
   std::printf("[ ir rule ] %s: %s\n", c.name, message.c_str());
   ASSERT_FALSE(message.empty()) << "no ConfigError";
   // One problem, one line, naming a file position.
@@ -234,14 +239,7 @@ class PlacementRules : public testing::TestWithParam<RuleCase> {};
 // list it concerns.
 TEST_P(PlacementRules, ReportedByTheOwnerAtTheFilePosition) {
   const RuleCase& c = GetParam();
-  const config::Config cfg = config::parse(kModel + c.yaml, "d.yaml");
-  EXPECT_NO_THROW(config::validate(cfg, c.world)) << "config restates a rule of the IR";
-  std::string message;
-  try {
-    ir::validate(cfg, c.world);
-  } catch (const config::ConfigError& e) {
-    message = e.what();
-  }
+  const std::string message = ir_problem(c);
   std::printf("[ placement ] %s:\n%s\n", c.name, message.c_str());
   ASSERT_FALSE(message.empty()) << "no ConfigError";
   EXPECT_EQ(message.rfind("d.yaml:", 0), 0u) << message;
