@@ -4,7 +4,6 @@
 namespace piper::model {
 
 using backend::view;
-constexpr float kNormEps = 1e-5f;
 
 LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp) {
   const int64_t t = tp.size;

@@ -10,7 +10,6 @@
 namespace piper::model {
 
 using backend::view;
-constexpr float kNormEps = 1e-5f;
 
 // Params: 0 embed.weight [V, D]. Vocab-parallel with tp > 1: this rank's rows
 // of the table at vocab_offset, zeros for the other ranks' tokens, summed over

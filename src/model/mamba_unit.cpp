@@ -8,8 +8,6 @@ using backend::view;
 
 namespace {
 
-constexpr float kNormEps = 1e-5f;
-
 // Parameters in spec order (0 is the block's norm): in_proj [R,D], conv1d.weight [C,K],
 // conv1d.bias [C], dt_bias [Hm], A_log [Hm], D [Hm], norm.weight [d_inner], out_proj [D,d_inner].
 // in_proj rows R = d_inner (z) + C (xBC) + Hm (dt); xBC = x [d_inner], B [G*N], C [G*N].

@@ -19,6 +19,9 @@
 
 namespace piper::model {
 
+// The epsilon of every RMSNorm of the model (docs/model.md).
+constexpr float kNormEps = 1e-5f;
+
 // The tokens of one microbatch: `batch` sequences of `seq` positions.
 struct MicroBatch {
   const int32_t* inputs = nullptr;   // [batch, seq]
