@@ -2,6 +2,7 @@
 #include "ir/placement.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace piper::ir {
 
@@ -119,7 +120,9 @@ std::vector<std::string> placement_problems(const ModelGraph& model, const confi
                      std::to_string(n_units - 2) + " blocks, head)");
     return errors;
   }
-  const int64_t count = *std::max_element(st.begin(), st.end()) + 1;
+  // The stages the list names (a stage beyond every bound is reported by stage_problem, not overflowed).
+  const int64_t top = *std::max_element(st.begin(), st.end());
+  const int64_t count = top < std::numeric_limits<int64_t>::max() ? top + 1 : top;
   if (const std::optional<StageProblem> problem = stage_problem(model, st, count))
     errors.push_back(e.positions.at(e.place_path) + ": " + problem->message);
   return errors;
