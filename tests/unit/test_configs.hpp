@@ -1,5 +1,7 @@
 // test_configs.hpp — the small model configuration shared by the IR and model unit tests
-// (tests/unit/ir/test_ir.cpp, test_build_parallel.cpp, tests/unit/model/test_model.cpp).
+// (tests/unit/ir/test_ir.cpp, test_build_parallel.cpp, tests/unit/model/test_model.cpp) and, as YAML,
+// by the tests of directive and rule positions (tests/unit/config/test_directives.cpp,
+// tests/unit/ir/test_schedule_rules.cpp).
 #pragma once
 
 #include <string>
@@ -26,5 +28,17 @@ inline config::ModelConfig small_model(const std::string& pattern) {
   m.d_conv = 4;
   return m;
 }
+
+// The same small hybrid model as YAML, for tests of file positions (blocks 0..4: M * - M -; units
+// embed, layers.0..4, head): lines 1..8, so a directives section appended to it starts on line 9.
+inline const std::string kSmallModelYaml =
+    "model:\n"
+    "  pattern: \"M*-M-\"\n"
+    "  d_model: 64\n"
+    "  n_heads: 4\n"
+    "  n_kv_heads: 2\n"
+    "  head_dim: 16\n"
+    "train:\n"
+    "  global_batch: 8\n";
 
 }  // namespace piper::testing

@@ -6,20 +6,12 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "unit/test_configs.hpp"
 
 namespace piper::config {
 namespace {
 
-// A small hybrid model (blocks 0..4: M * - M -; units embed, layers.0..4, head) before the directives.
-const std::string kModel =
-    "model:\n"
-    "  pattern: \"M*-M-\"\n"
-    "  d_model: 64\n"
-    "  n_heads: 4\n"
-    "  n_kv_heads: 2\n"
-    "  head_dim: 16\n"
-    "train:\n"
-    "  global_batch: 8\n";  // lines 1..8; a directives section starts on line 9
+const std::string& kModel = testing::kSmallModelYaml;  // lines 1..8
 
 std::string message_of(const std::string& yaml, int world, const std::vector<std::string>& sets = {}) {
   try {
@@ -298,7 +290,7 @@ const std::vector<BadCase> kBad = {
      {"d.yaml:10:17: directives[0].replicate.zero=1: ZeRO shards over data-parallel ranks"}},
 };
 
-class BadDirectives : public testing::TestWithParam<BadCase> {};
+class BadDirectives : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(BadDirectives, ThrowsANamedMessage) {
   const BadCase& b = GetParam();
@@ -309,8 +301,8 @@ TEST_P(BadDirectives, ThrowsANamedMessage) {
     EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, BadDirectives, testing::ValuesIn(kBad),
-                         [](const testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Table, BadDirectives, ::testing::ValuesIn(kBad),
+                         [](const ::testing::TestParamInfo<BadCase>& i) { return std::string(i.param.name); });
 
 TEST(Directives, EveryProblemIsReported) {
   const std::string m = message_of(kModel +

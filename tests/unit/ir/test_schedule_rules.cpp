@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "unit/test_configs.hpp"
 #include "ir/pipeline_schedules.hpp"
 #include "ir/strategy.hpp"
 #include "ir/validate.hpp"
@@ -15,16 +16,7 @@
 namespace piper::ir {
 namespace {
 
-// A small hybrid model (blocks 0..4: M * - M -; units embed, layers.0..4, head), lines 1..8.
-const std::string kModel =
-    "model:\n"
-    "  pattern: \"M*-M-\"\n"
-    "  d_model: 64\n"
-    "  n_heads: 4\n"
-    "  n_kv_heads: 2\n"
-    "  head_dim: 16\n"
-    "train:\n"
-    "  global_batch: 8\n";
+const std::string& kModel = testing::kSmallModelYaml;  // lines 1..8
 
 struct RuleCase {
   const char* name;
@@ -101,7 +93,7 @@ std::string ir_problem(const RuleCase& c) {
   return {};
 }
 
-class IrRules : public testing::TestWithParam<RuleCase> {};
+class IrRules : public ::testing::TestWithParam<RuleCase> {};
 
 // The config's own rules accept it; the IR's report it once, at the file position of its key.
 TEST_P(IrRules, ReportedOnceByTheOwnerAtTheFilePosition) {
@@ -115,8 +107,8 @@ TEST_P(IrRules, ReportedOnceByTheOwnerAtTheFilePosition) {
   for (const std::string& s : c.needs) EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, IrRules, testing::ValuesIn(kRules),
-                         [](const testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Table, IrRules, ::testing::ValuesIn(kRules),
+                         [](const ::testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
 
 // The schedule names a message lists are the IR's own list, and the line is the key's.
 TEST(IrRules, UnknownScheduleListsTheNamesTheIrKnows) {
@@ -233,7 +225,7 @@ const std::vector<RuleCase> kPlacement = {
       "stage 1 holds no unit"}},
 };
 
-class PlacementRules : public testing::TestWithParam<RuleCase> {};
+class PlacementRules : public ::testing::TestWithParam<RuleCase> {};
 
 // The config's own rules accept it; the IR's placement rules report every problem at the filter or
 // list it concerns.
@@ -246,8 +238,8 @@ TEST_P(PlacementRules, ReportedByTheOwnerAtTheFilePosition) {
   for (const std::string& s : c.needs) EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, PlacementRules, testing::ValuesIn(kPlacement),
-                         [](const testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(Table, PlacementRules, ::testing::ValuesIn(kPlacement),
+                         [](const ::testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace piper::ir
