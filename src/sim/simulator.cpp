@@ -27,7 +27,6 @@ namespace piper::sim {
 
 using ir::Instr;
 using ir::NodeKind;
-using ir::Pass;
 using ir::Payload;
 
 const char* mem_name(Mem m) {
@@ -375,10 +374,8 @@ class Sim {
     if (in.kind == NodeKind::UPD) {
       dur = std::max(0.0, cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel)));
     } else if (in.kind != NodeKind::NORM) {
-      const Pass pass = in.kind == NodeKind::FWD ? Pass::PASS_F : in.kind == NodeKind::BWD ? Pass::PASS_B
-                        : in.kind == NodeKind::BWD_I ? Pass::PASS_BI : Pass::PASS_BW;
       const bool first = in.segment == 0, last = in.segment + 1 == segments_[us][pass_slot(in.kind)];
-      if (first) dur = cost_.compute_ms(kind_[us], pass, tp_, rows_);
+      if (first) dur = cost_.compute_ms(kind_[us], in.pass, tp_, rows_);
       pass_memory(st, in, first ? start : kUnknown, last ? start + dur : kUnknown);
     }
     if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][i];
