@@ -91,6 +91,7 @@ struct ParallelConfig {
   int64_t microbatches = 1;         // split of the per-replica batch (gradient accumulation)
   int64_t virtual_stages = 1;
   bool split_backward = false;      // emit BWD_I + BWD_W instead of fused BWD
+  bool pairs = false;               // the schedule's steady-phase forward/backward pairs run interleaved (docs/schedules.md)
   std::string order = "tp-dp-pp";   // rank grid order, first varies fastest (Megatron's RankGenerator)
   double bucket_mb = 25.0;          // data-parallel gradient bucket size, MiB
   double comm_timeout_s = 300.0;    // a communication pending longer aborts the job
@@ -114,11 +115,15 @@ struct StageFilter {
 };
 
 // One op of a hand-written schedule, as ir::pipe_op_name prints it: "F3",
-// "B3", "BI3", "BW3", "F3.1" (chunk 1 of the rank).
+// "B3", "BI3", "BW3", "F3.1" (chunk 1 of the rank), "F3/4-6" (units 4..6 of
+// the stage only), and in a group (a YAML list inside the rank's list,
+// "[F3, B1]") the ops after the first are `grouped`.
 struct OrderOp {
   std::string pass = "F";  // F, B (fused backward), BI (input gradients), BW (weight gradients)
   int64_t microbatch = 0;
   int64_t chunk = 0;       // model chunk of the rank, 0 when not written
+  int64_t first_unit = -1, last_unit = -1;  // a range of the stage's units; -1 when not written: all of them
+  bool grouped = false;    // runs interleaved with the op before it (same group)
   std::string name(bool with_chunk) const;
   bool operator==(const OrderOp&) const = default;
 };
@@ -135,11 +140,13 @@ struct Directive {
   std::optional<int64_t> pp, virtual_stages;                // place
   std::optional<std::vector<int64_t>> stage_of_unit;        // place, by unit (embed, blocks, head)
   std::optional<std::vector<StageFilter>> stages;           // place, stage i = the units stages[i] selects
+  std::optional<std::vector<int64_t>> rank_of_stage;        // place: {ranks: [...]}, the pipeline rank of each stage
   std::optional<int64_t> dp;                                // replicate
   std::optional<bool> shard_optimizer, shard_grads, shard_params;  // replicate: ZeRO 1, 2, 3
   std::optional<double> bucket_mb;                          // replicate
   std::optional<int64_t> tp;                                // shard
   std::optional<std::string> schedule;                      // order: a named schedule
+  std::optional<bool> pairs;                                // order: the named schedule's F&B pairs interleave
   std::optional<std::vector<std::vector<OrderOp>>> ranks;   // order: ops of pipeline rank 0, 1, ...
   std::optional<std::string> grid_order;                    // grid: {order: "tp-dp-pp"}
   bool operator==(const Directive&) const = default;
@@ -243,6 +250,8 @@ struct EffectiveStrategy {
   std::vector<StageFilter> stage_filters;  // a place directive's stages: filters (ir resolves them over the units)
   std::string place_path;  // where either came from: "directives[1].place.stages"; "" when neither: the
                            // builder balances the units
+  std::vector<int64_t> rank_of_stage;  // a place directive's ranks list; empty: the schedule's layout
+  std::string ranks_path;              // where it came from: "directives[1].place.ranks"; "" when empty
   std::vector<std::vector<OrderOp>> order_ranks;  // empty: parallel.schedule orders the ops
   std::string order_path;  // where order_ranks came from: "directives[3].order.ranks"; "" when empty
   Positions positions;     // the parallel values' positions, under the names of the directives that set them

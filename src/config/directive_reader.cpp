@@ -14,8 +14,8 @@ namespace {
 const std::vector<std::string> kStageFilterKeys = {"blocks", "kind"};
 const std::vector<std::string> kKinds = {"M", "*", "-", "E", "embed", "head"};
 constexpr const char* kOpGrammar =
-    "an op: F, B, BI or BW, then the microbatch, then .chunk when a rank holds several model chunks "
-    "(F3, B3, BI3, BW3, F3.1)";
+    "an op: F, B, BI or BW, then the microbatch, then .chunk when a rank holds several model chunks, then "
+    "/first-last for a range of the stage's units (F3, B3, BI3, BW3, F3.1, F3/2-4, B3.1/7)";
 
 // "F3" / "BI12.1" -> op; "" on success, else what is wrong.
 std::string parse_op(const std::string& text, OrderOp& op) {
@@ -39,6 +39,19 @@ std::string parse_op(const std::string& text, OrderOp& op) {
   if (p < s.size() && s[p] == '.') {
     ++p;
     if (!number(op.chunk)) return "'" + text + "' names no chunk after '.': expected " + std::string(kOpGrammar);
+  }
+  if (p < s.size() && s[p] == '/') {
+    ++p;
+    if (!number(op.first_unit)) return "'" + text + "' names no unit after '/': expected " + std::string(kOpGrammar);
+    op.last_unit = op.first_unit;
+    if (p < s.size() && s[p] == '-') {
+      ++p;
+      if (!number(op.last_unit))
+        return "'" + text + "' names no last unit after '-': expected " + std::string(kOpGrammar);
+    }
+    if (op.last_unit < op.first_unit)
+      return "'" + text + "': the unit range runs backwards; write " + std::to_string(op.last_unit) + "-" +
+             std::to_string(op.first_unit);
   }
   if (p != s.size()) return "expected " + std::string(kOpGrammar) + "; found '" + text + "'";
   return "";
@@ -177,6 +190,7 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
   };
   if (d.stage_of_unit && d.stages) both("stage_of_unit", "stages", "both say which stage holds each unit");
   if (d.schedule && d.ranks) both("schedule", "ranks", "ranks is a hand-written schedule");
+  if (d.pairs && d.ranks) both("pairs", "ranks", "a hand-written order groups its ops itself ([F3, B1])");
   if (d.shard_params.value_or(false) && !d.shard_grads.value_or(false)) {
     fail(cfg_.locations[base + ".shard_params"] + ": " + base +
          ": shard_params (ZeRO-3) also shards the gradients; add shard_grads: true");
@@ -204,18 +218,21 @@ bool Reader::read_directive_key(Directive& d, const std::string& name, const YAM
   else if (name == "shard_params") err = read_bool(v, d.shard_params);
   else if (name == "bucket_mb") err = read_double(v, d.bucket_mb);
   else if (name == "schedule") err = read_string(v, d.schedule);
+  else if (name == "pairs") err = read_bool(v, d.pairs);
   else if (name == "order") err = read_string(v, d.grid_order);
-  else if (name == "stage_of_unit") return read_stage_of_unit(d, v, path, vat);
+  else if (name == "stage_of_unit") return read_int_list(d.stage_of_unit, "stage numbers, one per unit (embed, blocks, head)", v, path, vat);
   else if (name == "stages") return read_stages(d, v, path, vat);
+  else if (name == "ranks" && d.kind == DirectiveKind::PLACE)
+    return read_int_list(d.rank_of_stage, "pipeline ranks, one per stage", v, path, vat);
   else if (name == "ranks") return read_ranks(d, v, path, vat);
   if (!err.empty()) fail(vat + ": " + path + ": " + err);
   return err.empty();
 }
 
-bool Reader::read_stage_of_unit(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat) {
+bool Reader::read_int_list(std::optional<std::vector<int64_t>>& to, const char* what, const YAML::Node& v,
+                           const std::string& path, const std::string& vat) {
   if (!v.IsSequence()) {
-    fail(vat + ": " + path + ": expected a list of stage numbers, one per unit (embed, blocks, head), found " +
-         describe(v));
+    fail(vat + ": " + path + ": expected a list of " + what + ", found " + describe(v));
     return false;
   }
   std::vector<int64_t> out;
@@ -228,7 +245,7 @@ bool Reader::read_stage_of_unit(Directive& d, const YAML::Node& v, const std::st
     }
     out.push_back(*s);
   }
-  d.stage_of_unit = out;
+  to = out;
   return true;
 }
 
@@ -318,23 +335,40 @@ bool Reader::read_ranks(Directive& d, const YAML::Node& v, const std::string& pa
     const std::string rpath = path + "[" + std::to_string(r) + "]";
     const std::string rat = where(source_, rv.Mark());
     cfg_.locations[rpath] = rat;
-    // A rank is a list of op strings, or one string of ops separated by spaces or commas.
-    std::vector<std::pair<std::string, std::string>> texts;  // (op text, where)
+    // A rank is a list of op strings and groups (lists of op strings), or one string of ops
+    // separated by spaces or commas.
+    struct Text {
+      std::string op, at;
+      bool grouped;
+    };
+    std::vector<Text> texts;
+    auto scalar = [&](const YAML::Node& n, const std::string& npath, bool grouped) {
+      if (n.IsScalar()) return texts.push_back({n.Scalar(), where(source_, n.Mark()), grouped}), true;
+      fail(where(source_, n.Mark()) + ": " + npath + ": expected " + kOpGrammar + (grouped ? "" : ", or a group of them ([F3, B1])") +
+           "; found " + describe(n));
+      return false;
+    };
     if (rv.IsSequence()) {
       for (size_t q = 0; q < rv.size(); ++q) {
-        if (!rv[q].IsScalar()) {
-          fail(where(source_, rv[q].Mark()) + ": " + rpath + "[" + std::to_string(q) + "]: expected " +
-               kOpGrammar + "; found " + describe(rv[q]));
+        const std::string qpath = rpath + "[" + std::to_string(q) + "]";
+        if (!rv[q].IsSequence()) {
+          ok = scalar(rv[q], qpath, false) && ok;
+          continue;
+        }
+        if (rv[q].size() < 2) {
+          fail(where(source_, rv[q].Mark()) + ": " + qpath + ": a group runs two or more ops interleaved ([F3, B1]); found " +
+               describe(rv[q]));
           ok = false;
           continue;
         }
-        texts.emplace_back(rv[q].Scalar(), where(source_, rv[q].Mark()));
+        for (size_t j = 0; j < rv[q].size(); ++j)
+          ok = scalar(rv[q][j], qpath + "[" + std::to_string(j) + "]", j > 0) && ok;
       }
     } else if (rv.IsScalar()) {
       std::string word;
       for (char ch : rv.Scalar() + " ") {
         if (ch == ' ' || ch == ',' || ch == '\t' || ch == '\n') {
-          if (!word.empty()) texts.emplace_back(word, rat);
+          if (!word.empty()) texts.push_back({word, rat, false});
           word.clear();
         } else {
           word += ch;
@@ -350,13 +384,14 @@ bool Reader::read_ranks(Directive& d, const YAML::Node& v, const std::string& pa
     for (size_t q = 0; q < texts.size(); ++q) {
       OrderOp op;
       const std::string opath = rpath + "[" + std::to_string(q) + "]";
-      std::string err = parse_op(texts[q].first, op);
+      std::string err = parse_op(texts[q].op, op);
       if (!err.empty()) {
-        fail(texts[q].second + ": " + opath + " (rank " + std::to_string(r) + "): " + err);
+        fail(texts[q].at + ": " + opath + " (rank " + std::to_string(r) + "): " + err);
         ok = false;
         continue;
       }
-      cfg_.locations[opath] = texts[q].second;
+      op.grouped = texts[q].grouped;
+      cfg_.locations[opath] = texts[q].at;
       ops.push_back(op);
     }
     out.push_back(ops);

@@ -13,10 +13,10 @@ const std::vector<DirectiveSpec>& directive_specs() {
   static const std::vector<DirectiveSpec> table = {
       {DirectiveKind::SPLIT, "split", {"microbatches"}},
       {DirectiveKind::SPLIT_BACKWARD, "split_backward", {}},
-      {DirectiveKind::PLACE, "place", {"pp", "virtual_stages", "stage_of_unit", "stages"}},
+      {DirectiveKind::PLACE, "place", {"pp", "virtual_stages", "stage_of_unit", "stages", "ranks"}},
       {DirectiveKind::REPLICATE, "replicate", {"dp", "shard_optimizer", "shard_grads", "shard_params", "bucket_mb"}},
       {DirectiveKind::SHARD, "shard", {"tp"}},
-      {DirectiveKind::ORDER, "order", {"schedule", "ranks"}},
+      {DirectiveKind::ORDER, "order", {"schedule", "pairs", "ranks"}},
       {DirectiveKind::GRID, "grid", {"order"}},
   };
   return table;
@@ -78,6 +78,11 @@ std::string emit_directive(const Directive& d) {
     }
     kv.push_back("stages: [" + join(stages, ", ") + "]");
   }
+  if (d.rank_of_stage) {
+    std::vector<std::string> v;
+    for (int64_t r : *d.rank_of_stage) v.push_back(std::to_string(r));
+    kv.push_back("ranks: [" + join(v, ", ") + "]");
+  }
   i("dp", d.dp);
   b("shard_optimizer", d.shard_optimizer);
   b("shard_grads", d.shard_grads);
@@ -85,15 +90,20 @@ std::string emit_directive(const Directive& d) {
   if (d.bucket_mb) kv.push_back("bucket_mb: " + format_double(*d.bucket_mb));
   i("tp", d.tp);
   str("schedule", d.schedule);
+  b("pairs", d.pairs);
   if (d.ranks) {
     bool chunks = false;
     for (const auto& r : *d.ranks)
       for (const OrderOp& op : r) chunks |= op.chunk != 0;
     std::vector<std::string> ranks;
     for (const auto& r : *d.ranks) {
-      std::vector<std::string> ops;
-      for (const OrderOp& op : r) ops.push_back(op.name(chunks));
-      ranks.push_back("[" + join(ops, ", ") + "]");
+      std::string ops;
+      for (size_t q = 0; q < r.size(); ++q) {
+        const bool opens = q + 1 < r.size() && r[q + 1].grouped && !r[q].grouped;
+        const bool closes = r[q].grouped && (q + 1 == r.size() || !r[q + 1].grouped);
+        ops += (q ? ", " : "") + std::string(opens ? "[" : "") + r[q].name(chunks) + (closes ? "]" : "");
+      }
+      ranks.push_back("[" + ops + "]");
     }
     kv.push_back("ranks: [" + join(ranks, ", ") + "]");
   }
@@ -104,7 +114,7 @@ std::string emit_directive(const Directive& d) {
 // ---- directives applied onto the shorthand --------------------------------------
 
 Applied apply_directives(const Config& c) {
-  Applied a{c, {}, -1, -1};
+  Applied a{c, {}, -1, -1, -1};
   ParallelConfig& p = a.cfg.parallel;
   // Messages about `key` now name the directive's path and point at it.
   auto from = [&](const std::string& key, const std::string& path, const std::string& location_key) {
@@ -130,6 +140,7 @@ Applied apply_directives(const Config& c) {
         take(d.pp, p.pp, "pp", "pp");
         take(d.virtual_stages, p.virtual_stages, "virtual_stages", "virtual_stages");
         if (d.stage_of_unit || d.stages) a.place_from = static_cast<int>(i);
+        if (d.rank_of_stage) a.ranks_from = static_cast<int>(i);
         break;
       case DirectiveKind::REPLICATE:
         take(d.dp, p.dp, "dp", "dp");
@@ -147,6 +158,7 @@ Applied apply_directives(const Config& c) {
       case DirectiveKind::ORDER:
         if (d.schedule) a.order_from = -1;
         take(d.schedule, p.schedule, "schedule", "schedule");
+        take(d.pairs, p.pairs, "pairs", "pairs");
         if (d.ranks) a.order_from = static_cast<int>(i);
         break;
       case DirectiveKind::GRID: take(d.grid_order, p.order, "order", "order"); break;
@@ -171,6 +183,10 @@ EffectiveStrategy effective_strategy(const Config& cfg) {
     if (d.stage_of_unit) e.stage_of_unit = *d.stage_of_unit;
     else e.stage_filters = *d.stages;
   }
+  if (a.ranks_from >= 0) {
+    e.rank_of_stage = *cfg.directives.list[static_cast<size_t>(a.ranks_from)].rank_of_stage;
+    e.ranks_path = dpath(static_cast<size_t>(a.ranks_from)) + ".place.ranks";
+  }
   if (a.order_from >= 0) {
     e.order_ranks = *cfg.directives.list[static_cast<size_t>(a.order_from)].ranks;
     e.order_path = dpath(static_cast<size_t>(a.order_from)) + ".order.ranks";
@@ -183,6 +199,10 @@ const char* directive_name(DirectiveKind k) { return spec_of(k).name; }
 std::string OrderOp::name(bool with_chunk) const {
   std::string s = pass + std::to_string(microbatch);
   if (with_chunk) s += "." + std::to_string(chunk);
+  if (first_unit >= 0) {
+    s += "/" + std::to_string(first_unit);
+    if (last_unit != first_unit) s += "-" + std::to_string(last_unit);
+  }
   return s;
 }
 

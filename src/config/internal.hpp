@@ -78,6 +78,7 @@ struct Applied {
   std::map<std::string, std::string> names;  // "parallel.dp" -> "directives[2].replicate.dp"
   int place_from = -1;                       // the last place directive giving stage_of_unit or stages
   int order_from = -1;                       // the order directive giving ranks, when the last order does
+  int ranks_from = -1;                       // the last place directive giving ranks (the stages' pipeline ranks)
 };
 Applied apply_directives(const Config& c);
 

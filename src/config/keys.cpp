@@ -62,6 +62,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(parallel, microbatches, "microbatches per replica and step"),
       PIPER_FIELD(parallel, virtual_stages, "model chunks per pipeline rank"),
       PIPER_FIELD(parallel, split_backward, "BWD_I + BWD_W instead of fused BWD"),
+      PIPER_FIELD(parallel, pairs, "the schedule's forward/backward pairs run interleaved, hiding each one's communication"),
       PIPER_FIELD(parallel, order, "rank grid order, first varies fastest"),
       PIPER_FIELD(parallel, bucket_mb, "data-parallel gradient bucket size, MiB"),
       PIPER_FIELD(parallel, comm_timeout_s, "seconds before a pending communication aborts the job"),

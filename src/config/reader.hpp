@@ -30,7 +30,9 @@ class Reader {
   void read_directive(size_t i, const YAML::Node& item);
   bool read_directive_key(Directive& d, const std::string& name, const YAML::Node& v, const std::string& path,
                           const std::string& vat);
-  bool read_stage_of_unit(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
+  // A list of integers (stage_of_unit, place's ranks) into `to`; `what` names its items in messages.
+  bool read_int_list(std::optional<std::vector<int64_t>>& to, const char* what, const YAML::Node& v,
+                     const std::string& path, const std::string& vat);
   bool read_stages(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
   bool read_ranks(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
   // Records `name` in `seen`; reports a duplicate (and returns false) when it is there already.

@@ -85,10 +85,7 @@ struct Builder {
     if (n_mb < 1) throw BuildError("split: microbatches must be >= 1, got " + std::to_string(n_mb));
     try {
       // A hand-written order (order: {ranks: ...}) replaces the schedule function.
-      sched = strategy.order.custom.empty()
-                  ? make_schedule(strategy.order.schedule, strategy.place.pp, strategy.place.virtual_stages, n_mb,
-                                  strategy.split_backward)
-                  : custom_schedule(strategy);
+      sched = schedule_of(strategy);
     } catch (const std::invalid_argument& e) {
       throw BuildError(std::string("order: ") + e.what());
     }
@@ -352,39 +349,157 @@ struct Builder {
       }
   }
 
-  // order: each pipeline rank's schedule expanded over the units of the
-  // stage each op names, chained with ordering edges; updates last.
-  void order() {
-    for (int r = 0; r < sched.ranks; ++r) {
-      std::vector<int> seq;
-      for (const PipeOp& op : sched.ops[static_cast<size_t>(r)]) {
-        const int s = sched.stage_of(r, op.chunk);
-        std::vector<int> units;
-        for (int u = 0; u < n_units; ++u)
-          if (stage_of_unit[static_cast<size_t>(u)] == s) units.push_back(u);
-        auto& table = op.pass == Pass::PASS_F    ? fwd
-                      : op.pass == Pass::PASS_B  ? bwd
-                      : op.pass == Pass::PASS_BI ? bwd_i
-                                                 : bwd_w;
-        auto append = [&](int u) {
-          const PassNodes& p = table[static_cast<size_t>(u)][static_cast<size_t>(op.microbatch)];
-          seq.insert(seq.end(), p.segments.begin(), p.segments.end());
-        };
-        if (op.pass == Pass::PASS_F) {
-          for (int u : units) append(u);
-        } else {
-          for (auto it = units.rbegin(); it != units.rend(); ++it) append(*it);
-        }
+  PassNodes& pass_nodes(Pass pass, int u, int mb) {
+    auto& table = pass == Pass::PASS_F ? fwd : pass == Pass::PASS_B ? bwd : pass == Pass::PASS_BI ? bwd_i : bwd_w;
+    return table[static_cast<size_t>(u)][static_cast<size_t>(mb)];
+  }
+
+  // The compute nodes op `q` of rank r runs, in order: its units' passes
+  // (forward along the model, backward against it), segment by segment. Marks
+  // what it covers in `covered` ([pass][unit][mb] -> the op that runs it).
+  std::vector<int> op_nodes(int r, int q, const PipeOp& op, std::vector<std::vector<std::vector<int>>>& covered) {
+    const int s = sched.stage_of(r, op.chunk);
+    std::vector<int> units;
+    for (int u = 0; u < n_units; ++u)
+      if (stage_of_unit[static_cast<size_t>(u)] == s) units.push_back(u);
+    if (!op.whole() && (op.first_unit < units.front() || op.last_unit > units.back()))
+      throw OrderError(r, q, pipe_op_name(op, sched.chunks) + " names units " + std::to_string(op.first_unit) + ".." +
+                                 std::to_string(op.last_unit) + ", but its stage " + std::to_string(s) +
+                                 " holds units " + std::to_string(units.front()) + ".." +
+                                 std::to_string(units.back()));
+    if (op.pass != Pass::PASS_F) std::reverse(units.begin(), units.end());
+    std::vector<int> seq;
+    for (int u : units) {
+      if (!op.whole() && (u < op.first_unit || u > op.last_unit)) continue;
+      const PassNodes& p = pass_nodes(op.pass, u, op.microbatch);
+      if (!p.exists()) continue;
+      int& by = covered[static_cast<size_t>(op.pass)][static_cast<size_t>(u)][static_cast<size_t>(op.microbatch)];
+      if (by >= 0)
+        throw OrderError(r, q, pipe_op_name(op, sched.chunks) + " runs " + pass_name(op.pass) + " of " +
+                                   model.units[static_cast<size_t>(u)].name + " for microbatch " +
+                                   std::to_string(op.microbatch) + ", which op " + std::to_string(by) +
+                                   " of the rank runs already; each unit pass runs once");
+      by = q;
+      seq.insert(seq.end(), p.segments.begin(), p.segments.end());
+    }
+    return seq;
+  }
+
+  // Whether a data path leads from any of `from` to any of `to`, within their
+  // microbatch (the per-step nodes after every backward join all microbatches).
+  bool reaches(const std::vector<int>& from, const std::vector<int>& to) const {
+    std::vector<char> target(g.nodes().size(), 0), seen(g.nodes().size(), 0);
+    for (int v : to) target[static_cast<size_t>(v)] = 1;
+    std::vector<int> stack(from.begin(), from.end());
+    while (!stack.empty()) {
+      const int v = stack.back();
+      stack.pop_back();
+      if (target[static_cast<size_t>(v)]) return true;
+      for (int e : g.out_edges()[static_cast<size_t>(v)]) {
+        const int d = g.edges()[static_cast<size_t>(e)].dst;
+        if (seen[static_cast<size_t>(d)] || g.node(d).tags.microbatch < 0) continue;
+        seen[static_cast<size_t>(d)] = 1;
+        stack.push_back(d);
       }
+    }
+    return false;
+  }
+
+  // The ops of a group must be independent: the player runs them at once.
+  void check_group(int r, const std::vector<int>& ops, const std::vector<std::vector<int>>& nodes) const {
+    const auto& list = sched.ops[static_cast<size_t>(r)];
+    for (size_t b = 1; b < ops.size(); ++b)
+      for (size_t a = 0; a < b; ++a) {
+        const PipeOp& x = list[static_cast<size_t>(ops[a])];
+        const PipeOp& y = list[static_cast<size_t>(ops[b])];
+        if (x.microbatch != y.microbatch) continue;  // the sub-DAGs of two microbatches share no path
+        const bool yx = reaches(nodes[a], nodes[b]), xy = !yx && reaches(nodes[b], nodes[a]);
+        if (!yx && !xy) continue;
+        const std::string first = pipe_op_name(yx ? x : y, sched.chunks), then = pipe_op_name(yx ? y : x, sched.chunks);
+        throw OrderError(r, ops[b], "the group [" + pipe_op_name(x, sched.chunks) + ", " +
+                                        pipe_op_name(y, sched.chunks) + "] runs " + then + ", which needs " + first +
+                                        " (a data path leads from it); the ops of a group run at once, so they "
+                                        "must be independent: group ops of different microbatches");
+      }
+  }
+
+  // Round robin over the groups' node lists, one node each: while one op's
+  // communication is in flight, the next one computes.
+  static std::vector<int> interleave(const std::vector<std::vector<int>>& lists) {
+    std::vector<int> out;
+    for (size_t k = 0;; ++k) {
+      bool any = false;
+      for (const auto& l : lists)
+        if (k < l.size()) out.push_back(l[k]), any = true;
+      if (!any) return out;
+    }
+  }
+
+  // order: each pipeline rank's ops expanded over the units of the stage
+  // (or the unit range) each names, groups interleaved, chained with ordering
+  // edges; the gradient norm and updates last.
+  void order() {
+    const auto cover = [&] {
+      return std::vector<std::vector<int>>(static_cast<size_t>(n_units), std::vector<int>(static_cast<size_t>(n_mb), -1));
+    };
+    std::vector<std::vector<int>> seqs(static_cast<size_t>(sched.ranks));
+    for (int r = 0; r < sched.ranks; ++r) {
+      std::vector<std::vector<std::vector<int>>> covered(4);
+      for (auto& c : covered) c = cover();
+      const auto& ops = sched.ops[static_cast<size_t>(r)];
+      std::vector<int>& seq = seqs[static_cast<size_t>(r)];
+      for (size_t q = 0; q < ops.size();) {
+        std::vector<int> group;
+        std::vector<std::vector<int>> nodes;
+        do {
+          group.push_back(static_cast<int>(q));
+          nodes.push_back(op_nodes(r, static_cast<int>(q), ops[q], covered));
+        } while (++q < ops.size() && ops[q].grouped);
+        check_group(r, group, nodes);
+        const std::vector<int> run = interleave(nodes);
+        seq.insert(seq.end(), run.begin(), run.end());
+      }
+      check_covered(r, covered);
+    }
+    for (int r = 0; r < sched.ranks; ++r) {
+      std::vector<int>& seq = seqs[static_cast<size_t>(r)];
       seq.push_back(norm_of_pp[static_cast<size_t>(r)]);
       for (int u = 0; u < n_units; ++u)
         if (sched.rank_of(stage_of_unit[static_cast<size_t>(u)]) == r) seq.push_back(upd[u]);
       for (size_t i = 1; i < seq.size(); ++i) g.add_edge(seq[i - 1], seq[i], EdgeKind::EDGE_ORDER);
     }
   }
+
+  // Every pass of every unit rank r holds is run by one of its ops.
+  void check_covered(int r, const std::vector<std::vector<std::vector<int>>>& covered) {
+    for (int u = 0; u < n_units; ++u) {
+      if (sched.rank_of(stage_of_unit[static_cast<size_t>(u)]) != r) continue;
+      for (int mb = 0; mb < n_mb; ++mb)
+        for (Pass pass : {Pass::PASS_F, Pass::PASS_B, Pass::PASS_BI, Pass::PASS_BW})
+          if (pass_nodes(pass, u, mb).exists() &&
+              covered[static_cast<size_t>(pass)][static_cast<size_t>(u)][static_cast<size_t>(mb)] < 0)
+            throw OrderError(r, -1, "no op runs " + std::string(pass_name(pass)) + " of " +
+                                        model.units[static_cast<size_t>(u)].name + " (unit " + std::to_string(u) +
+                                        ", stage " + std::to_string(stage_of_unit[static_cast<size_t>(u)]) +
+                                        ") for microbatch " + std::to_string(mb) + "; add " +
+                                        pipe_op_name({pass, mb, sched.chunk_of(stage_of_unit[static_cast<size_t>(u)])},
+                                                     sched.chunks));
+    }
+  }
 };
 
 }  // namespace
+
+namespace {
+
+std::string order_where(int rank, int op) {
+  return op < 0 ? "rank " + std::to_string(rank) : "op " + std::to_string(op) + " of rank " + std::to_string(rank);
+}
+
+}  // namespace
+
+OrderError::OrderError(int rank_, int op_, const std::string& detail_)
+    : BuildError("order: " + order_where(rank_, op_) + ": " + detail_), rank(rank_), op(op_), detail(detail_) {}
 
 Graph build(const ModelGraph& model, const Strategy& strategy) {
   std::unique_ptr<Builder> b;

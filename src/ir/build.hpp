@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stdexcept>
+#include <string>
 
 #include "ir/graph.hpp"
 #include "ir/model_graph.hpp"
@@ -15,6 +16,17 @@ namespace piper::ir {
 class BuildError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A rule of an order that the DAG breaks, at op `op` (counting the ops of a
+// group one each) of pipeline rank `rank`; op -1: the rank's whole list.
+// what() names both in words; ir::validate puts `detail` at the op's file
+// position.
+class OrderError : public BuildError {
+ public:
+  OrderError(int rank, int op, const std::string& detail);
+  int rank = -1, op = -1;
+  std::string detail;
 };
 
 // Directives are applied in order: split (one sub-DAG per microbatch),

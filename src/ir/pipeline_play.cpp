@@ -74,8 +74,11 @@ std::string op_at(const PipeSchedule& s, int r, size_t i) {
 void check_ops(const PipeSchedule& s) {
   if (s.ranks < 1 || s.chunks < 1 || s.microbatches < 1 || static_cast<int>(s.ops.size()) != s.ranks)
     throw std::invalid_argument("play: a schedule needs ranks, chunks, microbatches >= 1 and one op list per rank");
-  if (s.layout == StageLayout::STAGE_LAYOUT_V && s.chunks != 2)
-    throw std::invalid_argument("play: the V layout holds 2 chunks per rank, not " + std::to_string(s.chunks));
+  if (const std::string problem = placement_problem(s.rank_of_stage, s.ranks); !problem.empty())
+    throw std::invalid_argument("play: " + problem);
+  if (s.stages() != s.ranks * s.chunks)
+    throw std::invalid_argument("play: " + std::to_string(s.stages()) + " stages are not " + std::to_string(s.chunks) +
+                                " chunks on each of " + std::to_string(s.ranks) + " ranks");
   Done seen(s.stages(), s.microbatches);
   for (int r = 0; r < s.ranks; ++r)
     for (size_t i = 0; i < s.ops[static_cast<size_t>(r)].size(); ++i) {
@@ -85,6 +88,9 @@ void check_ops(const PipeSchedule& s) {
         throw std::invalid_argument("play: " + op_at(s, r, i) + " is outside the schedule's " +
                                     std::to_string(s.microbatches) + " microbatches, " + std::to_string(s.chunks) +
                                     " chunks and passes F, B, BI, BW");
+      if (!op.whole())
+        throw std::invalid_argument("play: " + op_at(s, r, i) +
+                                    " covers part of a stage; this timeline plays whole stages (the simulator plays units)");
       double& e = seen.at(op.pass, s.stage_of(r, op.chunk), op.microbatch);
       if (e != kNotDone) throw std::invalid_argument("play: " + op_at(s, r, i) + " is listed twice");
       e = 0;

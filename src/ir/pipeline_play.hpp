@@ -33,7 +33,8 @@ struct PlayResult {
   std::vector<int> peak_alive;
 };
 
-// Plays the schedule. An op starts when its rank is free and its inputs are done: F(mb, s) needs
+// Plays the schedule; the ops of a group run back to back (communication is free, so there is
+// nothing for them to overlap). An op starts when its rank is free and its inputs are done: F(mb, s) needs
 // F(mb, s-1); B or BI(mb, s) needs F(mb, s) and B/BI(mb, s+1) (the last stage only its own F);
 // BW(mb, s) needs BI(mb, s). Throws std::invalid_argument for an op outside the schedule's ranges
 // or listed twice, and std::logic_error naming each rank's first blocked op when no rank can proceed.

@@ -10,24 +10,68 @@
 namespace piper::ir {
 
 int PipeSchedule::stage_of(int rank, int chunk) const {
-  if (layout == StageLayout::STAGE_LAYOUT_V) return chunk == 0 ? rank : 2 * ranks - 1 - rank;
-  return chunk * ranks + rank;
+  for (int st = 0; st < stages(); ++st)
+    if (rank_of_stage[static_cast<size_t>(st)] == rank && chunk-- == 0) return st;
+  throw std::out_of_range("pipeline rank " + std::to_string(rank) + " holds no chunk " + std::to_string(chunk));
 }
 
-int PipeSchedule::rank_of(int stage) const {
-  if (layout == StageLayout::STAGE_LAYOUT_V) return stage < ranks ? stage : 2 * ranks - 1 - stage;
-  return stage % ranks;
-}
+int PipeSchedule::rank_of(int stage) const { return rank_of_stage.at(static_cast<size_t>(stage)); }
 
 int PipeSchedule::chunk_of(int stage) const {
-  if (layout == StageLayout::STAGE_LAYOUT_V) return stage < ranks ? 0 : 1;
-  return stage / ranks;
+  const int r = rank_of(stage);
+  return static_cast<int>(std::count(rank_of_stage.begin(), rank_of_stage.begin() + stage, r));
+}
+
+std::vector<int> loop_placement(int ranks, int chunks) {
+  std::vector<int> out;
+  for (int st = 0; st < ranks * chunks; ++st) out.push_back(st % ranks);
+  return out;
+}
+
+std::vector<int> v_placement(int ranks) {
+  std::vector<int> out;
+  for (int st = 0; st < 2 * ranks; ++st) out.push_back(st < ranks ? st : 2 * ranks - 1 - st);
+  return out;
+}
+
+std::string placement_problem(const std::vector<int>& rank_of_stage, int ranks) {
+  std::vector<int> held(static_cast<size_t>(std::max(0, ranks)), 0);
+  for (size_t st = 0; st < rank_of_stage.size(); ++st) {
+    const int r = rank_of_stage[st];
+    if (r < 0 || r >= ranks)
+      return "stage " + std::to_string(st) + " is placed on pipeline rank " + std::to_string(r) + ", but there are " +
+             std::to_string(ranks) + " pipeline ranks (0.." + std::to_string(ranks - 1) + ")";
+    ++held[static_cast<size_t>(r)];
+  }
+  for (int r = 0; r < ranks; ++r)
+    if (held[static_cast<size_t>(r)] == 0)
+      return "pipeline rank " + std::to_string(r) + " holds no stage; place at least one stage on every rank";
+  for (int r = 1; r < ranks; ++r)
+    if (held[static_cast<size_t>(r)] != held[0])
+      return "pipeline rank 0 holds " + std::to_string(held[0]) + " stage(s) but rank " + std::to_string(r) +
+             " holds " + std::to_string(held[static_cast<size_t>(r)]) +
+             "; every rank holds the same number of stages (its model chunks)";
+  return "";
 }
 
 std::string pipe_op_name(const PipeOp& op, int chunks) {
   std::string s = pass_name(op.pass) + std::to_string(op.microbatch);
   if (chunks > 1) s.append(".").append(std::to_string(op.chunk));
+  if (!op.whole()) {
+    s.append("/").append(std::to_string(op.first_unit));
+    if (op.last_unit != op.first_unit) s.append("-").append(std::to_string(op.last_unit));
+  }
   return s;
+}
+
+std::string pipe_ops_text(const std::vector<PipeOp>& ops, int chunks) {
+  std::string out;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const bool opens = i + 1 < ops.size() && ops[i + 1].grouped && !ops[i].grouped;
+    const bool closes = ops[i].grouped && (i + 1 == ops.size() || !ops[i + 1].grouped);
+    out += (i ? ", " : "") + std::string(opens ? "[" : "") + pipe_op_name(ops[i], chunks) + (closes ? "]" : "");
+  }
+  return out;
 }
 
 namespace {
@@ -37,17 +81,25 @@ namespace {
 struct RankOrder {
   std::vector<PipeOp>& ops;
   bool split;
-  void f(int mb, int chunk) { ops.push_back({Pass::PASS_F, mb, chunk}); }
+  bool pairs;  // pair(): the next op runs as one group with the one before
+  bool pending = false;
+  void push(Pass pass, int mb, int chunk) {
+    ops.push_back({pass, mb, chunk, -1, -1, pending});
+    pending = false;
+  }
+  // An F&B pair: the backward that follows (its first op) is grouped with the forward just placed.
+  void pair() { pending = pairs; }
+  void f(int mb, int chunk) { push(Pass::PASS_F, mb, chunk); }
   void b(int mb, int chunk) {
     if (!split) {
-      ops.push_back({Pass::PASS_B, mb, chunk});
+      push(Pass::PASS_B, mb, chunk);
       return;
     }
     bi(mb, chunk);
     bw(mb, chunk);
   }
-  void bi(int mb, int chunk) { ops.push_back({Pass::PASS_BI, mb, chunk}); }
-  void bw(int mb, int chunk) { ops.push_back({Pass::PASS_BW, mb, chunk}); }
+  void bi(int mb, int chunk) { push(Pass::PASS_BI, mb, chunk); }
+  void bw(int mb, int chunk) { push(Pass::PASS_BW, mb, chunk); }
 };
 
 // GPipe (Huang et al. 2019, "GPipe: Efficient Training of Giant Neural Networks using Pipeline
@@ -60,11 +112,16 @@ void gpipe(RankOrder& o, int /*r*/, int /*p*/, int m) {
 // 1F1B (PipeDream-Flush: Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training";
 // Fig. 4 top of Narayanan et al. SC'21). Rank r holds at most min(p - r, m) microbatches. With one
 // rank this is plain gradient accumulation: F0 B0 F1 B1 ...
+// With pairs every rank warms up with at least one forward, so that F(i+1) can pair with B(i): one
+// more microbatch in flight on the last rank is the price of overlapping the two.
+int paired_warmup(const RankOrder& o, int warmup, int m) { return std::min(o.pairs ? std::max(warmup, 1) : warmup, m); }
+
 void one_f_one_b(RankOrder& o, int r, int p, int m) {
-  const int warmup = std::min(p - r - 1, m);
+  const int warmup = paired_warmup(o, std::min(p - r - 1, m), m);
   for (int i = 0; i < warmup; ++i) o.f(i, 0);  // 1: warm-up, (p-r-1) F
   for (int i = 0; i < m - warmup; ++i) {       // 2: steady, (m-p+r+1) x (F B)
     o.f(warmup + i, 0);
+    if (warmup + i != i) o.pair();  // F(i+warm-up) with B(i); with no warm-up they are one microbatch's
     o.b(i, 0);
   }
   for (int i = m - warmup; i < m; ++i) o.b(i, 0);  // 3: cool-down, (p-r-1) B
@@ -85,6 +142,7 @@ void interleaved(RankOrder& o, int r, int p, int v, int m) {
   for (int k = 0; k < warmup; ++k) o.f(mb(k), fchunk(k));  // 1: warm-up, 2(p-r-1) + (v-1)p F
   for (int k = 0; k < total - warmup; ++k) {                // 2: steady, (mv - warm-up) x (F B)
     o.f(mb(warmup + k), fchunk(warmup + k));
+    if (mb(warmup + k) != mb(k)) o.pair();
     o.b(mb(k), bchunk(k));
   }
   for (int k = total - warmup; k < total; ++k) o.b(mb(k), bchunk(k));  // 3: cool-down, warm-up x B
@@ -96,11 +154,12 @@ void interleaved(RankOrder& o, int r, int p, int v, int m) {
 // has min(p, m) microbatches in flight (1F1B's rank-0 count), B reaches rank 0 sooner, and the r
 // deferred W fill the cool-down. Bubble (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W).
 void zbh1(RankOrder& o, int r, int p, int m) {
-  const int warmup = std::min(p - r - 1, m);
+  const int warmup = paired_warmup(o, std::min(p - r - 1, m), m);
   int w = 0;                                   // the next W, oldest first
   for (int i = 0; i < warmup; ++i) o.f(i, 0);  // 1: warm-up, (p-r-1) F
   for (int i = 0; i < m - warmup; ++i) {       // 2: steady, (m-p+r+1) x (F B [W]), W from step r on
     o.f(warmup + i, 0);
+    if (warmup + i != i) o.pair();
     o.bi(i, 0);
     if (i >= r) o.bw(w++, 0);
   }
@@ -118,7 +177,8 @@ void zbh1(RankOrder& o, int r, int p, int m) {
 // coming back up). The eight steps and their counts are DualPipeV's; F0 is a forward of chunk 0,
 // B1 a backward of chunk 1, W the oldest deferred weight half. A zero-bubble backward (zb) runs BI
 // now and queues its BW; every other backward is BI followed by BW. DualPipe overlaps the F&B
-// pairs of steps 4 and 5; here they are adjacent ops, run back to back.
+// pairs of steps 4 and 5: with pairs each is a group (the forward with the backward's BI), else
+// adjacent ops run back to back.
 void dualpipev(RankOrder& o, int r, int p, int m) {
   int nf[2] = {0, 0}, nb[2] = {0, 0};  // next microbatch per chunk: forwards, backwards
   std::deque<std::pair<int, int>> wq;  // (microbatch, chunk) whose BW is deferred, FIFO
@@ -141,12 +201,12 @@ void dualpipev(RankOrder& o, int r, int p, int m) {
     F(1);
   }
   for (int i = 0; i < m - 2 * p + r + 1; ++i) {  // 4 (main): nF0B1F1B0, two F&B pairs
-    F(0), B(1, false);
-    F(1), B(0, false);
+    F(0), o.pair(), B(1, false);
+    F(1), o.pair(), B(0, false);
   }
   for (int i = 0; i < p - r - 1; ++i) {  // 5: nB1F1B0
     B(1, false);
-    F(1), B(0, false);
+    F(1), o.pair(), B(0, false);
   }
   const int n6 = r + 1;  // 6: nB1B0, the second half zero bubble
   bool zb = false;
@@ -172,13 +232,23 @@ const std::vector<std::string>& schedule_names() {
   return names;
 }
 
-std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int p, int v, int m, bool split) {
+std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int p, int v, int m, bool split, bool pairs) {
   const std::string name = schedule_name(kind), got_v = "(got " + std::to_string(v) + ")";
   auto problem = [](const char* key, const std::string& message) {
     return std::optional<ScheduleProblem>(ScheduleProblem{std::string("parallel.") + key, message});
   };
   if (p < 1) return problem("pp", name + " needs at least 1 pipeline rank (got " + std::to_string(p) + ")");
   if (m < 1) return problem("microbatches", name + " needs at least 1 microbatch (got " + std::to_string(m) + ")");
+  // Pairs. DualPipeV's V sends a chunk-0 forward and a chunk-1 backward the same way down the
+  // pipeline. Elsewhere forwards flow down and backwards up: a rank running F(i+1) interleaved with
+  // B(i) sends F(i+1) on only when B(i) is done too, and its neighbours wait for both.
+  if (pairs && kind == ScheduleKind::SCHEDULE_GPIPE)
+    return problem("pairs", "gpipe runs every forward before every backward: it has no forward/backward pairs");
+  if (pairs && p > 1 && kind != ScheduleKind::SCHEDULE_DUALPIPEV)
+    return problem("pairs", name + " pairs F(i+1) with B(i) only without pipeline parallelism (pp 1, got " +
+                                std::to_string(p) + "): across ranks its forwards flow down and its backwards up, so "
+                                "a pair would hold each rank's forward output until its backward is done; pair with "
+                                "dualpipev, whose V layout sends both the same way");
   switch (kind) {
     case ScheduleKind::SCHEDULE_INTERLEAVED:
       if (v < 2)
@@ -253,9 +323,9 @@ std::optional<OrderProblem> order_problem(const std::vector<std::vector<PipeOp>>
 }
 
 PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
-                           bool split_backward) {
+                           bool split_backward, bool pairs) {
   if (const std::optional<ScheduleProblem> problem =
-          schedule_problem(kind, ranks, virtual_stages, microbatches, split_backward))
+          schedule_problem(kind, ranks, virtual_stages, microbatches, split_backward, pairs))
     throw std::invalid_argument(problem->message);
   PipeSchedule s;
   s.kind = kind;
@@ -264,11 +334,11 @@ PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int
   s.chunks = kind == ScheduleKind::SCHEDULE_INTERLEAVED ? virtual_stages
              : kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
                                                          : 1;
-  s.layout = kind == ScheduleKind::SCHEDULE_DUALPIPEV ? StageLayout::STAGE_LAYOUT_V : StageLayout::STAGE_LAYOUT_LOOP;
+  s.rank_of_stage = kind == ScheduleKind::SCHEDULE_DUALPIPEV ? v_placement(ranks) : loop_placement(ranks, s.chunks);
   s.ops.resize(static_cast<size_t>(ranks));
   const int p = ranks, m = microbatches;
   for (int r = 0; r < p; ++r) {
-    RankOrder o{s.ops[static_cast<size_t>(r)], split_backward};
+    RankOrder o{s.ops[static_cast<size_t>(r)], split_backward, pairs};
     switch (kind) {
       case ScheduleKind::SCHEDULE_GPIPE: gpipe(o, r, p, m); break;
       case ScheduleKind::SCHEDULE_1F1B: one_f_one_b(o, r, p, m); break;

@@ -47,6 +47,11 @@ Strategy expand(const config::Config& cfg, int world_size) {
   s.place.pp = static_cast<int>(p.pp);
   s.place.virtual_stages = s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
                                                                                : static_cast<int>(p.virtual_stages);
+  for (int64_t r : e.rank_of_stage) s.place.rank_of_stage.push_back(static_cast<int>(r));
+  // An explicit placement says how many stages each rank holds.
+  if (!s.place.rank_of_stage.empty() && s.place.pp > 0)
+    s.place.virtual_stages = static_cast<int>(s.place.rank_of_stage.size()) / s.place.pp;
+  s.order.pairs = p.pairs;
   std::vector<int64_t> stage_of_unit = e.stage_of_unit;
   if (!e.stage_filters.empty()) {
     std::vector<std::string> errors;
@@ -74,7 +79,8 @@ Strategy expand(const config::Config& cfg, int world_size) {
                                             : Pass::PASS_BW;
         // An order written with BI/BW splits the backward.
         s.split_backward |= pass == Pass::PASS_BI || pass == Pass::PASS_BW;
-        ops.push_back({pass, static_cast<int>(op.microbatch), static_cast<int>(op.chunk)});
+        ops.push_back({pass, static_cast<int>(op.microbatch), static_cast<int>(op.chunk),
+                       static_cast<int>(op.first_unit), static_cast<int>(op.last_unit), op.grouped});
       }
     }
     s.order.chunks = s.place.virtual_stages;
@@ -90,11 +96,13 @@ Strategy expand(const config::Config& cfg, int world_size) {
   return s;
 }
 
+namespace {
+
+// The hand-written order of s, placed by s.place (the loop layout when it gives no ranks).
 PipeSchedule custom_schedule(const Strategy& s) {
   const auto& custom = s.order.custom;
   PipeSchedule sched;
   sched.kind = s.order.schedule;
-  sched.layout = StageLayout::STAGE_LAYOUT_LOOP;
   sched.ranks = s.place.pp;
   sched.chunks = s.order.chunks;
   sched.microbatches = s.split.microbatches;
@@ -102,6 +110,8 @@ PipeSchedule custom_schedule(const Strategy& s) {
     throw std::invalid_argument("the hand-written order has " + std::to_string(s.order.chunks) +
                                 " chunk(s) per rank, but place has virtual_stages " +
                                 std::to_string(s.place.virtual_stages));
+  sched.rank_of_stage = s.place.rank_of_stage.empty() ? loop_placement(s.place.pp, s.order.chunks)
+                                                      : s.place.rank_of_stage;
   // Plain words for the places and values the order's rules speak of.
   OrderNames names;
   names.op = [](int rank, int op) { return "op " + std::to_string(op) + " of rank " + std::to_string(rank); };
@@ -125,6 +135,27 @@ PipeSchedule custom_schedule(const Strategy& s) {
         throw std::invalid_argument("the hand-written order runs " + pipe_op_name(op, s.order.chunks) +
                                     ", a backward half, but the backward is fused (no split_backward)");
   sched.ops = custom;
+  return sched;
+}
+
+}  // namespace
+
+PipeSchedule schedule_of(const Strategy& s) {
+  const std::vector<int>& placed = s.place.rank_of_stage;
+  if (!placed.empty()) {
+    if (const std::string problem = placement_problem(placed, s.place.pp); !problem.empty())
+      throw std::invalid_argument("place ranks: " + problem);
+  }
+  if (!s.order.custom.empty()) return custom_schedule(s);
+  PipeSchedule sched = make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches,
+                                     s.split_backward, s.order.pairs);
+  if (!placed.empty() && placed != sched.rank_of_stage) {
+    std::string own;
+    for (int r : sched.rank_of_stage) own += (own.empty() ? "" : ", ") + std::to_string(r);
+    throw std::invalid_argument(std::string("place ranks: ") + schedule_name(s.order.schedule) +
+                                " orders its ops for its own layout, stages on ranks [" + own +
+                                "]; another placement needs a hand-written order (order: {ranks: ...})");
+  }
   return sched;
 }
 
@@ -174,23 +205,23 @@ std::string directives_yaml(const Strategy& s) {
     for (size_t i = 0; i < s.place.stage_of_unit.size(); ++i) o << (i ? ", " : "") << s.place.stage_of_unit[i];
     o << "]";
   }
-  o << "}\n";
+  const std::vector<int> ranks = schedule_of(s).rank_of_stage;
+  o << ", ranks: [";
+  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
+  o << "]}\n";
   o << "  - replicate: {dp: " << s.replicate.dp << ", shard_grads: " << (s.replicate.zero >= 2 ? "true" : "false")
     << ", shard_params: " << (s.replicate.zero >= 3 ? "true" : "false")
     << ", shard_optimizer: " << (s.replicate.zero >= 1 ? "true" : "false")
     << ", bucket_mb: " << shortest(static_cast<double>(s.replicate.bucket_bytes) / (1 << 20)) << "}\n";
   o << "  - shard: {tp: " << s.shard.tp << "}\n";
-  if (s.order.custom.empty()) {
-    o << "  - order: {schedule: " << schedule_name(s.order.schedule) << "}\n";
-  } else {
-    // One rank per line: a hand-written order reads like the schedule tables of docs/schedules.md.
-    o << "  - order:\n      ranks:\n";
-    for (const auto& ops : s.order.custom) {
-      o << "        - [";
-      for (size_t i = 0; i < ops.size(); ++i) o << (i ? ", " : "") << pipe_op_name(ops[i], s.order.chunks);
-      o << "]\n";
-    }
-  }
+  // The order written out op by op, so that any schedule can be copied and edited; one rank per
+  // line, like the schedule tables of docs/schedules.md.
+  const PipeSchedule sched = schedule_of(s);
+  o << "  - order:";
+  if (s.order.custom.empty())
+    o << "  # " << schedule_name(s.order.schedule) << (s.order.pairs ? " with pairs" : "") << ", op by op";
+  o << "\n      ranks:\n";
+  for (const auto& ops : sched.ops) o << "        - [" << pipe_ops_text(ops, sched.chunks) << "]\n";
   o << "  - grid: {order: " << scalar(s.grid_order) << "}\n";
   return o.str();
 }

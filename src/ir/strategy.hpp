@@ -25,12 +25,14 @@ struct SplitDirective {
   bool operator==(const SplitDirective&) const = default;
 };
 
-// place: which stage holds each unit; the schedule's layout puts stages on
-// pipeline ranks. Empty stage_of_unit = balance units over the stages by cost.
+// place: which stage holds each unit, and which pipeline rank each stage.
+// Empty stage_of_unit = balance units over the stages by cost; empty
+// rank_of_stage = the schedule's own layout (loop, or V for dualpipev).
 struct PlaceDirective {
   int pp = 1;                      // pipeline ranks
   int virtual_stages = 1;          // model chunks per pipeline rank
   std::vector<int> stage_of_unit;  // indexed by unit
+  std::vector<int> rank_of_stage;  // indexed by stage: its pipeline rank
   bool operator==(const PlaceDirective&) const = default;
 };
 
@@ -53,11 +55,14 @@ enum class ScheduleKind : uint8_t { SCHEDULE_GPIPE, SCHEDULE_1F1B, SCHEDULE_INTE
 
 // order: the schedule, emitted as ordering edges per rank. Either a named
 // schedule function, or a hand-written order: custom[r] lists pipeline rank
-// r's ops, each rank holding `chunks` model chunks in the loop layout (chunk c
-// of rank r is stage c * pp + r). A custom order replaces the schedule, and
-// `schedule` is then left at its default.
+// r's ops, each rank holding `chunks` model chunks (chunk c of rank r is the
+// c-th stage place puts on r; the loop layout without place.rank_of_stage). A
+// custom order replaces the schedule, and `schedule` is then left at its
+// default. The ops of a group (PipeOp::grouped) run interleaved, a segment
+// each.
 struct OrderDirective {
   ScheduleKind schedule = ScheduleKind::SCHEDULE_1F1B;
+  bool pairs = false;                       // the named schedule's F&B pairs are groups
   std::vector<std::vector<PipeOp>> custom;  // empty: `schedule` orders the ops
   int chunks = 1;                           // of a custom order; equals place.virtual_stages
   bool operator==(const OrderDirective&) const = default;
@@ -93,16 +98,23 @@ Strategy expand(const config::Config& cfg, int world_size);
 
 // The directives as YAML text a user can copy into a config and edit: a
 // `directives:` list giving every field, so that it reads back (whatever the
-// config's `parallel:` section says) to the same Strategy; a custom order is
-// printed as `order: {ranks: [[...], ...]}`.
+// config's `parallel:` section says) to a Strategy with the same DAG. The
+// placement and the order are written out in full: `place: {..., ranks: [...]}`
+// and `order: {ranks: [[...], ...]}` with every rank's ops and groups, a named
+// schedule too (its name in a comment), so any schedule can be copied and
+// edited. Throws std::invalid_argument when the strategy has no schedule.
 std::string directives_yaml(const Strategy& s);
 
-// The PipeSchedule of a custom order (s.order.custom): loop layout, s.place.pp
-// ranks, s.order.chunks chunks per rank, s.split.microbatches microbatches.
+// The PipeSchedule of the strategy: its named schedule, or its custom order
+// (s.order.custom) with s.place.pp ranks, s.order.chunks chunks per rank and
+// s.split.microbatches microbatches, placed by s.place.rank_of_stage (the loop
+// layout when empty). Throws std::invalid_argument as make_schedule does, and
+// when a placement is not one (placement_problem) or a named schedule is given
+// a placement other than its own layout.
 // Throws std::invalid_argument naming the op and the rank when an op names a
 // microbatch or chunk that does not exist, an op repeats, or a backward is of
 // the wrong kind (B with split_backward, BI/BW without).
-PipeSchedule custom_schedule(const Strategy& s);
+PipeSchedule schedule_of(const Strategy& s);
 
 }  // namespace piper::ir
 

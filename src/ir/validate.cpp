@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/build.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/pipeline_schedules.hpp"
 #include "ir/placement.hpp"
@@ -23,12 +24,12 @@ std::string join(const std::vector<std::string>& parts) {
 std::string index(int i) { return "[" + std::to_string(i) + "]"; }
 
 // The named schedule's rules, or those of the hand-written order that replaces it.
-std::optional<std::string> order_rules(const config::EffectiveStrategy& e, const Strategy& s) {
+std::optional<std::string> order_rules(const config::EffectiveStrategy& e, const Strategy& s, const ModelGraph& model) {
   const config::Positions& at = e.positions;
   if (e.order_ranks.empty()) {
     const std::optional<ScheduleProblem> problem =
         schedule_problem(s.order.schedule, s.place.pp, static_cast<int>(e.parallel.virtual_stages),
-                         s.split.microbatches, s.split_backward);
+                         s.split.microbatches, s.split_backward, s.order.pairs);
     if (!problem) return std::nullopt;
     return at.head(problem->key) + ": " + problem->message + " (" + at.ref("parallel.schedule") + ")";
   }
@@ -38,10 +39,34 @@ std::optional<std::string> order_rules(const config::EffectiveStrategy& e, const
   // Only a split_backward the config sets forces split backwards: an order written with BI/BW splits them itself.
   const std::optional<OrderProblem> problem = order_problem(s.order.custom, s.place.pp, s.place.virtual_stages,
                                                             s.split.microbatches, e.parallel.split_backward, names);
-  if (!problem) return std::nullopt;
-  const std::string path =
-      e.order_path + (problem->rank >= 0 ? index(problem->rank) : "") + (problem->op >= 0 ? index(problem->op) : "");
-  return at.at(path) + ": " + problem->message;
+  auto at_op = [&](int rank, int op) {
+    return at.at(e.order_path + (rank >= 0 ? index(rank) : "") + (op >= 0 ? index(op) : ""));
+  };
+  if (problem) return at_op(problem->rank, problem->op) + ": " + problem->message;
+  // The rules the DAG decides: unit ranges within their stage, every unit pass run once, the ops of
+  // a group independent.
+  try {
+    build(model, s);
+  } catch (const OrderError& err) {
+    return at_op(err.rank, err.op) + ": " + err.detail;
+  } catch (const BuildError&) {
+    // Not a rule of the order: ir::compile reports it.
+  }
+  return std::nullopt;
+}
+
+// The stages' pipeline ranks a place directive gives: a placement, and a named schedule's own.
+std::optional<std::string> rank_rules(const config::EffectiveStrategy& e, const Strategy& s) {
+  if (e.rank_of_stage.empty()) return std::nullopt;
+  const std::string at = e.positions.at(e.ranks_path);
+  if (const std::string problem = placement_problem(s.place.rank_of_stage, s.place.pp); !problem.empty())
+    return at + ": " + problem + " (" + e.positions.ref("parallel.pp") + ")";
+  try {
+    schedule_of(s);
+  } catch (const std::invalid_argument& err) {
+    return at + ": " + err.what();
+  }
+  return std::nullopt;
 }
 
 // The stages a place directive gives against the pp x chunks per rank the schedule holds.
@@ -75,8 +100,10 @@ void validate(const config::Config& cfg, int world_size) {
                               join(known) + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
   }
   const Strategy s = expand(cfg, world_size);
-  if (std::optional<std::string> problem = order_rules(e, s)) throw config::ConfigError(*problem);
+  if (std::optional<std::string> problem = rank_rules(e, s)) throw config::ConfigError(*problem);
   if (std::optional<std::string> problem = stage_count_rule(e, s)) throw config::ConfigError(*problem);
+  if (std::optional<std::string> problem = order_rules(e, s, make_model_graph(cfg.model)))
+    throw config::ConfigError(*problem);
 }
 
 }  // namespace piper::ir

@@ -841,8 +841,9 @@ TEST(Printing, DirectivesYaml) {
   EXPECT_NE(y.find("directives:"), std::string::npos);
   EXPECT_NE(y.find("split: {microbatches: 4}"), std::string::npos) << y;
   EXPECT_NE(y.find("split_backward: true"), std::string::npos) << y;
-  EXPECT_NE(y.find("schedule: gpipe"), std::string::npos) << y;
-  EXPECT_NE(y.find("place: {pp: 1, virtual_stages: 1}"), std::string::npos) << y;  // no stage_of_unit: balanced
+  EXPECT_NE(y.find("order:  # gpipe, op by op\n      ranks:\n        - [F0, F1, F2, F3, BI0, BW0,"), std::string::npos)
+      << y;
+  EXPECT_NE(y.find("place: {pp: 1, virtual_stages: 1, ranks: [0]}"), std::string::npos) << y;  // no stage_of_unit: balanced
   EXPECT_NE(y.find("grid: {order: tp-dp-pp}"), std::string::npos) << y;
   Strategy t = strategy(3, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 4);
   t.replicate.dp = 2;
@@ -851,8 +852,10 @@ TEST(Printing, DirectivesYaml) {
   std::printf("%s", y.c_str());
   EXPECT_NE(y.find("microbatches: 3"), std::string::npos) << y;
   EXPECT_NE(y.find("split_backward: false"), std::string::npos) << y;  // every field, to read back alike
-  EXPECT_NE(y.find("schedule: 1f1b"), std::string::npos) << y;
-  EXPECT_NE(y.find("place: {pp: 4, virtual_stages: 1, stage_of_unit: [0, 0, 0, 1, 1, 1, 1]}"), std::string::npos) << y;
+  EXPECT_NE(y.find("# 1f1b, op by op"), std::string::npos) << y;
+  EXPECT_NE(y.find("place: {pp: 4, virtual_stages: 1, stage_of_unit: [0, 0, 0, 1, 1, 1, 1], ranks: [0, 1, 2, 3]}"),
+            std::string::npos)
+      << y;
   EXPECT_NE(y.find("replicate: {dp: 2, shard_grads: true, shard_params: false, shard_optimizer: true, bucket_mb: 25}"),
             std::string::npos)
       << y;

@@ -133,7 +133,7 @@ TEST(PipeSchedule, StageLayouts) {
   EXPECT_EQ(il.chunk_of(9), 2);
   // V: rank r holds stage r and stage 2p-1-r; rank 0 the first and the last, the last rank the middle two
   const PipeSchedule v = make_schedule(DUALPIPEV, 4, 2, 8, true);
-  EXPECT_EQ(v.layout, StageLayout::STAGE_LAYOUT_V);
+  EXPECT_EQ(v.rank_of_stage, (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
   EXPECT_EQ(v.stages(), 8);
   EXPECT_EQ(v.stage_of(0, 0), 0);
   EXPECT_EQ(v.stage_of(0, 1), 7);
@@ -316,6 +316,7 @@ PipeSchedule hand_written(int ranks, int m, std::vector<std::vector<PipeOp>> ops
   PipeSchedule s;
   s.ranks = ranks;
   s.microbatches = m;
+  s.rank_of_stage = loop_placement(ranks, 1);
   s.ops = std::move(ops);
   return s;
 }
