@@ -64,7 +64,8 @@ std::optional<std::string> rank_rules(const config::EffectiveStrategy& e, const 
   try {
     schedule_of(s);
   } catch (const std::invalid_argument& err) {
-    return at + ": " + err.what();
+    const std::string what = err.what(), said = "place ranks: ";  // the position names the key already
+    return at + ": " + (what.rfind(said, 0) == 0 ? what.substr(said.size()) : what);
   }
   return std::nullopt;
 }

@@ -90,7 +90,20 @@ INSTANTIATE_TEST_SUITE_P(
                  {"the schedule can deadlock", "BWD head mb0 on rank 1", "waits on a cycle"}},
         // rank 0 leaves out microbatch 3
         BadOrder{"missing_microbatch", "F0, F1, B0, F2, B1, B2", k1f1bRank1,
-                 {"the schedule of rank 0 misses FWD embed mb3 on rank 0"}},
+                 {"order.yaml:18:11: directives[2].order.ranks[0]: no op runs F of embed (unit 0, stage 0) for "
+                  "microbatch 3; add F3"}},
+        // a group whose second op needs the first: the ops of a group run at once
+        BadOrder{"group_with_a_dependency", k1f1bRank0, "[F0, B0], F1, B1, F2, B2, F3, B3",
+                 {"order.yaml:19:17: directives[2].order.ranks[1][1]", "the group [F0, B0] runs B0, which needs F0",
+                  "must be independent"}},
+        // a unit range outside the op's stage (stage 0 holds units 0..2: embed, layers.0-1)
+        BadOrder{"unit_range_outside_its_stage", "F0/0-4, F1, B0, F2, B1, F3, B2, B3", k1f1bRank1,
+                 {"order.yaml:18:12: directives[2].order.ranks[0][0]", "F0/0-4 names units 0..4, but its stage 0 "
+                  "holds units 0..2"}},
+        // two unit ranges that overlap
+        BadOrder{"unit_ranges_overlap", "F0/0-1, F0/1-2, F1, B0, F2, B1, F3, B2, B3", k1f1bRank1,
+                 {"directives[2].order.ranks[0][1]", "runs F of layers.0 for microbatch 0, which op 0 of the rank "
+                  "runs already"}},
         // a microbatch that does not exist
         BadOrder{"nonexistent_microbatch", "F0, F1, B0, F2, B1, F9, B2, B3", k1f1bRank1,
                  {"order.yaml:18:32", "directives[2].order.ranks[0][5]", "rank 0 runs F9",
@@ -113,6 +126,36 @@ INSTANTIATE_TEST_SUITE_P(
         BadOrder{"op_without_microbatch", "F0, F1, B0, F, B1, F3, B2, B3", k1f1bRank1,
                  {"order.yaml:18:24", "'F' names no microbatch"}}),
     [](const ::testing::TestParamInfo<BadOrder>& p) { return std::string(p.param.name); });
+
+// Placements that are not one, each refused at the place directive's ranks.
+TEST(Directives, BadPlacementsAreRefusedAtTheirRanks) {
+  struct Case {
+    const char* name;
+    std::string place, order;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"rank_without_a_stage", "  - place: {pp: 2, ranks: [0, 0]}\n", ranks(k1f1bRank0, k1f1bRank1),
+       {"order.yaml:15:20: directives[1].place.ranks", "pipeline rank 1 holds no stage"}},
+      {"rank_out_of_range", "  - place: {pp: 2, ranks: [0, 2]}\n", ranks(k1f1bRank0, k1f1bRank1),
+       {"directives[1].place.ranks", "stage 1 is placed on pipeline rank 2, but there are 2 pipeline ranks"}},
+      {"unequal_chunks", "  - place: {pp: 2, ranks: [0, 1, 1]}\n", ranks(k1f1bRank0, k1f1bRank1),
+       {"directives[1].place.ranks", "rank 0 holds 1 stage(s) but rank 1 holds 2"}},
+      {"named_schedule_elsewhere", "  - place: {pp: 2, ranks: [1, 0]}\n", "  - order: {schedule: 1f1b}\n",
+       {"directives[1].place.ranks", "1f1b orders its ops for its own layout, stages on ranks [0, 1]",
+        "order: {ranks: ...}"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TempDir tmp(std::string("placement-") + c.name);
+    const std::string cfg =
+        tmp.write("order.yaml", kModel + "directives:\n  - split: {microbatches: 4}\n" + c.place + c.order);
+    auto r = run(piper() + " plan " + cfg + " --world 2");
+    std::printf("[ placement ] %s -> exit %d: %s", c.name, r.code, r.output.c_str());
+    EXPECT_EQ(r.code, 2) << r.output;
+    for (const auto& s : c.expect) EXPECT_NE(r.output.find(s), std::string::npos) << "missing '" << s << "'";
+  }
+}
 
 // A hand-written 1F1B prints exactly what `schedule: 1f1b` prints: same DAG, same plan hash, same
 // instruction sequence on every rank.
@@ -161,6 +204,11 @@ TEST(Directives, PrintedDirectivesGiveTheSamePlanHash) {
       {"tp", kModel, 2, "--set parallel.tp=2"},
       {"custom_1f1b", two_stages(ranks(k1f1bRank0, k1f1bRank1)), 2, ""},
       {"custom_zero_bubble", custom_zb, 2, ""},
+      {"dualpipev_pairs", kModel, 2,
+       "--set parallel.pp=2 --set parallel.microbatches=4 --set parallel.schedule=dualpipev --set parallel.pairs=true"},
+      {"tp_pairs", kModel, 2, "--set parallel.tp=2 --set parallel.microbatches=2 --set parallel.pairs=true"},
+      {"custom_groups_and_units",
+       two_stages(ranks("F0, F1, [F2/0-1, B0], F2/2, B1, F3, B2, B3", "F0, B0, F1, B1, F2, B2, F3, B3")), 2, ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

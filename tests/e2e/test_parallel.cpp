@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 
 #include "e2e/e2e_util.hpp"
@@ -20,9 +22,9 @@ std::string mpirun(int np) {
   return "mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(np) + " ";
 }
 
-std::string train_args(const std::string& sets) {
-  return " train " + source("config/tiny.yaml") + " --quiet --set data.path=" + corpus() +
-         " --set train.steps=" + std::to_string(kSteps) + " --set train.threads=1 " + sets;
+std::string train_args(const std::string& config, const std::string& sets) {
+  return " train " + config + " --quiet --set data.path=" + corpus() + " --set train.steps=" + std::to_string(kSteps) +
+         " --set train.threads=1 " + sets;
 }
 
 struct TrainRun {
@@ -30,8 +32,16 @@ struct TrainRun {
   std::map<std::string, std::vector<float>> params;
 };
 
-TrainRun train(const TempDir& tmp, const std::string& tag, int np, const std::string& sets) {
-  const std::string cmd = (np > 1 ? mpirun(np) : std::string()) + piper() + train_args(sets) + " --metrics " +
+// Trains config/tiny.yaml, with `directives` (a `directives:` section) appended when given.
+TrainRun train(const TempDir& tmp, const std::string& tag, int np, const std::string& sets,
+               const std::string& directives = "") {
+  std::string config = source("config/tiny.yaml");
+  if (!directives.empty()) {
+    std::ifstream f(config);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    config = tmp.write(tag + ".yaml", text + directives);
+  }
+  const std::string cmd = (np > 1 ? mpirun(np) : std::string()) + piper() + train_args(config, sets) + " --metrics " +
                           tmp.file(tag + ".jsonl") + " --dump-final " + tmp.file(tag + ".prm");
   auto r = run(cmd);
   EXPECT_EQ(r.code, 0) << cmd << "\n" << r.output;
@@ -80,7 +90,32 @@ struct ParStrategy {
   const char* name;
   int np;
   const char* sets;
+  const char* directives = "";  // appended to config/tiny.yaml
 };
+
+// DualPipeV with pairs for 2 ranks and 4 microbatches written by hand: the V placement and the
+// order `piper plan --directives` prints for it.
+constexpr const char* kDualPipeVByHand =
+    "directives:\n"
+    "  - split: {microbatches: 4}\n"
+    "  - place: {pp: 2, ranks: [0, 1, 1, 0]}\n"
+    "  - order:\n"
+    "      ranks:\n"
+    "        - [F0.0, F1.0, F2.0, F0.1, BI0.1, BW0.1, F1.1, [F3.0, BI1.1], BW1.1, [F2.1, BI0.0], BW0.0, BI2.1, BW2.1,"
+    " [F3.1, BI1.0], BW1.0, BI3.1, BW3.1, BI2.0, BW2.0, BI3.0, BW3.0]\n"
+    "        - [F0.0, F0.1, F1.0, F1.1, [F2.0, BI0.1], BW0.1, [F2.1, BI0.0], BW0.0, [F3.0, BI1.1], BW1.1,"
+    " [F3.1, BI1.0], BW1.0, BI2.1, BW2.1, BI2.0, BW2.0, BI3.1, BI3.0, BW3.1, BW3.0]\n";
+
+// Stage 0 on pipeline rank 1 and stage 1 on rank 0; rank 1 runs 1F1B's first rank, with pairs of
+// unit ranges (units 0..6: embed, layers.0-4, head; stage 0 holds 0..3).
+constexpr const char* kReversedPlacement =
+    "directives:\n"
+    "  - split: {microbatches: 4}\n"
+    "  - place: {pp: 2, stage_of_unit: [0, 0, 0, 0, 1, 1, 1], ranks: [1, 0]}\n"
+    "  - order:\n"
+    "      ranks:\n"
+    "        - [F0, B0, F1, B1, F2, B2, F3, B3]\n"
+    "        - [F0, F1, [F2/0-1, B0/2-3], [F2/2-3, B0/0-1], B1, F3, B2, B3]\n";
 
 void PrintTo(const ParStrategy& s, std::ostream* os) { *os << s.name; }
 
@@ -89,7 +124,7 @@ class Parity : public ::testing::TestWithParam<ParStrategy> {};
 TEST_P(Parity, MatchesSingleRank) {
   const ParStrategy& s = GetParam();
   TempDir tmp(std::string("parity-") + s.name);
-  const TrainRun got = train(tmp, "run", s.np, s.sets);
+  const TrainRun got = train(tmp, "run", s.np, s.sets, s.directives);
   const Compare c = compare(got, reference());
   std::printf("[ parity ] %-28s np %d: worst loss rel err %.2e, worst param rel err %.2e (%s) (tol %.0e)\n", s.name,
               s.np, c.loss, c.param, c.worst.c_str(), kTol);
@@ -136,7 +171,22 @@ INSTANTIATE_TEST_SUITE_P(
                     "--set parallel.tp=2 --set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=2 "
                     "--set parallel.microbatches=2"},
         ParStrategy{"pp2_dp2_grid_pp_first", 4,
-                 "--set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=2 --set parallel.order=pp-dp-tp"}),
+                 "--set parallel.dp=2 --set parallel.pp=2 --set parallel.microbatches=2 --set parallel.order=pp-dp-tp"},
+        ParStrategy{"pp2_dualpipev_pairs", 2,
+                    "--set parallel.pp=2 --set parallel.schedule=dualpipev --set parallel.microbatches=4 "
+                    "--set parallel.pairs=true"},
+        ParStrategy{"tp2_pp2_dualpipev_pairs", 4,
+                    "--set parallel.tp=2 --set parallel.pp=2 --set parallel.schedule=dualpipev "
+                    "--set parallel.microbatches=4 --set parallel.pairs=true"},
+        ParStrategy{"dp2_pp2_zero2_dualpipev_pairs", 4,
+                    "--set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=2 --set parallel.schedule=dualpipev "
+                    "--set parallel.microbatches=4 --set parallel.pairs=true"},
+        ParStrategy{"dp2_pp2_zero3_dualpipev_pairs", 4,
+                    "--set parallel.dp=2 --set parallel.pp=2 --set parallel.zero=3 --set parallel.schedule=dualpipev "
+                    "--set parallel.microbatches=4 --set parallel.pairs=true"},
+        ParStrategy{"tp2_1f1b_pairs", 2, "--set parallel.tp=2 --set parallel.microbatches=4 --set parallel.pairs=true"},
+        ParStrategy{"pp2_dualpipev_by_hand", 2, "", kDualPipeVByHand},
+        ParStrategy{"pp2_reversed_placement_unit_pairs", 2, "", kReversedPlacement}),
     [](const ::testing::TestParamInfo<ParStrategy>& p) { return std::string(p.param.name); });
 
 // One strategy twice: the same bits.
