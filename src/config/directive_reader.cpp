@@ -356,8 +356,8 @@ bool Reader::read_ranks(Directive& d, const YAML::Node& v, const std::string& pa
           continue;
         }
         if (rv[q].size() < 2) {
-          fail(where(source_, rv[q].Mark()) + ": " + qpath + ": a group runs two or more ops interleaved ([F3, B1]); found " +
-               describe(rv[q]));
+          fail(where(source_, rv[q].Mark()) + ": " + qpath + ": a group runs two or more ops interleaved ([F3, B1]); found a group of " +
+               std::to_string(rv[q].size()) + " op");
           ok = false;
           continue;
         }

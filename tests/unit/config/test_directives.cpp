@@ -170,6 +170,66 @@ TEST(Directives, HandWrittenOrders) {
   EXPECT_TRUE(effective_strategy(d).order_ranks.empty());
 }
 
+// Unit ranges, groups, explicit stage ranks and schedule pairs.
+TEST(Directives, GroupsUnitRangesPlacementAndPairs) {
+  Config c = parse(kModel +
+                       "directives:\n"
+                       "  - split: {microbatches: 4}\n"
+                       "  - place: {pp: 2, ranks: [1, 0]}\n"
+                       "  - order:\n"
+                       "      ranks:\n"
+                       "        - [F0, B0, F1, B1, F2, B2, F3, B3]\n"
+                       "        - [F0, F1/0-1, F1/2, [F2, B0/2-3, BI1.1/4], B1, F3, B2, B3]\n",
+                   "g.yaml");
+  const auto& ranks = *c.directives.list[2].ranks;
+  ASSERT_EQ(ranks[1].size(), 10u);
+  EXPECT_EQ(ranks[1][1], (OrderOp{"F", 1, 0, 0, 1, false}));
+  EXPECT_EQ(ranks[1][2], (OrderOp{"F", 1, 0, 2, 2, false}));
+  EXPECT_EQ(ranks[1][3], (OrderOp{"F", 2, 0, -1, -1, false}));  // a group's first op
+  EXPECT_EQ(ranks[1][4], (OrderOp{"B", 0, 0, 2, 3, true}));
+  EXPECT_EQ(ranks[1][5], (OrderOp{"BI", 1, 1, 4, 4, true}));
+  EXPECT_FALSE(ranks[1][6].grouped);
+  EXPECT_EQ(ranks[1][4].name(false), "B0/2-3");
+  EXPECT_EQ(ranks[1][5].name(true), "BI1.1/4");
+  EXPECT_EQ(c.locations.at("directives[2].order.ranks[1][4]"), "g.yaml:15:35");
+  EXPECT_EQ(*c.directives.list[1].rank_of_stage, (std::vector<int64_t>{1, 0}));
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_EQ(e.rank_of_stage, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(e.ranks_path, "directives[1].place.ranks");
+  // Written back, groups keep their brackets.
+  const Config back = parse(to_yaml(c), "back.yaml");
+  EXPECT_EQ(back.directives, c.directives) << to_yaml(c);
+  EXPECT_NE(to_yaml(c).find("[F0.0, F1.0/0-1, F1.0/2, [F2.0, B0.0/2-3, BI1.1/4], B1.0, F3.0, B2.0, B3.0]"), std::string::npos)
+      << to_yaml(c);
+  // pairs: the shorthand and the order directive.
+  EXPECT_TRUE(parse(kModel + "parallel:\n  pairs: true\n", "p.yaml").parallel.pairs);
+  const Config o = parse(kModel + "directives:\n  - order: {schedule: dualpipev, pairs: true}\n", "o.yaml");
+  EXPECT_TRUE(effective_strategy(o).parallel.pairs);
+  EXPECT_EQ(effective_strategy(o).positions.shown("parallel.pairs"), "directives[0].order.pairs");
+}
+
+TEST(Directives, BadGroupsAndUnitRanges) {
+  struct Case {
+    std::string order;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"[[F0], B0]", {"d.yaml:10:22: directives[0].order.ranks[0][0]", "a group runs two or more ops", "found a group of 1 op"}},
+      {"[F0/3-1, B0]", {"directives[0].order.ranks[0][0]", "the unit range runs backwards; write 1-3"}},
+      {"[F0/, B0]", {"names no unit after '/'"}},
+      {"[F0/1-, B0]", {"names no last unit after '-'"}},
+      {"[[F0, {a: 1}], B0]", {"directives[0].order.ranks[0][0][1]", "expected an op"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.order);
+    const std::string m = message_of(kModel + "directives:\n  - order: {ranks: [" + c.order + "]}\n", 1);
+    for (const std::string& want : c.expect) EXPECT_NE(m.find(want), std::string::npos) << m;
+  }
+  const std::string both =
+      message_of(kModel + "directives:\n  - order: {pairs: true, ranks: [[F0, B0]]}\n", 1);
+  EXPECT_NE(both.find("give pairs or ranks, not both"), std::string::npos) << both;
+}
+
 TEST(Directives, RoundTripThroughToYaml) {
   const std::string text = kModel +
                            "directives:\n"

@@ -251,4 +251,81 @@ TEST(CustomOrder, VerifierRejectsDeadlocksAndMissingWork) {
 }
 
 }  // namespace
+
+// The compute nodes of one rank in the order its ordering edges chain them.
+std::vector<int> chain(const Graph& g, int rank) {
+  std::vector<int> next(g.nodes().size(), -1), prev(g.nodes().size(), -1);
+  for (const Edge& e : g.edges())
+    if (e.kind == EdgeKind::EDGE_ORDER && g.node(e.src).devices.front() == rank) next[e.src] = e.dst, prev[e.dst] = e.src;
+  std::vector<int> out;
+  for (const Node& n : g.nodes())
+    if (n.devices.front() == rank && next[n.id] >= 0 && prev[n.id] < 0)
+      for (int v = n.id; v >= 0; v = next[v]) out.push_back(v);
+  return out;
+}
+
+// A group runs its ops' segments in turn: with tp 2 at pp 1, [F1, B0] alternates a segment of F1
+// with one of B0, so each one's all-reduce is in flight while the other computes.
+TEST(Groups, OpsOfAGroupRunTheirSegmentsInTurn) {
+  const ModelGraph mg = make_model_graph(config::parse(kModelYaml, "m.yaml").model);
+  Strategy s;
+  s.world_size = 2;
+  s.shard.tp = 2;
+  s.split.microbatches = 2;
+  s.order.pairs = true;
+  s.microbatch_rows = 64;
+  s.activation_bytes = 64 * 64 * 4;
+  const Graph g = build(mg, s);
+  ASSERT_NO_THROW(verify(g, mg));
+  const std::vector<int> order = chain(g, 0);
+  // F0 alone, then the group: F1 and B0 take turns until F1 runs out.
+  size_t i = 0;
+  while (i < order.size() && g.node(order[i]).tags.microbatch == 0 && g.node(order[i]).kind == NodeKind::FWD) ++i;
+  int f1 = 0, b0 = 0, turns = 0;
+  for (bool f_turn = true; i < order.size(); ++i, f_turn = !f_turn) {
+    const Node& n = g.node(order[i]);
+    if (n.kind == NodeKind::UPD || n.kind == NodeKind::NORM) break;
+    const bool is_f1 = n.kind == NodeKind::FWD && n.tags.microbatch == 1;
+    const bool is_b0 = n.kind == NodeKind::BWD && n.tags.microbatch == 0;
+    if (!is_f1 && !is_b0) break;
+    if (is_f1 != f_turn) break;
+    f1 += is_f1, b0 += is_b0, ++turns;
+  }
+  int f1_nodes = 0;
+  for (const Node& n : g.nodes()) f1_nodes += n.kind == NodeKind::FWD && n.tags.microbatch == 1;
+  std::printf("group [F1, B0]: %d turns alternate (F1 %d of %d segments, B0 %d)\n", turns, f1, f1_nodes, b0);
+  EXPECT_EQ(f1, f1_nodes);  // every F1 segment ran in turn with a B0 segment
+  EXPECT_GE(b0, f1_nodes - 1);  // and B0, which has the same number, then runs its last alone
+  // Without pairs no forward runs ahead: B0 follows F0.
+  s.order.pairs = false;
+  const Graph plain = build(mg, s);
+  const std::vector<int> flat = chain(plain, 0);
+  EXPECT_EQ(plain.node(flat[static_cast<size_t>(f1_nodes)]).kind, NodeKind::BWD);
+  EXPECT_EQ(plain.node(flat[static_cast<size_t>(f1_nodes)]).tags.microbatch, 0);
+}
+
+// An explicit placement that is not a loop: stage 1 on rank 2 and stage 2 on rank 1, so sends go
+// from rank 0 to rank 2, back to rank 1; the order by hand follows it.
+TEST(Placement, NonLoopPlacementBuildsAndVerifies) {
+  const ModelGraph mg = make_model_graph(config::parse(kModelYaml, "m.yaml").model);
+  Strategy s;
+  s.world_size = 3;
+  s.split.microbatches = 2;
+  s.place.pp = 3;
+  s.place.rank_of_stage = {0, 2, 1};
+  s.order.custom = {{{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}},
+                    {{F, 0, 0}, {B, 0, 0}, {F, 1, 0}, {B, 1, 0}},
+                    {{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}}};
+  const Graph g = build(mg, s);
+  ASSERT_NO_THROW(verify(g, mg));
+  for (const Node& n : g.nodes())
+    if (n.kind == NodeKind::FWD) EXPECT_EQ(n.devices.front(), std::vector<int>({0, 2, 1})[static_cast<size_t>(n.tags.stage)]);
+  bool zero_to_two = false;
+  for (const Node& n : g.nodes())
+    zero_to_two |= n.kind == NodeKind::SEND && n.devices.front() == 0 && n.peers.front() == 2;
+  EXPECT_TRUE(zero_to_two);
+  s.place.rank_of_stage = {0, 0, 1};
+  EXPECT_NE(build_error(s).find("pipeline rank 2 holds no stage"), std::string::npos) << build_error(s);
+}
+
 }  // namespace piper::ir

@@ -392,3 +392,79 @@ TEST(PipeRender, DocsShowThePlayedTimelines) {
 
 }  // namespace
 }  // namespace piper::ir
+
+// ---- pairs --------------------------------------------------------------------------------------
+
+namespace piper::ir {
+namespace {
+
+// DualPipeV's steady phase: each F&B pair of its steps 4 and 5 is a group [F, BI] of two
+// microbatches; without pairs the same ops run one after the other.
+TEST(SchedulePairs, DualPipeVGroupsTheForwardBackwardPairsOfItsSteadyPhase) {
+  const int p = 4, m = 10;
+  const PipeSchedule plain = make_schedule(DUALPIPEV, p, 2, m, true, false);
+  const PipeSchedule paired = make_schedule(DUALPIPEV, p, 2, m, true, true);
+  for (int r = 0; r < p; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const auto& ops = paired.ops[static_cast<size_t>(r)];
+    ASSERT_EQ(ops.size(), plain.ops[static_cast<size_t>(r)].size());
+    int groups = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      PipeOp flat = ops[i];
+      flat.grouped = false;
+      EXPECT_EQ(flat, plain.ops[static_cast<size_t>(r)][i]);
+      if (!ops[i].grouped) continue;
+      ++groups;
+      ASSERT_GT(i, 0u);
+      EXPECT_EQ(ops[i].pass, BI);
+      EXPECT_EQ(ops[i - 1].pass, F);
+      EXPECT_FALSE(ops[i - 1].grouped);
+      EXPECT_NE(ops[i].microbatch == ops[i - 1].microbatch, ops[i].chunk != ops[i - 1].chunk)
+          << "a pair of one microbatch and chunk";
+    }
+    EXPECT_EQ(groups, 2 * (m - 2 * p + r + 1) + (p - r - 1));  // step 4: two pairs each; step 5: one
+  }
+}
+
+// Without pipeline parallelism F(i+1) pairs with B(i): one forward runs ahead.
+TEST(SchedulePairs, OneFOneBAtOneRankPairsTheNextForwardWithTheBackward) {
+  const PipeSchedule s = make_schedule(ONE_F_ONE_B, 1, 1, 4, false, true);
+  EXPECT_EQ(pipe_ops_text(s.ops[0], 1), "F0, [F1, B0], [F2, B1], [F3, B2], B3");
+  const PipeSchedule z = make_schedule(ZBH1, 1, 1, 3, true, true);
+  EXPECT_EQ(pipe_ops_text(z.ops[0], 1), "F0, [F1, BI0], BW0, [F2, BI1], BW1, BI2, BW2");
+  EXPECT_EQ(pipe_ops_text(make_schedule(ONE_F_ONE_B, 1, 1, 4, false, false).ops[0], 1), "F0, B0, F1, B1, F2, B2, F3, B3");
+}
+
+TEST(SchedulePairs, RefusedWhereAPairWouldHoldTheForwardBack) {
+  const auto pp2 = schedule_problem(ONE_F_ONE_B, 2, 1, 4, false, true);
+  ASSERT_TRUE(pp2.has_value());
+  EXPECT_EQ(pp2->key, "parallel.pairs");
+  EXPECT_NE(pp2->message.find("1f1b pairs F(i+1) with B(i) only without pipeline parallelism (pp 1, got 2)"),
+            std::string::npos)
+      << pp2->message;
+  EXPECT_NE(pp2->message.find("pair with dualpipev"), std::string::npos) << pp2->message;
+  const auto gpipe = schedule_problem(GPIPE, 1, 1, 4, false, true);
+  ASSERT_TRUE(gpipe.has_value());
+  EXPECT_NE(gpipe->message.find("gpipe runs every forward before every backward"), std::string::npos);
+  EXPECT_FALSE(schedule_problem(DUALPIPEV, 2, 2, 4, true, true).has_value());
+  EXPECT_FALSE(schedule_problem(INTERLEAVED, 1, 2, 4, false, true).has_value());
+}
+
+TEST(SchedulePlacement, ProblemsOfAPlacement) {
+  EXPECT_EQ(placement_problem({0, 1, 1, 0}, 2), "");
+  EXPECT_EQ(placement_problem({0, 0}, 2), "pipeline rank 1 holds no stage; place at least one stage on every rank");
+  EXPECT_EQ(placement_problem({0, 3}, 2), "stage 1 is placed on pipeline rank 3, but there are 2 pipeline ranks (0..1)");
+  EXPECT_EQ(placement_problem({0, 1, 1}, 2),
+            "pipeline rank 0 holds 1 stage(s) but rank 1 holds 2; every rank holds the same number of stages (its "
+            "model chunks)");
+  PipeSchedule s;
+  s.ranks = 3;
+  s.chunks = 1;
+  s.rank_of_stage = {0, 2, 1};
+  EXPECT_EQ(s.stage_of(2, 0), 1);
+  EXPECT_EQ(s.rank_of(2), 1);
+  EXPECT_EQ(s.chunk_of(1), 0);
+}
+
+}  // namespace
+}  // namespace piper::ir
