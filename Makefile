@@ -44,6 +44,7 @@ bench: deps build corpus
 	@scripts/bench-parallel.sh $(BUILD)
 	@scripts/bench-checkpoint.sh $(BUILD)
 	@bench/sim_accuracy.py $(BUILD)
+	@bench/schedules.py $(BUILD)
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
