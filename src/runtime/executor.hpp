@@ -64,6 +64,7 @@ class Executor : private ir::PlayHost {
   void run(size_t i) override;
 
   void run_segment(const ir::Instr& in);
+  void recompute(const ir::Instr& in);
   void norm_squares();
   void finish_norm();
   void update(int unit);
@@ -84,6 +85,7 @@ class Executor : private ir::PlayHost {
   int last_unit_ = 0;
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
+  std::map<Key, ir::Recompute> recomputed_;  // the program's RECOMPs: the unit drops that state after its forward
   double norm_sq_ = 0.0;   // NORM: this rank's sum of squares, then (all-reduced) the world's
   bool norm_ready_ = false;
 
