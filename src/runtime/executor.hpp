@@ -1,6 +1,6 @@
 // executor.hpp — runs a rank's Program for one training step: plays it by
 // ir::Player's rules, with real compute and communicators. Compute
-// instructions (segments of FWD / BWD / BWD_I / BWD_W, NORM, UPD) go to the
+// instructions (segments of FWD / BWD / BWD_I / BWD_W, RECOMP, NORM, UPD) go to the
 // model's units and the optimiser; communication instructions (SEND / RECV,
 // data-parallel buckets, ZeRO gathers, tensor-parallel collectives between
 // segments, the norm's all-reduce) are issued non-blocking on the
