@@ -177,6 +177,7 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
   };
   if (d.stage_of_unit && d.stages) both("stage_of_unit", "stages", "both say which stage holds each unit");
   if (d.schedule && d.ranks) both("schedule", "ranks", "ranks is a hand-written schedule");
+  if (d.kind == DirectiveKind::RECOMPUTE) cfg_.locations[base] = at;  // messages about what it selects point here
   if (d.kind == DirectiveKind::RECOMPUTE && !d.mode && ok) {
     fail(at + ": " + base + ": a recompute directive needs its mode: key (mode: full, for one)");
     ok = false;

@@ -169,18 +169,28 @@ struct Builder {
     return r;
   }
 
+  // A Strategy made in code may ask for what cannot be recomputed.
+  void check_recompute() const {
+    if (!strategy.recompute.empty() && static_cast<int>(strategy.recompute.size()) != n_units)
+      throw BuildError("recompute: lists " + std::to_string(strategy.recompute.size()) + " units, the model has " +
+                       std::to_string(n_units));
+    for (int u = 0; u < n_units; ++u) {
+      const Recompute mode = strategy.recompute_of(u);
+      const UnitSpec& us = model.units[static_cast<size_t>(u)];
+      if (mode != Recompute::RECOMPUTE_NONE && us.block < 0)
+        throw BuildError("recompute: unit " + unit_description(us) + " has recompute " + recompute_name(mode) +
+                         ", but the embedding and the head are never recomputed; give it none");
+      if (mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(us.kind))
+        throw BuildError("recompute: unit " + unit_description(us) +
+                         " is selectively recomputed, but its mixer has no inner activations; use full or none");
+    }
+  }
+
   // recompute: unit u's saved state for microbatch mb, dropped after its forward, computed again
   // from the input activation (received from `input`) before the backward. Local: no collective.
   void add_recompute(int u, int mb, int input) {
     const Recompute mode = strategy.recompute_of(u);
     if (mode == Recompute::RECOMPUTE_NONE) return;
-    const UnitSpec& us = model.units[static_cast<size_t>(u)];
-    if (us.block < 0)
-      throw BuildError("recompute: unit " + unit_description(us) + " has recompute " + recompute_name(mode) +
-                       ", but the embedding and the head are never recomputed; give it none");
-    if (mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(us.kind))
-      throw BuildError("recompute: unit " + unit_description(us) +
-                       " is selectively recomputed, but its mixer has no inner activations; use full or none");
     Node n = compute_node(NodeKind::RECOMP, Pass::PASS_R, u, mb);
     n.recompute = mode;
     const int id = g.add_node(n);
@@ -196,6 +206,7 @@ struct Builder {
       return std::vector<std::vector<PassNodes>>(static_cast<size_t>(n_units), std::vector<PassNodes>(static_cast<size_t>(n_mb)));
     };
     fwd = table(), bwd = table(), bwd_i = table(), bwd_w = table();
+    check_recompute();
     recomp.assign(static_cast<size_t>(n_units), std::vector<int>(static_cast<size_t>(n_mb), -1));
     for (int mb = 0; mb < n_mb; ++mb) {
       for (int u = 0; u < n_units; ++u) {

@@ -30,7 +30,7 @@ config::Config parse(const std::string& yaml) { return config::parse(kModel + ya
 
 std::vector<Recompute> recompute_of(const std::string& yaml, int world = 1) {
   const config::Config c = parse(yaml);
-  validate(c, world);
+  ir::validate(c, world);
   return expand(c, world).recompute;
 }
 
@@ -54,7 +54,7 @@ TEST(Recompute, DirectivesApplyInOrderOverTheirFilters) {
             (std::vector<Recompute>{N, F, N, N, F, N, N}));
   // stage: the placement's stages, balanced when no place directive gives them.
   const config::Config c = parse("parallel:\n  pp: 2\ndirectives:\n  - recompute: {mode: full, stage: 0}\n");
-  validate(c, 2);
+  ir::validate(c, 2);
   const Strategy s = expand(c, 2);
   ASSERT_EQ(s.place.stage_of_unit.size(), 7u);  // complete: the balance is in the Strategy
   for (size_t u = 1; u + 1 < 7; ++u)
@@ -94,26 +94,26 @@ const std::vector<Refusal> kRefusals = {
      {"d.yaml:10:3: parallel.recompute=\"ful\": unknown recompute mode 'ful'", "none, selective, full",
       "did you mean 'full'?"}},
     {"UnknownDirectiveMode", "directives:\n  - recompute: {mode: selctive}\n", 1,
-     {"d.yaml:10:18: directives[0].recompute.mode: unknown recompute mode 'selctive'", "did you mean 'selective'?"}},
+     {"d.yaml:10:17: directives[0].recompute.mode: unknown recompute mode 'selctive'", "did you mean 'selective'?"}},
     {"NoMode", "directives:\n  - recompute: {blocks: 1}\n", 1,
      {"d.yaml:10:5: directives[0].recompute: a recompute directive needs its mode: key"}},
     {"UnknownKey", "directives:\n  - recompute: {mode: full, block: 1}\n", 1,
-     {"d.yaml:10:30: directives[0].recompute: unknown key 'block'", "did you mean 'blocks'?"}},
+     {"d.yaml:10:29: directives[0].recompute: unknown key 'block'", "did you mean 'blocks'?"}},
     {"Embedding", "directives:\n  - recompute: {mode: full, kind: embed}\n", 1,
-     {"d.yaml:10:30: directives[0].recompute.kind: the embedding is never recomputed", "select blocks"}},
+     {"d.yaml:10:29: directives[0].recompute.kind: the embedding is never recomputed", "select blocks"}},
     {"Head", "directives:\n  - recompute: {mode: full, kind: [M, head]}\n", 1,
-     {"d.yaml:10:30: directives[0].recompute.kind: the head is never recomputed"}},
+     {"d.yaml:10:29: directives[0].recompute.kind: the head is never recomputed"}},
     {"NoSuchBlock", "directives:\n  - recompute: {mode: full, blocks: \"3-9\"}\n", 1,
-     {"d.yaml:10:30: directives[0].recompute.blocks: block 9 does not exist; the pattern \"M*-M-\" has blocks 0..4"}},
+     {"d.yaml:10:29: directives[0].recompute.blocks: block 9 does not exist; the pattern \"M*-M-\" has blocks 0..4"}},
     {"NoSuchStage", "parallel:\n  pp: 2\ndirectives:\n  - recompute: {mode: full, stage: 2}\n", 2,
-     {"d.yaml:12:30: directives[0].recompute.stage: stage 2 does not exist; the placement has stages 0..1"}},
+     {"d.yaml:12:29: directives[0].recompute.stage: stage 2 does not exist; the placement has stages 0..1"}},
     {"SelectsNothing", "directives:\n  - recompute: {mode: full, blocks: 2, kind: M}\n", 1,
      {"d.yaml:10:5: directives[0].recompute: selects no block of the pattern \"M*-M-\""}},
     {"SelectiveOverMlpOnly", "directives:\n  - recompute: {mode: selective, kind: \"-\"}\n", 1,
      {"d.yaml:10:5: directives[0].recompute: selective recomputation drops the inner activations",
       "use mode: full"}},
     {"NegativeStage", "directives:\n  - recompute: {mode: full, stage: -1}\n", 1,
-     {"d.yaml:10:37: directives[0].recompute.stage: stage indices start at 0; found -1"}},
+     {"d.yaml:10:36: directives[0].recompute.stage: stage indices start at 0; found -1"}},
 };
 
 class RecomputeRefusals : public ::testing::TestWithParam<Refusal> {};
@@ -122,7 +122,7 @@ TEST_P(RecomputeRefusals, NameTheKeyAndWhatWouldBeRight) {
   const Refusal& r = GetParam();
   std::string msg;
   try {
-    validate(parse(r.yaml), r.world);
+    ir::validate(parse(r.yaml), r.world);
   } catch (const config::ConfigError& e) {
     msg = e.what();
   }
@@ -132,14 +132,14 @@ TEST_P(RecomputeRefusals, NameTheKeyAndWhatWouldBeRight) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, RecomputeRefusals, ::testing::ValuesIn(kRefusals),
-                         [](const auto& info) { return std::string(info.param.name); });
+                         [](const auto& p) { return std::string(p.param.name); });
 
 // ---- the DAG -------------------------------------------------------------------------------------
 
 // With 2 Mamba groups, so that tp 2 splits them.
 Plan plan(const std::string& parallel, int world) {
   const config::Config c = config::parse(kModel + parallel, "d.yaml", {"model.n_groups=2"});
-  validate(c, world);
+  ir::validate(c, world);
   return compile(c, world);
 }
 
@@ -176,8 +176,8 @@ void expect_recomp_before_backward(const Plan& p) {
 }
 
 TEST(RecomputeDag, RecompRightBeforeTheBackwardInEverySchedule) {
-  for (const std::string& mode : {"selective", "full"})
-    for (const std::string& par : {"parallel:\n  microbatches: 2\n",
+  for (const std::string mode : {"selective", "full"})
+    for (const std::string par : {"parallel:\n  microbatches: 2\n",
                                    "parallel:\n  pp: 2\n  microbatches: 4\n  schedule: gpipe\n",
                                    "parallel:\n  pp: 2\n  microbatches: 4\n",
                                    "parallel:\n  pp: 2\n  microbatches: 4\n  schedule: zbh1\n",
@@ -280,13 +280,13 @@ TEST(RecomputeDirectivesYaml, ReadsBackToTheSameStrategy) {
     SCOPED_TRACE(yaml);
     const int world = yaml.find("pp: 2") != std::string::npos ? 2 : 1;
     const config::Config c = parse(yaml);
-    validate(c, world);
+    ir::validate(c, world);
     const Strategy s = expand(c, world);
     const std::string text = directives_yaml(s);
     std::printf("%s", text.c_str());
     // Under a shorthand that says otherwise.
     const config::Config back = parse("parallel:\n  recompute: selective\n" + text);
-    ASSERT_NO_THROW(validate(back, world)) << text;
+    ASSERT_NO_THROW(ir::validate(back, world)) << text;
     EXPECT_TRUE(expand(back, world) == s) << text;
     EXPECT_EQ(compile(back, world).hash, compile(c, world).hash) << text;
   }
