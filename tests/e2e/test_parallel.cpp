@@ -142,7 +142,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Activation recomputation: selective and full give the bits of the run without, at every
 // strategy, and lower the peak activation memory (the metrics' per-rank mem_bytes) in that order.
-class Recompute : public ::testing::TestWithParam<ParStrategy> {};
+// With a split backward (ZB-H1) the peak can lie where input halves have run and weight halves wait:
+// the state recomputed for BI stays until BW, in either mode, so there full is at most selective.
+struct RecomputeCase {
+  ParStrategy s;
+  bool split_backward;
+};
+
+void PrintTo(const RecomputeCase& c, std::ostream* os) { *os << c.s.name; }
+
+class Recompute : public ::testing::TestWithParam<RecomputeCase> {};
 
 double peak_activations(const TrainRun& r) {
   double worst = 0;  // the largest rank, over the steps
@@ -152,7 +161,7 @@ double peak_activations(const TrainRun& r) {
 }
 
 TEST_P(Recompute, BitIdenticalWithLowerPeakActivations) {
-  const ParStrategy& s = GetParam();
+  const ParStrategy& s = GetParam().s;
   TempDir tmp(std::string("recompute-") + s.name);
   const TrainRun none = train(tmp, "none", s.np, s.sets);
   double peak[3] = {peak_activations(none), 0, 0};
@@ -175,17 +184,19 @@ TEST_P(Recompute, BitIdenticalWithLowerPeakActivations) {
   std::printf("[ recompute ] %-10s peak activations: none %.0f, selective %.0f, full %.0f bytes\n", s.name, peak[0],
               peak[1], peak[2]);
   EXPECT_LT(peak[1], peak[0]);
-  EXPECT_LT(peak[2], peak[1]);
+  if (GetParam().split_backward) EXPECT_LE(peak[2], peak[1]);
+  else EXPECT_LT(peak[2], peak[1]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Recompute,
-                         ::testing::Values(ParStrategy{"rank1_mb2", 1, "--set parallel.microbatches=2"},
-                                           ParStrategy{"pp2_1f1b", 2, "--set parallel.pp=2 --set parallel.microbatches=4"},
-                                           ParStrategy{"pp2_zbh1", 2,
-                                                       "--set parallel.pp=2 --set parallel.schedule=zbh1 "
-                                                       "--set parallel.microbatches=4"},
-                                           ParStrategy{"tp2", 2, "--set parallel.tp=2"}),
-                         [](const ::testing::TestParamInfo<ParStrategy>& p) { return std::string(p.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, Recompute,
+    ::testing::Values(RecomputeCase{{"rank1_mb2", 1, "--set parallel.microbatches=2"}, false},
+                      RecomputeCase{{"pp2_1f1b", 2, "--set parallel.pp=2 --set parallel.microbatches=4"}, false},
+                      RecomputeCase{{"pp2_zbh1", 2,
+                                     "--set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.microbatches=4"},
+                                    true},
+                      RecomputeCase{{"tp2", 2, "--set parallel.tp=2"}, false}),
+    [](const ::testing::TestParamInfo<RecomputeCase>& p) { return std::string(p.param.s.name); });
 
 // One strategy twice: the same bits.
 TEST(ParallelDeterminism, SameStrategyTwiceIsBitIdentical) {

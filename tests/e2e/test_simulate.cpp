@@ -85,8 +85,9 @@ TEST(SimulateCli, RecomputationShowsAsRecompEvents) {
   EXPECT_NEAR(recomp_ms, 5 * 4 * 1.0, 1e-6);
   const RunResult j = run(simulate(sets + "--set parallel.recompute=full --json"));
   ASSERT_EQ(j.code, 0) << j.output;
+  const nlohmann::json figures = nlohmann::json::parse(j.output);
   double compute = 0;
-  for (const auto& rk : nlohmann::json::parse(j.output).at("ranks")) compute += rk.at("compute_ms").get<double>();
+  for (const auto& rk : figures.at("ranks")) compute += rk.at("compute_ms").get<double>();
   EXPECT_DOUBLE_EQ(compute, 5 * 4 * 4.0) << "5 blocks, F+B+RECOMP = 4, 4 microbatches, over both ranks";
 }
 
