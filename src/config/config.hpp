@@ -95,6 +95,7 @@ struct ParallelConfig {
   std::string order = "tp-dp-pp";   // rank grid order, first varies fastest (Megatron's RankGenerator)
   double bucket_mb = 25.0;          // data-parallel gradient bucket size, MiB
   double comm_timeout_s = 300.0;    // a communication pending longer aborts the job
+  std::string recompute = "none";   // activation recomputation of every block: none | selective | full
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -114,6 +115,15 @@ struct StageFilter {
   bool operator==(const StageFilter&) const = default;
 };
 
+// The units a directive applies to (recompute): blocks and kind as a stage
+// filter reads them, and the stages holding them. A unit matches when it
+// passes every filter given; no filter: every block.
+struct UnitFilter {
+  StageFilter units;            // blocks:, kind:
+  std::vector<int64_t> stages;  // stage: stage indices; empty: any stage
+  bool operator==(const UnitFilter&) const = default;
+};
+
 // One op of a hand-written schedule, as ir::pipe_op_name prints it: "F3",
 // "B3", "BI3", "BW3", "F3.1" (chunk 1 of the rank), "F3/4-6" (units 4..6 of
 // the stage only), and in a group (a YAML list inside the rank's list,
@@ -128,7 +138,7 @@ struct OrderOp {
   bool operator==(const OrderOp&) const = default;
 };
 
-enum class DirectiveKind : uint8_t { SPLIT, SPLIT_BACKWARD, PLACE, REPLICATE, SHARD, ORDER, GRID };
+enum class DirectiveKind : uint8_t { SPLIT, SPLIT_BACKWARD, PLACE, REPLICATE, SHARD, ORDER, GRID, RECOMPUTE };
 const char* directive_name(DirectiveKind k);  // "split", "split_backward", "place", ...
 
 // One list item of `directives:`; only the fields of its kind can be set, and
@@ -149,6 +159,8 @@ struct Directive {
   std::optional<bool> pairs;                                // order: the named schedule's F&B pairs interleave
   std::optional<std::vector<std::vector<OrderOp>>> ranks;   // order: ops of pipeline rank 0, 1, ...
   std::optional<std::string> grid_order;                    // grid: {order: "tp-dp-pp"}
+  std::optional<std::string> mode;                          // recompute: none | selective | full
+  UnitFilter filter;                                        // recompute: the units it applies to
   bool operator==(const Directive&) const = default;
 };
 
@@ -255,6 +267,13 @@ struct EffectiveStrategy {
   std::vector<std::vector<OrderOp>> order_ranks;  // empty: parallel.schedule orders the ops
   std::string order_path;  // where order_ranks came from: "directives[3].order.ranks"; "" when empty
   Positions positions;     // the parallel values' positions, under the names of the directives that set them
+  // The recompute directives in order, each over parallel.recompute (ir resolves their filters).
+  struct RecomputeRule {
+    std::string mode;
+    UnitFilter filter;
+    std::string path;  // "directives[2].recompute"
+  };
+  std::vector<RecomputeRule> recompute;
 };
 // ir::expand uses it; ir::validate checks the stages and the order it gives.
 EffectiveStrategy effective_strategy(const Config& cfg);

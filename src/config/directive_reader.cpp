@@ -191,6 +191,11 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
   if (d.stage_of_unit && d.stages) both("stage_of_unit", "stages", "both say which stage holds each unit");
   if (d.schedule && d.ranks) both("schedule", "ranks", "ranks is a hand-written schedule");
   if (d.pairs && d.ranks) both("pairs", "ranks", "a hand-written order groups its ops itself ([F3, B1])");
+  if (d.kind == DirectiveKind::RECOMPUTE) cfg_.locations[base] = at;  // messages about what it selects point here
+  if (d.kind == DirectiveKind::RECOMPUTE && !d.mode && ok) {
+    fail(at + ": " + base + ": a recompute directive needs its mode: key (mode: full, for one)");
+    ok = false;
+  }
   if (d.shard_params.value_or(false) && !d.shard_grads.value_or(false)) {
     fail(cfg_.locations[base + ".shard_params"] + ": " + base +
          ": shard_params (ZeRO-3) also shards the gradients; add shard_grads: true");
@@ -220,7 +225,11 @@ bool Reader::read_directive_key(Directive& d, const std::string& name, const YAM
   else if (name == "schedule") err = read_string(v, d.schedule);
   else if (name == "pairs") err = read_bool(v, d.pairs);
   else if (name == "order") err = read_string(v, d.grid_order);
-  else if (name == "stage_of_unit") return read_int_list(d.stage_of_unit, "stage numbers, one per unit (embed, blocks, head)", v, path, vat);
+  else if (name == "mode") err = read_string(v, d.mode);
+  else if (name == "blocks" || name == "kind" || name == "stage")
+    return read_filter_key(d.filter.units, &d.filter.stages, name, v, path.substr(0, path.rfind('.')), vat);
+  else if (name == "stage_of_unit")
+    return read_int_list(d.stage_of_unit, "stage numbers, one per unit (embed, blocks, head)", v, path, vat);
   else if (name == "stages") return read_stages(d, v, path, vat);
   else if (name == "ranks" && d.kind == DirectiveKind::PLACE)
     return read_int_list(d.rank_of_stage, "pipeline ranks, one per stage", v, path, vat);
@@ -285,40 +294,57 @@ bool Reader::read_stages(Directive& d, const YAML::Node& v, const std::string& p
         ok = false;
         continue;
       }
-      const std::string fat = fv.IsNull() ? kat : where(source_, fv.Mark());
-      std::vector<YAML::Node> items;
-      if (fv.IsSequence()) {
-        for (size_t q = 0; q < fv.size(); ++q) items.push_back(fv[q]);
-      } else {
-        items.push_back(fv);
-      }
-      if (items.empty()) {
-        fail(fat + ": " + epath + "." + name + ": expected at least one value, found an empty list");
-        ok = false;
-      }
-      for (const YAML::Node& it : items) {
-        const std::string iat = it.IsNull() ? fat : where(source_, it.Mark());
-        if (name == "blocks") {
-          std::pair<int64_t, int64_t> r;
-          std::string err = parse_block_range(it, r);
-          if (!err.empty()) {
-            fail(iat + ": " + epath + ".blocks: " + err);
-            ok = false;
-          } else {
-            f.blocks.push_back(r);
-          }
-        } else if (!it.IsScalar() || std::find(kKinds.begin(), kKinds.end(), it.Scalar()) == kKinds.end()) {
-          fail(iat + ": " + epath + ".kind: expected a block kind M, \"*\", \"-\", E (quote * and -), or embed, "
-               "head; found " + describe(it));
-          ok = false;
-        } else {
-          f.kinds.push_back(it.Scalar());
-        }
-      }
+      ok &= read_filter_key(f, nullptr, name, fv, epath, kat);
     }
     out.push_back(f);
   }
   if (ok) d.stages = out;
+  return ok;
+}
+
+bool Reader::read_filter_key(StageFilter& f, std::vector<int64_t>* stages, const std::string& name,
+                             const YAML::Node& fv, const std::string& path, const std::string& kat) {
+  const std::string fat = fv.IsNull() ? kat : where(source_, fv.Mark());
+  std::vector<YAML::Node> items;
+  if (fv.IsSequence()) {
+    for (size_t q = 0; q < fv.size(); ++q) items.push_back(fv[q]);
+  } else {
+    items.push_back(fv);
+  }
+  bool ok = true;
+  if (items.empty()) {
+    fail(fat + ": " + path + "." + name + ": expected at least one value, found an empty list");
+    ok = false;
+  }
+  for (const YAML::Node& it : items) {
+    const std::string iat = it.IsNull() ? fat : where(source_, it.Mark());
+    if (name == "blocks") {
+      std::pair<int64_t, int64_t> r;
+      std::string err = parse_block_range(it, r);
+      if (!err.empty()) {
+        fail(iat + ": " + path + ".blocks: " + err);
+        ok = false;
+      } else {
+        f.blocks.push_back(r);
+      }
+    } else if (name == "stage" && stages) {
+      std::optional<int64_t> st;
+      std::string err = read_int(it, st);
+      if (err.empty() && *st < 0) err = "stage indices start at 0; found " + it.Scalar();
+      if (!err.empty()) {
+        fail(iat + ": " + path + ".stage: " + err);
+        ok = false;
+      } else {
+        stages->push_back(*st);
+      }
+    } else if (!it.IsScalar() || std::find(kKinds.begin(), kKinds.end(), it.Scalar()) == kKinds.end()) {
+      fail(iat + ": " + path + ".kind: expected a block kind M, \"*\", \"-\", E (quote * and -), or embed, "
+           "head; found " + describe(it));
+      ok = false;
+    } else {
+      f.kinds.push_back(it.Scalar());
+    }
+  }
   return ok;
 }
 

@@ -18,6 +18,7 @@ const std::vector<DirectiveSpec>& directive_specs() {
       {DirectiveKind::SHARD, "shard", {"tp"}},
       {DirectiveKind::ORDER, "order", {"schedule", "pairs", "ranks"}},
       {DirectiveKind::GRID, "grid", {"order"}},
+      {DirectiveKind::RECOMPUTE, "recompute", {"mode", "blocks", "kind", "stage"}},
   };
   return table;
 }
@@ -35,6 +36,22 @@ std::vector<std::string> directive_names() {
 }
 
 std::string dpath(size_t i) { return "directives[" + std::to_string(i) + "]"; }
+
+// The keys of a filter as YAML: "blocks: [0, \"2-3\"]", "kind: \"*\"".
+static std::vector<std::string> filter_keys(const StageFilter& f) {
+  std::vector<std::string> keys;
+  if (!f.blocks.empty()) {
+    std::vector<std::string> r;
+    for (auto [a, z] : f.blocks) r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
+    keys.push_back("blocks: " + (r.size() == 1 ? r[0] : "[" + join(r, ", ") + "]"));
+  }
+  if (!f.kinds.empty()) {
+    std::vector<std::string> k;
+    for (const std::string& s : f.kinds) k.push_back(quote(s));
+    keys.push_back("kind: " + (k.size() == 1 ? k[0] : "[" + join(k, ", ") + "]"));
+  }
+  return keys;
+}
 
 // One directive as a YAML flow map, e.g. "place: {pp: 2, stages: [{blocks: \"0-2\"}, ...]}".
 std::string emit_directive(const Directive& d) {
@@ -61,21 +78,7 @@ std::string emit_directive(const Directive& d) {
   }
   if (d.stages) {
     std::vector<std::string> stages;
-    for (const StageFilter& f : *d.stages) {
-      std::vector<std::string> keys;
-      if (!f.blocks.empty()) {
-        std::vector<std::string> r;
-        for (auto [a, z] : f.blocks)
-          r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
-        keys.push_back("blocks: " + (r.size() == 1 ? r[0] : "[" + join(r, ", ") + "]"));
-      }
-      if (!f.kinds.empty()) {
-        std::vector<std::string> k;
-        for (const std::string& s : f.kinds) k.push_back(quote(s));
-        keys.push_back("kind: " + (k.size() == 1 ? k[0] : "[" + join(k, ", ") + "]"));
-      }
-      stages.push_back("{" + join(keys, ", ") + "}");
-    }
+    for (const StageFilter& f : *d.stages) stages.push_back("{" + join(filter_keys(f), ", ") + "}");
     kv.push_back("stages: [" + join(stages, ", ") + "]");
   }
   if (d.rank_of_stage) {
@@ -108,6 +111,13 @@ std::string emit_directive(const Directive& d) {
     kv.push_back("ranks: [" + join(ranks, ", ") + "]");
   }
   if (d.grid_order) kv.push_back("order: " + quote(*d.grid_order));
+  str("mode", d.mode);
+  for (const std::string& k : filter_keys(d.filter.units)) kv.push_back(k);
+  if (!d.filter.stages.empty()) {
+    std::vector<std::string> v;
+    for (int64_t st : d.filter.stages) v.push_back(std::to_string(st));
+    kv.push_back("stage: [" + join(v, ", ") + "]");
+  }
   return std::string(spec.name) + ": {" + join(kv, ", ") + "}";
 }
 
@@ -162,6 +172,7 @@ Applied apply_directives(const Config& c) {
         if (d.ranks) a.order_from = static_cast<int>(i);
         break;
       case DirectiveKind::GRID: take(d.grid_order, p.order, "order", "order"); break;
+      case DirectiveKind::RECOMPUTE: break;  // per unit, over parallel.recompute: effective_strategy lists them
     }
   }
   return a;
@@ -190,6 +201,10 @@ EffectiveStrategy effective_strategy(const Config& cfg) {
   if (a.order_from >= 0) {
     e.order_ranks = *cfg.directives.list[static_cast<size_t>(a.order_from)].ranks;
     e.order_path = dpath(static_cast<size_t>(a.order_from)) + ".order.ranks";
+  }
+  for (size_t i = 0; i < cfg.directives.list.size(); ++i) {
+    const Directive& d = cfg.directives.list[i];
+    if (d.kind == DirectiveKind::RECOMPUTE) e.recompute.push_back({d.mode.value_or(""), d.filter, dpath(i) + ".recompute"});
   }
   return e;
 }

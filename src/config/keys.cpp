@@ -66,6 +66,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(parallel, order, "rank grid order, first varies fastest"),
       PIPER_FIELD(parallel, bucket_mb, "data-parallel gradient bucket size, MiB"),
       PIPER_FIELD(parallel, comm_timeout_s, "seconds before a pending communication aborts the job"),
+      PIPER_FIELD(parallel, recompute, "activation recomputation of the blocks: none | selective | full"),
   };
   return table;
 }

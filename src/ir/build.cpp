@@ -16,39 +16,6 @@ namespace piper::ir {
 
 namespace {
 
-// Relative cost of a unit's forward, for balancing stages: its matrix
-// parameters (the embedding is a lookup and costs almost nothing).
-double unit_cost(const UnitSpec& u) {
-  if (u.kind == UnitKind::UNIT_EMBED) return 0.0;
-  return static_cast<double>(u.param_count());
-}
-
-// Contiguous partition of units into `stages` non-empty stages minimising the
-// most expensive stage (exact, by dynamic programming over prefix costs).
-std::vector<int> balance(const ModelGraph& model, int stages) {
-  const int n = static_cast<int>(model.units.size());
-  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
-  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + unit_cost(model.units[static_cast<size_t>(u)]) + 1.0;
-  const double inf = 1e300;
-  // best[s][u]: the smallest max-stage cost putting units [0, u) on s stages.
-  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
-  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
-  best[0][0] = 0.0;
-  for (int s = 1; s <= stages; ++s)
-    for (int u = s; u <= n - (stages - s); ++u)
-      for (int c = s - 1; c < u; ++c) {
-        const double v = std::max(best[s - 1][c], prefix[u] - prefix[c]);
-        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
-      }
-  std::vector<int> stage_of(static_cast<size_t>(n), 0);
-  for (int s = stages, u = n; s > 0; --s) {
-    const int c = cut[s][u];
-    for (int i = c; i < u; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
-    u = c;
-  }
-  return stage_of;
-}
-
 // The nodes of one unit pass: its compute segments in order, and the node
 // whose completion gives the pass's result (the last segment, or the
 // collective that ends the pass).
@@ -71,6 +38,7 @@ struct Builder {
   std::vector<std::vector<int>> devices_of_stage;
   // Pass nodes by [unit][microbatch]; empty where a unit has no such pass.
   std::vector<std::vector<PassNodes>> fwd, bwd, bwd_i, bwd_w;
+  std::vector<std::vector<int>> recomp;  // RECOMP node by [unit][microbatch], -1 where the unit is not recomputed
   std::vector<int> upd;
   std::vector<int> norm_of_pp;  // NORM node per pipeline rank
 
@@ -96,7 +64,7 @@ struct Builder {
                        " pipeline stages (pp " + std::to_string(strategy.place.pp) + " x " +
                        std::to_string(sched.chunks) + " chunks per rank)");
     stage_of_unit = strategy.place.stage_of_unit;
-    if (stage_of_unit.empty()) stage_of_unit = balance(model, n_stages);
+    if (stage_of_unit.empty()) stage_of_unit = balance_stages(model, n_stages);
     if (static_cast<int>(stage_of_unit.size()) != n_units)
       throw BuildError("place: stage_of_unit lists " + std::to_string(stage_of_unit.size()) +
                        " units, the model has " + std::to_string(n_units));
@@ -169,12 +137,13 @@ struct Builder {
   }
 
   // A data edge from src to dst; SEND/RECV in between when they run on different ranks.
-  void connect(int src, int dst, Payload payload) {
+  // Returns the node dst receives from: src, or the RECV.
+  int connect(int src, int dst, Payload payload) {
     const Node a = g.node(src);
     const Node b = g.node(dst);
     if (a.devices == b.devices) {
       g.add_edge(src, dst, EdgeKind::EDGE_DATA);
-      return;
+      return src;
     }
     Node send, recv;
     send.kind = NodeKind::SEND;
@@ -194,6 +163,37 @@ struct Builder {
     g.add_edge(src, s, EdgeKind::EDGE_DATA);
     g.add_edge(s, r, EdgeKind::EDGE_DATA);
     g.add_edge(r, dst, EdgeKind::EDGE_DATA);
+    return r;
+  }
+
+  // A Strategy made in code may ask for what cannot be recomputed.
+  void check_recompute() const {
+    if (!strategy.recompute.empty() && static_cast<int>(strategy.recompute.size()) != n_units)
+      throw BuildError("recompute: lists " + std::to_string(strategy.recompute.size()) + " units, the model has " +
+                       std::to_string(n_units));
+    for (int u = 0; u < n_units; ++u) {
+      const Recompute mode = strategy.recompute_of(u);
+      const UnitSpec& us = model.units[static_cast<size_t>(u)];
+      if (mode != Recompute::RECOMPUTE_NONE && us.block < 0)
+        throw BuildError("recompute: unit " + unit_description(us) + " has recompute " + recompute_name(mode) +
+                         ", but the embedding and the head are never recomputed; give it none");
+      if (mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(us.kind))
+        throw BuildError("recompute: unit " + unit_description(us) +
+                         " is selectively recomputed, but its mixer has no inner activations; use full or none");
+    }
+  }
+
+  // recompute: unit u's saved state for microbatch mb, dropped after its forward, computed again
+  // from the input activation (received from `input`) before the backward. Local: no collective.
+  void add_recompute(int u, int mb, int input) {
+    const Recompute mode = strategy.recompute_of(u);
+    if (mode == Recompute::RECOMPUTE_NONE) return;
+    Node n = compute_node(NodeKind::RECOMP, Pass::PASS_R, u, mb);
+    n.recompute = mode;
+    const int id = g.add_node(n);
+    g.add_edge(fwd[u][mb].last(), id, EdgeKind::EDGE_DATA);
+    g.add_edge(input, id, EdgeKind::EDGE_DATA);
+    recomp[u][mb] = id;
   }
 
   // split + backward split: the per-microbatch sub-DAGs.
@@ -203,17 +203,21 @@ struct Builder {
       return std::vector<std::vector<PassNodes>>(static_cast<size_t>(n_units), std::vector<PassNodes>(static_cast<size_t>(n_mb)));
     };
     fwd = table(), bwd = table(), bwd_i = table(), bwd_w = table();
+    check_recompute();
+    recomp.assign(static_cast<size_t>(n_units), std::vector<int>(static_cast<size_t>(n_mb), -1));
     for (int mb = 0; mb < n_mb; ++mb) {
       for (int u = 0; u < n_units; ++u) {
         fwd[u][mb] = add_pass(NodeKind::FWD, Pass::PASS_F, u, mb);
-        if (u > 0) connect(fwd[u - 1][mb].out, fwd[u][mb].first(), Payload::PAYLOAD_ACTIVATION);
+        if (u == 0) continue;
+        add_recompute(u, mb, connect(fwd[u - 1][mb].out, fwd[u][mb].first(), Payload::PAYLOAD_ACTIVATION));
       }
       for (int u = n_units - 1; u >= 0; --u) {
         // The embedding has no input gradient: only its weight half exists.
         const bool has_input_grad = u > 0;
         // The input gradient of the unit after, and the saved state of this one's forward.
         const int upstream = u + 1 < n_units ? (sb ? bwd_i[u + 1][mb].out : bwd[u + 1][mb].out) : -1;
-        const int saved = fwd[u][mb].last();
+        // The saved state: the forward's, or the recomputation's.
+        const int saved = recomp[u][mb] >= 0 ? recomp[u][mb] : fwd[u][mb].last();
         if (!sb) {
           bwd[u][mb] = add_pass(NodeKind::BWD, Pass::PASS_B, u, mb);
           g.add_edge(saved, bwd[u][mb].first(), EdgeKind::EDGE_DATA);
@@ -345,6 +349,7 @@ struct Builder {
         g.node_mut(b).tags.pass = Pass::PASS_B;
         for (const PassNodes* pass : {&bwd[u][mb], &bwd_i[u][mb], &bwd_w[u][mb]})
           for (int seg : pass->segments) g.add_edge(b, seg, EdgeKind::EDGE_DATA);
+        if (recomp[u][mb] >= 0) g.add_edge(b, recomp[u][mb], EdgeKind::EDGE_DATA);
         g.add_edge(fwd[u][mb].last(), b, EdgeKind::EDGE_DATA);
       }
   }
@@ -380,6 +385,9 @@ struct Builder {
                                    std::to_string(op.microbatch) + ", which op " + std::to_string(by) +
                                    " of the rank runs already; each unit pass runs once");
       by = q;
+      // A recomputed unit's RECOMP right before its backward's first segment (BI when split).
+      const int rc = recomp[static_cast<size_t>(u)][static_cast<size_t>(op.microbatch)];
+      if (rc >= 0 && (op.pass == Pass::PASS_B || op.pass == Pass::PASS_BI)) seq.push_back(rc);
       seq.insert(seq.end(), p.segments.begin(), p.segments.end());
     }
     return seq;

@@ -57,6 +57,7 @@ const char* node_kind_name(NodeKind k) {
     case NodeKind::BWD: return "BWD";
     case NodeKind::UPD: return "UPD";
     case NodeKind::NORM: return "NORM";
+    case NodeKind::RECOMP: return "RECOMP";
     case NodeKind::SEND: return "SEND";
     case NodeKind::RECV: return "RECV";
     case NodeKind::ALLREDUCE: return "ALLREDUCE";
@@ -75,13 +76,24 @@ const char* pass_name(Pass p) {
     case Pass::PASS_BW: return "BW";
     case Pass::PASS_U: return "U";
     case Pass::PASS_COMM: return "C";
+    case Pass::PASS_R: return "R";
   }
   return "?";
 }
 
+const std::vector<std::string>& recompute_names() {
+  static const std::vector<std::string> names = {"none", "selective", "full"};
+  return names;
+}
+
+const char* recompute_name(Recompute r) {
+  const auto i = static_cast<size_t>(r);
+  return i < recompute_names().size() ? recompute_names()[i].c_str() : "?";
+}
+
 bool is_compute(NodeKind k) {
   return k == NodeKind::FWD || k == NodeKind::BWD_I || k == NodeKind::BWD_W ||
-         k == NodeKind::BWD || k == NodeKind::UPD || k == NodeKind::NORM;
+         k == NodeKind::BWD || k == NodeKind::RECOMP || k == NodeKind::UPD || k == NodeKind::NORM;
 }
 
 bool is_p2p(NodeKind k) { return k == NodeKind::SEND || k == NodeKind::RECV; }
@@ -106,6 +118,7 @@ std::string describe(const Node& n, const std::vector<std::string>& unit_names) 
              : "unit" + std::to_string(n.tags.unit);
   }
   if (n.tags.microbatch >= 0) s += " mb" + std::to_string(n.tags.microbatch);
+  if (n.kind == NodeKind::RECOMP) (s += ' ') += recompute_name(n.recompute);
   if (n.payload == Payload::PAYLOAD_UNIT) s += std::string(" ") + pass_name(n.tags.pass) + "." + std::to_string(n.tags.segment);
   else if (is_compute(n.kind) && n.tags.segment > 0) s += " part " + std::to_string(n.tags.segment);
   if (!n.peers.empty()) s += (n.kind == NodeKind::SEND ? " to rank " : " from rank ") + std::to_string(n.peers.front());

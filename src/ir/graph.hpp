@@ -16,6 +16,7 @@ enum class NodeKind : uint8_t {
   BWD,             // fused backward (input and weight gradients)
   UPD,             // optimiser update of one unit's parameters
   NORM,            // the squared L2 norm of a pipeline rank's gradients, for clipping
+  RECOMP,          // activation recomputation of one unit for one microbatch, right before its backward
   SEND,
   RECV,
   ALLREDUCE,
@@ -23,10 +24,18 @@ enum class NodeKind : uint8_t {
   ALLGATHER,
   ALLTOALL,
 };
-constexpr int kNodeKindCount = 12;
+constexpr int kNodeKindCount = 13;
 
 // The pass a node belongs to, as directive filters name it.
-enum class Pass : uint8_t { PASS_F, PASS_B, PASS_BI, PASS_BW, PASS_U, PASS_COMM };
+enum class Pass : uint8_t { PASS_F, PASS_B, PASS_BI, PASS_BW, PASS_U, PASS_COMM, PASS_R };
+
+// Activation recomputation of a block (Megatron's): selective drops the
+// attention and Mamba-2 mixers' inner activations after the forward and
+// recomputes them from the saved normalised input; full drops all the
+// block's saved state and recomputes it from the block's input.
+enum class Recompute : uint8_t { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
+const std::vector<std::string>& recompute_names();  // "none", "selective", "full", in enum order
+const char* recompute_name(Recompute r);
 
 enum class EdgeKind : uint8_t {
   EDGE_DATA,   // dst consumes a value src produces
@@ -82,6 +91,7 @@ struct Node {
   Payload payload = Payload::PAYLOAD_NONE;
   std::vector<int> units;    // collectives: the units whose parameters or gradients move
   int64_t bytes = 0;         // payload per rank
+  Recompute recompute = Recompute::RECOMPUTE_NONE;  // RECOMP: what it recomputes
 };
 
 struct Edge {
@@ -115,11 +125,11 @@ class Graph {
 };
 
 const char* node_kind_name(NodeKind k);  // "FWD", "BWD_I", ...
-const char* pass_name(Pass p);           // "F", "B", "BI", "BW", "U", "C"
-bool is_compute(NodeKind k);             // FWD / BWD* / UPD / NORM
+const char* pass_name(Pass p);           // "F", "B", "BI", "BW", "U", "C", "R"
+bool is_compute(NodeKind k);             // FWD / BWD* / RECOMP / UPD / NORM
 bool is_p2p(NodeKind k);                 // SEND / RECV
 
-// "FWD layers.3 mb1", "ALLREDUCE tp layers.3 mb1 F.0" — a node as users read it.
+// "FWD layers.3 mb1", "RECOMP layers.3 mb1 full", "ALLREDUCE tp layers.3 mb1 F.0" — a node as users read it.
 std::string describe(const Node& n, const std::vector<std::string>& unit_names);
 
 }  // namespace piper::ir

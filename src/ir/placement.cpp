@@ -3,8 +3,20 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 namespace piper::ir {
+
+namespace {
+
+// Relative cost of a unit's forward, for balancing stages: its matrix
+// parameters (the embedding is a lookup and costs almost nothing).
+double unit_cost(const UnitSpec& u) {
+  if (u.kind == UnitKind::UNIT_EMBED) return 0.0;
+  return static_cast<double>(u.param_count());
+}
+
+}  // namespace
 
 std::string unit_description(const UnitSpec& unit) {
   if (unit.block < 0) return unit.name;
@@ -126,6 +138,131 @@ std::vector<std::string> placement_problems(const ModelGraph& model, const confi
   if (const std::optional<StageProblem> problem = stage_problem(model, st, count))
     errors.push_back(e.positions.at(e.place_path) + ": " + problem->message);
   return errors;
+}
+
+std::vector<int> balance_stages(const ModelGraph& model, int stages) {
+  const int n = static_cast<int>(model.units.size());
+  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
+  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + unit_cost(model.units[static_cast<size_t>(u)]) + 1.0;
+  const double inf = 1e300;
+  // best[s][u]: the smallest max-stage cost putting units [0, u) on s stages.
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
+  best[0][0] = 0.0;
+  for (int s = 1; s <= stages; ++s)
+    for (int u = s; u <= n - (stages - s); ++u)
+      for (int c = s - 1; c < u; ++c) {
+        const double v = std::max(best[s - 1][c], prefix[u] - prefix[c]);
+        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
+      }
+  std::vector<int> stage_of(static_cast<size_t>(n), 0);
+  for (int s = stages, u = n; s > 0; --s) {
+    const int c = cut[s][u];
+    for (int i = c; i < u; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
+    u = c;
+  }
+  return stage_of;
+}
+
+
+bool has_inner_activations(UnitKind k) { return k == UnitKind::UNIT_ATTENTION || k == UnitKind::UNIT_MAMBA; }
+
+bool selects(const config::UnitFilter& f, const UnitSpec& unit, int stage) {
+  if (unit.block < 0) return false;  // the embedding and the head are never recomputed
+  if (!f.stages.empty() && std::find(f.stages.begin(), f.stages.end(), stage) == f.stages.end()) return false;
+  return selects(f.units, unit);
+}
+
+namespace {
+
+std::string block_pattern(const ModelGraph& model) {
+  std::string pattern;
+  for (const UnitSpec& u : model.units)
+    if (u.block >= 0) pattern += unit_symbol(u.kind);
+  return pattern;
+}
+
+// A mode name at `where` ("file:line:col: key" of a message), or an error.
+std::optional<Recompute> recompute_mode(const std::string& name, const std::string& where,
+                                        std::vector<std::string>& errors) {
+  const std::vector<std::string>& names = recompute_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (name == names[i]) return static_cast<Recompute>(i);
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  const std::string near = config::closest(name, names);
+  errors.push_back(where + ": unknown recompute mode '" + name + "'; expected one of " + list +
+                   (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<Recompute> resolve_recompute(const ModelGraph& model, const config::EffectiveStrategy& e,
+                                         const std::vector<int>& stage_of_unit, std::vector<std::string>& errors) {
+  const size_t n_units = model.units.size(), before = errors.size();
+  const config::Positions& at = e.positions;
+  std::vector<Recompute> out(n_units, Recompute::RECOMPUTE_NONE);
+  // A mode over the blocks `chosen` selects: selective only where a mixer has inner activations.
+  auto apply = [&](Recompute mode, const std::vector<size_t>& chosen) {
+    for (size_t u : chosen)
+      out[u] = mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(model.units[u].kind)
+                   ? Recompute::RECOMPUTE_NONE
+                   : mode;
+  };
+  std::vector<size_t> blocks;
+  for (size_t u = 0; u < n_units; ++u)
+    if (model.units[u].block >= 0) blocks.push_back(u);
+  if (const auto mode = recompute_mode(e.parallel.recompute, at.head("parallel.recompute"), errors))
+    apply(*mode, blocks);
+  const int64_t n_blocks = static_cast<int64_t>(blocks.size());
+  const int n_stages = stage_of_unit.empty() ? 0 : *std::max_element(stage_of_unit.begin(), stage_of_unit.end()) + 1;
+  const std::string pattern = block_pattern(model);
+  for (const config::EffectiveStrategy::RecomputeRule& r : e.recompute) {
+    const std::optional<Recompute> mode = recompute_mode(r.mode, at.at(r.path + ".mode"), errors);
+    bool ok = mode.has_value();
+    for (const std::string& k : r.filter.units.kinds)
+      if (k == "embed" || k == "head") {
+        errors.push_back(at.at(r.path + ".kind") + ": the " + (k == "embed" ? "embedding" : "head") +
+                         " is never recomputed (its forward saves next to nothing); select blocks: kind M, \"*\" "
+                         "or \"-\", or blocks: by index");
+        ok = false;
+      }
+    for (auto [lo, hi] : r.filter.units.blocks)
+      if (hi >= n_blocks) {
+        errors.push_back(at.at(r.path + ".blocks") + ": block " + std::to_string(hi) + " does not exist; the pattern \"" +
+                         pattern + "\" has blocks 0.." + std::to_string(n_blocks - 1));
+        ok = false;
+      }
+    for (int64_t st : r.filter.stages)
+      if (st >= n_stages) {
+        errors.push_back(at.at(r.path + ".stage") + ": stage " + std::to_string(st) + " does not exist; the placement has " +
+                         "stages 0.." + std::to_string(n_stages - 1));
+        ok = false;
+      }
+    if (!ok) continue;
+    std::vector<size_t> chosen;
+    bool inner = false;
+    for (size_t u : blocks)
+      if (selects(r.filter, model.units[u], u < stage_of_unit.size() ? stage_of_unit[u] : -1)) {
+        chosen.push_back(u);
+        inner |= has_inner_activations(model.units[u].kind);
+      }
+    if (chosen.empty()) {
+      errors.push_back(at.at(r.path) + ": selects no block of the pattern \"" + pattern + "\"" +
+                       (r.filter.stages.empty() ? "" : " on the stages it names") +
+                       "; widen its blocks, kind or stage filter, or drop the directive");
+      continue;
+    }
+    if (*mode == Recompute::RECOMPUTE_SELECTIVE && !inner) {
+      errors.push_back(at.at(r.path) + ": selective recomputation drops the inner activations of attention and "
+                       "Mamba-2 mixers, and the blocks it selects have none (MLP blocks); use mode: full");
+      continue;
+    }
+    apply(*mode, chosen);
+  }
+  if (errors.size() > before) return {};
+  return out;
 }
 
 }  // namespace piper::ir

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "ir/graph.hpp"
 #include "ir/model_graph.hpp"
 
 namespace piper::ir {
@@ -37,9 +38,31 @@ std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<c
                                     const std::string& base, const config::Positions& at,
                                     std::vector<std::string>& errors);
 
+// Contiguous partition of the units into `stages` non-empty stages minimising the most expensive
+// stage (exact, by dynamic programming over prefix costs): the placement when no place directive
+// gives one. Needs at least `stages` units.
+std::vector<int> balance_stages(const ModelGraph& model, int stages);
+
 // The problems of a place directive at `path` (its stage_of_unit or stages key): the units it
 // leaves on no stage or on two, a stage_of_unit list that is not one per unit, stages that do not
 // run along the model. Empty when it has none.
 std::vector<std::string> placement_problems(const ModelGraph& model, const config::EffectiveStrategy& e);
+
+// Whether a block of kind `k` has mixer inner activations that selective recomputation drops
+// (attention and Mamba-2; an MLP block has none).
+bool has_inner_activations(UnitKind k);
+
+// Whether recompute filter `f` selects `unit` on stage `stage`: blocks only (the embedding and the head
+// are never recomputed), every filter given matching.
+bool selects(const config::UnitFilter& f, const UnitSpec& unit, int stage);
+
+// The recomputation of every unit: parallel.recompute over every block, then each recompute directive
+// of `e` in order over the blocks it selects (`stage_of_unit`: the stage of every unit); selective
+// on a block without inner activations is none. Problems are appended to `errors`, each at
+// the position of the key it concerns (an unknown mode, the embedding or head named, a block or stage
+// that does not exist, a filter selecting no block, selective over MLP blocks only); then the result
+// is empty.
+std::vector<Recompute> resolve_recompute(const ModelGraph& model, const config::EffectiveStrategy& e,
+                                         const std::vector<int>& stage_of_unit, std::vector<std::string>& errors);
 
 }  // namespace piper::ir

@@ -40,6 +40,7 @@ Program lower(const Graph& g, int rank) {
     Instr in{v, nd.kind, nd.tags.unit, nd.tags.microbatch, nd.tags.pass, nd.tags.segment, -1, nd.tag, nd.group,
              nd.payload, nd.units, nd.bytes, {}};
     if (!nd.peers.empty()) in.peer = nd.peers[static_cast<size_t>(slot[static_cast<size_t>(v)])];
+    in.recompute = nd.recompute;
     for (int e : g.in_edges()[static_cast<size_t>(v)]) {
       const Edge& ed = g.edges()[static_cast<size_t>(e)];
       if (ed.kind == EdgeKind::EDGE_DATA && mine(ed.src) && g.node(ed.src).stream != nd.stream)
@@ -97,6 +98,7 @@ uint64_t plan_hash(const Graph& g) {
     f.value<int64_t>(n.bytes);
     f.value<uint64_t>(n.devices.size());
     for (int d : n.devices) f.value<int32_t>(d);
+    if (n.kind == NodeKind::RECOMP) f.value<uint8_t>(static_cast<uint8_t>(n.recompute));
   }
   f.value<uint64_t>(g.edges().size());
   for (const Edge& e : g.edges()) {
@@ -168,6 +170,7 @@ std::string format_program(const Program& p, const ModelGraph& model) {
                 std::to_string(v[i].units.back());
       else if (!is_p2p(v[i].kind) && !is_compute(v[i].kind))
         extra = std::string(" ") + group_name(v[i].group) + " " + std::to_string(v[i].bytes) + " bytes";
+      if (v[i].kind == NodeKind::RECOMP) extra = std::string(" ") + recompute_name(v[i].recompute);
       if (v[i].segment > 0 || v[i].payload == Payload::PAYLOAD_UNIT)
         extra += (is_compute(v[i].kind) ? " part " : " point ") + std::to_string(v[i].segment);
       std::snprintf(line, sizeof line, "    %4zu  %-14s %-12s %-5s node %d%s\n", i,

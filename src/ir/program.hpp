@@ -26,6 +26,7 @@ struct Instr {
   std::vector<int> units;        // collectives: the units moved
   int64_t bytes = 0;
   std::vector<int> waits;        // nodes of this rank's other stream to complete first
+  Recompute recompute = Recompute::RECOMPUTE_NONE;  // RECOMP: what it recomputes
 };
 
 struct Program {

@@ -63,6 +63,17 @@ Strategy expand(const config::Config& cfg, int world_size) {
     }
   }
   for (int64_t st : stage_of_unit) s.place.stage_of_unit.push_back(static_cast<int>(st));
+  const ModelGraph model = make_model_graph(cfg.model);
+  const int64_t n_stages = static_cast<int64_t>(s.place.pp) * s.place.virtual_stages;
+  if (s.place.stage_of_unit.empty() && n_stages >= 1 && n_stages <= static_cast<int64_t>(model.units.size()))
+    s.place.stage_of_unit = balance_stages(model, static_cast<int>(n_stages));
+  std::vector<std::string> errors;
+  s.recompute = resolve_recompute(model, e, s.place.stage_of_unit, errors);
+  if (!errors.empty()) {
+    std::string text;
+    for (const std::string& err : errors) text += (text.empty() ? "" : "\n") + err;
+    throw config::ConfigError(text);
+  }
   s.replicate.dp = static_cast<int>(p.dp);
   s.replicate.zero = static_cast<int>(p.zero);
   // At least one byte: a bucket_mb above 0 but below half a byte (1e-310) would round to 0, and the directives
@@ -192,6 +203,27 @@ std::string shortest(double v) {
   return std::string(buf, ec == std::errc() ? end : buf);
 }
 
+// The recompute directives giving `of_unit` (unit u > 0 is block u - 1): every block reset to none, then
+// each other mode over the blocks that have it, as ranges; one directive when every block is recomputed fully.
+std::string recompute_yaml(const std::vector<Recompute>& of_unit) {
+  if (of_unit.size() < 2) return "";
+  const std::vector<Recompute> blocks(of_unit.begin() + 1, of_unit.end() - 1);
+  if (std::all_of(blocks.begin(), blocks.end(), [](Recompute r) { return r == Recompute::RECOMPUTE_FULL; }))
+    return "  - recompute: {mode: full}\n";
+  std::string out = "  - recompute: {mode: none}\n";
+  for (Recompute mode : {Recompute::RECOMPUTE_SELECTIVE, Recompute::RECOMPUTE_FULL}) {
+    std::string ranges;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (blocks[b] != mode || (b > 0 && blocks[b - 1] == mode)) continue;
+      size_t e = b;
+      while (e + 1 < blocks.size() && blocks[e + 1] == mode) ++e;
+      ranges += (ranges.empty() ? "" : ", ") + (e == b ? std::to_string(b) : "\"" + std::to_string(b) + "-" + std::to_string(e) + "\"");
+    }
+    if (!ranges.empty()) out += std::string("  - recompute: {mode: ") + recompute_name(mode) + ", blocks: [" + ranges + "]}\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string directives_yaml(const Strategy& s) {
@@ -223,6 +255,7 @@ std::string directives_yaml(const Strategy& s) {
   o << "\n      ranks:\n";
   for (const auto& ops : sched.ops) o << "        - [" << pipe_ops_text(ops, sched.chunks) << "]\n";
   o << "  - grid: {order: " << scalar(s.grid_order) << "}\n";
+  o << recompute_yaml(s.recompute);
   return o.str();
 }
 

@@ -26,8 +26,9 @@ struct SplitDirective {
 };
 
 // place: which stage holds each unit, and which pipeline rank each stage.
-// Empty stage_of_unit = balance units over the stages by cost; empty
-// rank_of_stage = the schedule's own layout (loop, or V for dualpipev).
+// Empty stage_of_unit = balance units over the stages by cost (balance_stages,
+// ir/placement.hpp; expand fills it so); empty rank_of_stage = the schedule's
+// own layout (loop, or V for dualpipev).
 struct PlaceDirective {
   int pp = 1;                      // pipeline ranks
   int virtual_stages = 1;          // model chunks per pipeline rank
@@ -77,6 +78,11 @@ struct Strategy {
   ReplicateDirective replicate;
   ShardDirective shard;
   OrderDirective order;
+  // recompute: the recomputation of each unit (none for the embedding and the head); empty: none.
+  std::vector<Recompute> recompute;
+  Recompute recompute_of(int unit) const {
+    return static_cast<size_t>(unit) < recompute.size() ? recompute[static_cast<size_t>(unit)] : Recompute::RECOMPUTE_NONE;
+  }
   int64_t microbatch_rows = 0;   // tokens of one microbatch on one data-parallel replica
   int64_t activation_bytes = 0;  // one microbatch's activation between units, per rank
   bool operator==(const Strategy&) const = default;
@@ -93,7 +99,9 @@ const char* schedule_name(ScheduleKind k);
 
 // Expands the `parallel:` shorthand of a validated config into directives,
 // then applies its `directives:` section in order (config::effective_strategy).
-// Throws config::ConfigError when stage filters do not resolve.
+// Gives the stage of every unit (balanced when no place directive does) and
+// the recomputation of every unit. Throws config::ConfigError when stage or
+// recompute filters do not resolve.
 Strategy expand(const config::Config& cfg, int world_size);
 
 // The directives as YAML text a user can copy into a config and edit: a

@@ -91,8 +91,8 @@ void check_edges(const Graph& g, const std::vector<std::string>& names) {
 
 // Every (unit, microbatch) has its forward and backward, every unit its
 // update, and each compute node's inputs come from the right producers: the
-// first segment of a pass from the passes before it, every later segment
-// from the one before it.
+// first segment of a pass from the passes before it (a recomputed unit's
+// backward from its RECOMP), every later segment from the one before it.
 void check_complete(const Graph& g, const ModelGraph& model, const std::vector<std::string>& names) {
   const int n_units = static_cast<int>(model.units.size());
   std::map<std::tuple<NodeKind, int, int, int>, int> segment;  // (kind, unit, mb, segment) -> node
@@ -151,8 +151,17 @@ void check_complete(const Graph& g, const ModelGraph& model, const std::vector<s
       if (u > 0) need(NodeKind::FWD, u - 1, "the previous unit's activations");
       continue;
     }
+    if (nd.kind == NodeKind::RECOMP) {
+      if (model.units[static_cast<size_t>(u)].block < 0)
+        throw VerifyError(where(nd, names) + ": the embedding and the head are never recomputed");
+      need(NodeKind::FWD, u, "its own forward");
+      need(NodeKind::FWD, u - 1, "its input activation");
+      continue;
+    }
     if (nd.kind == NodeKind::BWD_W && u > 0) {
       need(NodeKind::BWD_I, u, "its input-gradient half");
+    } else if (has(NodeKind::RECOMP, u, mb)) {
+      need(NodeKind::RECOMP, u, "its recomputed state");
     } else {
       need(NodeKind::FWD, u, "its own forward");
     }

@@ -62,6 +62,27 @@ CommBuffer Block::point(ir::NodeKind pass, int /*k*/, int slot) {
 
 void Block::weight_grads(int slot, const PassArgs& /*a*/) { mixer_backward_weight(slot, saved_.at(slot).xn.data()); }
 
+void Block::drop(int slot, ir::Recompute mode) {
+  mixer_release(slot);
+  if (mode != ir::Recompute::RECOMPUTE_FULL) return;
+  Saved& s = saved_.at(slot);
+  s.xn = {};
+  s.rstd = {};
+}
+
+// The forward's first segment again, from the same input with the same kernels: the same bits.
+void Block::recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode) {
+  Saved& s = saved_.at(slot);
+  const int64_t M = s.rows, D = cfg_.d_model;
+  if (mode == ir::Recompute::RECOMPUTE_FULL) {
+    s.xn = act(M * D);
+    s.rstd = act(M);
+    be_.rmsnorm_fwd(view(be_, x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
+  }
+  Tensor out = scratch(M * D);  // the output is not needed again: the backward reads only the saved state
+  mixer_forward(slot, mb, s.xn.data(), out.data());
+}
+
 void Block::release(int slot) {
   mixer_release(slot);
   saved_.erase(slot);

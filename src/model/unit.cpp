@@ -55,6 +55,16 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
   }
 }
 
+void Unit::drop(int /*slot*/, ir::Recompute mode) {
+  throw std::logic_error("unit " + spec_.name + " is never recomputed, asked to drop its state for " +
+                         ir::recompute_name(mode) + " recomputation");
+}
+
+void Unit::recompute(int /*slot*/, const MicroBatch& /*mb*/, const float* /*x*/, ir::Recompute mode) {
+  throw std::logic_error("unit " + spec_.name + " is never recomputed, asked for " + ir::recompute_name(mode) +
+                         " recomputation");
+}
+
 double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, comm::Communicator* tp,
                  double* compute_ms) {
   using Clock = std::chrono::steady_clock;

@@ -92,6 +92,13 @@ class Unit {
   virtual CommBuffer point(ir::NodeKind pass, int k, int slot) = 0;
   // Drops a slot's saved state without a backward (inference).
   virtual void release(int slot) = 0;
+  // Activation recomputation (a block's; the embedding and the head throw std::logic_error):
+  // drop() after the forward's last segment frees what `mode` recomputes (selective: the
+  // mixer's inner activations; full: also the normalised input and its rstd); recompute(),
+  // before the backward, runs that part of the forward again from the unit's input `x`
+  // into scratch, restoring exactly the state the backward reads. No collective.
+  virtual void drop(int slot, ir::Recompute mode);
+  virtual void recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode);
   // The head keeps logits [rows, V] of an inference forward; nullptr elsewhere.
   virtual const float* logits(int /*slot*/) const { return nullptr; }
 
@@ -131,6 +138,8 @@ class Block : public Unit {
   using Unit::Unit;
   CommBuffer point(ir::NodeKind pass, int k, int slot) final;
   void release(int slot) final;
+  void drop(int slot, ir::Recompute mode) final;
+  void recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode) final;
 
  protected:
   double forward(int k, int slot, const PassArgs& a) final;
@@ -146,7 +155,7 @@ class Block : public Unit {
  private:
   struct Saved {
     int64_t rows = 0;
-    Tensor xn, rstd;
+    Tensor xn, rstd;       // dropped under full recomputation until recompute()
     float* out = nullptr;  // the forward's output, summed over the tp group at point 0
     Tensor dxn;            // backward: the mixer's input gradient, summed over the tp group at point 0
   };

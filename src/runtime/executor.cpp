@@ -48,6 +48,8 @@ Executor::Executor(model::Model& model, Optimizer& optimizer, ir::Program progra
     : model_(model), optimizer_(optimizer), program_(std::move(program)), player_(program_), groups_(groups) {
   last_unit_ = static_cast<int>(model.graph().units.size()) - 1;
   for (const ir::Instr& c : program_.comm) group_of(c);  // every group this program talks over exists
+  for (const ir::Instr& in : program_.compute)
+    if (in.kind == NodeKind::RECOMP) recomputed_[{in.unit, in.microbatch}] = in.recompute;
 }
 
 // A message goes over the world; a collective over the communicator of its group.
@@ -97,6 +99,9 @@ void Executor::run(size_t i) {
     case NodeKind::BWD_W:
       run_segment(in);
       break;
+    case NodeKind::RECOMP:
+      recompute(in);
+      break;
     case NodeKind::NORM:
       norm_squares();
       break;
@@ -134,6 +139,8 @@ void Executor::run_segment(const ir::Instr& in) {
       a.y = get(acts_, {u, i}, "the output activation");
     }
     stats_->loss_sum += unit.run(NodeKind::FWD, in.segment, i, a);
+    const auto r = recomputed_.find({u, i});
+    if (last && r != recomputed_.end()) unit.drop(i, r->second);
     return;
   }
   // BWD_W of a unit with an input gradient reads only what its BWD_I kept; the
@@ -155,6 +162,13 @@ void Executor::run_segment(const ir::Instr& in) {
   take(grads_, {u + 1, i});
   take(acts_, {u - 1, i});
   if (u > 0) grads_[{u, i}] = std::move(grad_in);
+}
+
+// RECOMP: the unit's dropped state again, from its input activation (kept until its backward).
+void Executor::recompute(const ir::Instr& in) {
+  const int u = in.unit, i = in.microbatch;
+  model_.unit(u).recompute(i, mbs_->at(static_cast<size_t>(i)), get(acts_, {u - 1, i}, "the input activation"),
+                           in.recompute);
 }
 
 // NORM: the sum of squares of this rank's gradients, once they are final

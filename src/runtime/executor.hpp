@@ -1,6 +1,6 @@
 // executor.hpp — runs a rank's Program for one training step: plays it by
 // ir::Player's rules, with real compute and communicators. Compute
-// instructions (segments of FWD / BWD / BWD_I / BWD_W, NORM, UPD) go to the
+// instructions (segments of FWD / BWD / BWD_I / BWD_W, RECOMP, NORM, UPD) go to the
 // model's units and the optimiser; communication instructions (SEND / RECV,
 // data-parallel buckets, ZeRO gathers, tensor-parallel collectives between
 // segments, the norm's all-reduce) are issued non-blocking on the
@@ -64,6 +64,7 @@ class Executor : private ir::PlayHost {
   void run(size_t i) override;
 
   void run_segment(const ir::Instr& in);
+  void recompute(const ir::Instr& in);
   void norm_squares();
   void finish_norm();
   void update(int unit);
@@ -84,6 +85,7 @@ class Executor : private ir::PlayHost {
   int last_unit_ = 0;
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
+  std::map<Key, ir::Recompute> recomputed_;  // the program's RECOMPs: the unit drops that state after its forward
   double norm_sq_ = 0.0;   // NORM: this rank's sum of squares, then (all-reduced) the world's
   bool norm_ready_ = false;
 

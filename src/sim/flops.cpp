@@ -381,6 +381,13 @@ Work unit_work(const config::ModelConfig& m, char kind, ir::Pass pass, int64_t r
   return o.take();
 }
 
+namespace {
+// Floats a block saves outside its mixer: the normalised input xn [rows, D] and its rstd [rows].
+double block_norm_saved(const Dims& d) { return d.M * (d.D + 1); }
+// The block's own work in a forward, around its mixer (model/block.cpp).
+bool block_wrapper_op(const std::string& name) { return name == "rmsnorm" || name == "residual"; }
+}  // namespace
+
 UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp) {
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
@@ -393,7 +400,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     saved = M * (d.D + 1) + M * d.V;            // xn, rstd, dlogits [M, V/tp]
     transient = std::max(M * d.V, M * d.D);     // the logits inside the forward; dxn inside BWD_I
   } else {
-    saved = M * (d.D + 1);                      // the block's xn, rstd
+    saved = block_norm_saved(d);                // the block's xn, rstd
     const double dxn = M * d.D;                 // the block's scratch throughout BWD_I
     if (kind == '-') {
       saved += 3 * M * d.F;                     // gate, up, h
@@ -415,6 +422,19 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   }
   constexpr double kFloat = 4;
   return {saved * kFloat, (saved + stash) * kFloat, transient * kFloat};
+}
+
+RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Recompute mode, int64_t rows,
+                               int64_t seq_len, int tp) {
+  if (mode == ir::Recompute::RECOMPUTE_NONE) return {};
+  if (mode == ir::Recompute::RECOMPUTE_FULL) return {1.0, 1.0};
+  const Work w = unit_work(m, kind, ir::Pass::PASS_F, rows, seq_len, tp);
+  double mixer = 0;
+  for (const OpWork& op : w.ops)
+    if (!block_wrapper_op(op.name)) mixer += op.flops();
+  const double saved = unit_memory(m, kind, rows, seq_len, tp).saved;
+  const double norm = 4.0 * block_norm_saved(dims_of(m, kind, rows, seq_len, tp));
+  return {w.flops() > 0 ? mixer / w.flops() : 0.0, saved > 0 ? std::max(0.0, saved - norm) / saved : 0.0};
 }
 
 }  // namespace piper::sim

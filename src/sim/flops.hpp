@@ -83,6 +83,18 @@ struct UnitMemory {
 };
 UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp = 1);
 
+// What recomputing one call of block kind `kind` costs and frees, as shares of
+// its forward (ir::Recompute): full, all of the forward's time and saved
+// activations; selective, the mixer's share of the forward's FLOPs (not the
+// norm nor the residual) and of its saved activations (all but the block's
+// normalised input and rstd); none, nothing.
+struct RecomputeShare {
+  double time = 0.0;   // of the forward's time
+  double saved = 0.0;  // of the saved activations (OpCost::saved)
+};
+RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Recompute mode, int64_t rows,
+                               int64_t seq_len, int tp = 1);
+
 // AdamW update of one parameter element: reads p, g, m, v and writes p, m, v,
 // each `state_bytes` wide (4: fp32 master weights and moments): 7 x state_bytes.
 double adamw_bytes_per_element(int state_bytes = 4);

@@ -22,6 +22,7 @@
 #include "ir/parallel_dims.hpp"
 #include "ir/player.hpp"
 #include "ir/unit_passes.hpp"
+#include "sim/flops.hpp"
 
 namespace piper::sim {
 
@@ -121,6 +122,10 @@ class Sim {
       for (NodeKind k : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD})
         segs[pass_slot(k)] = ir::pass_shape(u.kind, k, tp_, cfg.model.d_model).segments;
       segments_.push_back(segs);
+      const ir::Recompute mode = s.recompute_of(static_cast<int>(sizes_.size()) - 1);
+      recompute_.push_back(mode == ir::Recompute::RECOMPUTE_NONE
+                               ? RecomputeShare{}
+                               : recompute_share(cfg.model, kind_.back(), mode, rows_, cfg.train.seq_len, tp_));
     }
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
     issued_members_.assign(plan.graph.nodes().size(), 0);
@@ -373,6 +378,9 @@ class Sim {
     double dur = 0;
     if (in.kind == NodeKind::UPD) {
       dur = std::max(0.0, cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel)));
+    } else if (in.kind == NodeKind::RECOMP) {
+      dur = recompute_[us].time * cost_.compute_ms(kind_[us], ir::Pass::PASS_F, tp_, rows_);
+      recompute_memory(st, u, start, start + dur);
     } else if (in.kind != NodeKind::NORM) {
       const bool first = in.segment == 0, last = in.segment + 1 == segments_[us][pass_slot(in.kind)];
       if (first) dur = cost_.compute_ms(kind_[us], in.pass, tp_, rows_);
@@ -409,18 +417,33 @@ class Sim {
   // The memory of a unit pass: what it allocates at `start` (its first
   // segment's), what it frees or keeps at `end` (its last segment's); kUnknown
   // where this segment is not that one.
+  // Bytes as calibrate measures them (docs/calibration.md): `saved` is the rise over the
+  // forward, `kept` (kept_for_w) the level between BI and BW above the level before the forward,
+  // `transient` the peak inside a pass above the level before it. An entry taken at another
+  // tp degree has its row-proportional part scaled as the work splits.
+  struct UnitBytes {
+    double saved, kept, transient;
+  };
+  UnitBytes unit_bytes(int u) const {
+    const OpCost& oc = cost_.op(kind_[static_cast<size_t>(u)], tp_);
+    const double rows = static_cast<double>(rows_) * (oc.tp == tp_ ? 1.0 : static_cast<double>(oc.tp) / tp_);
+    // A fitted line below 0 at these rows (a negative intercept) holds nothing.
+    return {std::max(0.0, oc.saved.at(rows)), std::max(0.0, oc.kept_for_w.at(rows)),
+            std::max(0.0, oc.transient.at(rows))};
+  }
+
+  // RECOMP: what the forward dropped allocated again, a pass's scratch and the scratch output meanwhile.
+  void recompute_memory(RankState& st, int u, double start, double end) {
+    const UnitBytes b = unit_bytes(u);
+    add_mem(st, start, Mem::MEM_ACTIVATIONS, recompute_[static_cast<size_t>(u)].saved * b.saved);
+    add_mem(st, start, Mem::MEM_BUFFERS, b.transient + act_bytes_);
+    add_mem(st, end, Mem::MEM_BUFFERS, -b.transient - act_bytes_);
+  }
+
   void pass_memory(RankState& st, const Instr& in, double start, double end) {
     const int u = in.unit;
     const int stage = stage_of_node_[static_cast<size_t>(in.node)];
-    const OpCost& oc = cost_.op(kind_[static_cast<size_t>(u)], tp_);
-    // Bytes as calibrate measures them (docs/calibration.md): `saved` is the rise over the
-    // forward, `kept_for_w` the level between BI and BW above the level before the forward,
-    // `transient` the peak inside a pass above the level before it. An entry taken at another
-    // tp degree has its row-proportional part scaled as the work splits.
-    const double rows = static_cast<double>(rows_) * (oc.tp == tp_ ? 1.0 : static_cast<double>(oc.tp) / tp_);
-    // A fitted line below 0 at these rows (a negative intercept) holds nothing.
-    const double saved = std::max(0.0, oc.saved.at(rows)), kept = std::max(0.0, oc.kept_for_w.at(rows)),
-                 transient = std::max(0.0, oc.transient.at(rows));
+    const auto [saved, kept, transient] = unit_bytes(u);
     const bool at_start = known(start), at_end = known(end);
     const bool embed_w = in.kind == NodeKind::BWD_W && u == 0;  // the embedding's whole backward
     if (at_start) add_mem(st, start, Mem::MEM_BUFFERS, transient);
@@ -429,6 +452,7 @@ class Sim {
       if (at_start && u < last_unit_) add_mem(st, start, Mem::MEM_ACTIVATIONS, act_bytes_);
       if (at_start) set_alive(st, stage, in.microbatch, +1);
       if (at_end) add_mem(st, end, Mem::MEM_ACTIVATIONS, saved);
+      if (at_end) add_mem(st, end, Mem::MEM_ACTIVATIONS, -recompute_[static_cast<size_t>(u)].saved * saved);  // dropped
     } else if (in.kind == NodeKind::BWD_W && !embed_w) {
       if (at_start) touch_grads(st, u, start);
       if (at_end) {
@@ -540,6 +564,7 @@ class Sim {
   std::vector<std::string> names_;
   std::vector<int> stage_of_node_;
   std::vector<std::array<int, 4>> segments_;  // per unit and pass (pass_slot): segments
+  std::vector<RecomputeShare> recompute_;      // per unit: what its RECOMP costs and restores (none: 0, 0)
   std::vector<RankState> ranks_;
   std::vector<int> issued_members_;  // per graph node: ranks that have issued it
   std::vector<std::vector<int>> groups_;      // every dp group, every tp group, the world

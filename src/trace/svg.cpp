@@ -30,6 +30,7 @@ Rgb base_colour(std::string_view kind) {
   if (kind == "BWD_I") return {0x3e, 0xa6, 0x4f};
   if (kind == "BWD_W") return {0x8e, 0x5e, 0xb8};
   if (kind == "BWD") return {0x1f, 0x93, 0x8c};
+  if (kind == "RECOMP") return {0x7f, 0xa7, 0xd8};
   if (kind == "UPD") return {0xe8, 0xa2, 0x2c};
   if (kind == "SEND" || kind == "RECV") return {0xd6, 0x4f, 0x4f};
   if (kind == "ALLREDUCE" || kind == "REDUCE_SCATTER" || kind == "ALLGATHER" || kind == "ALLTOALL")
@@ -62,7 +63,7 @@ struct KindName {
 };
 constexpr KindName kKindNames[] = {
     {"FWD", "forward"},          {"BWD_I", "backward (input)"}, {"BWD_W", "backward (weights)"},
-    {"BWD", "backward"},         {"UPD", "optimizer"},          {"SEND", "send"},
+    {"BWD", "backward"},         {"RECOMP", "recompute"},       {"UPD", "optimizer"},          {"SEND", "send"},
     {"RECV", "receive"},         {"ALLREDUCE", "all-reduce"},  {"REDUCE_SCATTER", "reduce-scatter"},
     {"ALLGATHER", "all-gather"}, {"ALLTOALL", "all-to-all"},   {"WAIT", "wait"},
 };

@@ -29,7 +29,7 @@ enum class Lane : uint8_t { LANE_COMPUTE, LANE_COMM };
 struct Event {
   int rank = 0;
   Lane lane = Lane::LANE_COMPUTE;
-  std::string kind;      // the node kind: "FWD", "BWD_I", "BWD_W", "BWD", "UPD", "SEND", "RECV",
+  std::string kind;      // the node kind: "FWD", "BWD_I", "BWD_W", "BWD", "RECOMP", "UPD", "SEND", "RECV",
                          // "ALLREDUCE", "REDUCE_SCATTER", "ALLGATHER", "ALLTOALL"; or "WAIT" (exposed wait)
   std::string name;      // what users read: "FWD layers.3 mb1"
   int node = -1;         // id in the global DAG

@@ -1,7 +1,8 @@
 // test_parallel.cpp — the parity matrix: every parallel strategy (data,
 // tensor, pipeline, ZeRO, every schedule, combined) trains the tiny model to the
 // single-rank run's losses and final parameters; a strategy run twice is
-// bit-identical; ZeRO shrinks model-state memory by the expected fractions.
+// bit-identical; activation recomputation changes no bit and lowers the peak
+// activations; ZeRO shrinks model-state memory by the expected fractions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -188,6 +189,64 @@ INSTANTIATE_TEST_SUITE_P(
         ParStrategy{"pp2_dualpipev_by_hand", 2, "", kDualPipeVByHand},
         ParStrategy{"pp2_reversed_placement_unit_pairs", 2, "", kReversedPlacement}),
     [](const ::testing::TestParamInfo<ParStrategy>& p) { return std::string(p.param.name); });
+
+// Activation recomputation: selective and full give the bits of the run without, at every
+// strategy, and lower the peak activation memory (the metrics' per-rank mem_bytes) in that order.
+// With a split backward (ZB-H1) the peak can lie where input halves have run and weight halves wait:
+// the state recomputed for BI stays until BW, in either mode, so there full is at most selective.
+struct RecomputeCase {
+  ParStrategy s;
+  bool split_backward;
+};
+
+void PrintTo(const RecomputeCase& c, std::ostream* os) { *os << c.s.name; }
+
+class Recompute : public ::testing::TestWithParam<RecomputeCase> {};
+
+double peak_activations(const TrainRun& r) {
+  double worst = 0;  // the largest rank, over the steps
+  for (const auto& row : r.metrics)
+    for (const auto& rk : row["ranks"]) worst = std::max(worst, rk["mem_bytes"]["activations"].get<double>());
+  return worst;
+}
+
+TEST_P(Recompute, BitIdenticalWithLowerPeakActivations) {
+  const ParStrategy& s = GetParam().s;
+  TempDir tmp(std::string("recompute-") + s.name);
+  const TrainRun none = train(tmp, "none", s.np, s.sets);
+  double peak[3] = {peak_activations(none), 0, 0};
+  const char* modes[3] = {"none", "selective", "full"};
+  for (int m = 1; m < 3; ++m) {
+    const TrainRun got = train(tmp, modes[m], s.np, std::string(s.sets) + " --set parallel.recompute=" + modes[m]);
+    ASSERT_EQ(got.metrics.size(), none.metrics.size());
+    for (size_t i = 0; i < got.metrics.size(); ++i)
+      EXPECT_EQ(got.metrics[i]["loss"].get<double>(), none.metrics[i]["loss"].get<double>())
+          << modes[m] << " step " << i;
+    EXPECT_EQ(got.params, none.params) << modes[m] << ": final parameters differ from the run without recomputation";
+    const Compare c = compare(got, reference());
+    std::printf("[ recompute ] %-10s %-9s vs single rank: worst loss rel err %.2e, param rel err %.2e (tol %.0e); "
+                "vs no recomputation: bit-identical %s\n",
+                s.name, modes[m], c.loss, c.param, kTol, got.params == none.params ? "yes" : "NO");
+    EXPECT_LE(c.loss, kTol);
+    EXPECT_LE(c.param, kTol);
+    peak[m] = peak_activations(got);
+  }
+  std::printf("[ recompute ] %-10s peak activations: none %.0f, selective %.0f, full %.0f bytes\n", s.name, peak[0],
+              peak[1], peak[2]);
+  EXPECT_LT(peak[1], peak[0]);
+  if (GetParam().split_backward) EXPECT_LE(peak[2], peak[1]);
+  else EXPECT_LT(peak[2], peak[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, Recompute,
+    ::testing::Values(RecomputeCase{{"rank1_mb2", 1, "--set parallel.microbatches=2"}, false},
+                      RecomputeCase{{"pp2_1f1b", 2, "--set parallel.pp=2 --set parallel.microbatches=4"}, false},
+                      RecomputeCase{{"pp2_zbh1", 2,
+                                     "--set parallel.pp=2 --set parallel.schedule=zbh1 --set parallel.microbatches=4"},
+                                    true},
+                      RecomputeCase{{"tp2", 2, "--set parallel.tp=2"}, false}),
+    [](const ::testing::TestParamInfo<RecomputeCase>& p) { return std::string(p.param.s.name); });
 
 // One strategy twice: the same bits.
 TEST(ParallelDeterminism, SameStrategyTwiceIsBitIdentical) {

@@ -64,6 +64,33 @@ TEST(SimulateCli, WritesATraceAndAPictureOfThePredictedStep) {
   EXPECT_NE(svg.str().find("</svg>"), std::string::npos);
 }
 
+// parallel.recompute=full: a RECOMP event per block and microbatch in the predicted trace, each as
+// long as the block's forward (1 ms), and the JSON's compute grows by them.
+TEST(SimulateCli, RecomputationShowsAsRecompEvents) {
+  TempDir dir("sim-recompute");
+  const std::string cost = dir.write("cost.json", kAbstractCost);
+  const std::string sets = "--cost " + cost + " --set parallel.pp=2 --set parallel.microbatches=4 ";
+  const RunResult r = run(simulate(sets + "--set parallel.recompute=full --trace " + dir.file("t.json")));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream tf(dir.file("t.json"));
+  const nlohmann::json t = nlohmann::json::parse(tf);
+  int recomp = 0;
+  double recomp_ms = 0;
+  for (const auto& e : t.at("traceEvents"))
+    if (e.value("ph", "") == "X" && e.at("args").at("kind") == "RECOMP") {
+      ++recomp;
+      recomp_ms += e.at("dur").get<double>() / 1000.0;
+    }
+  EXPECT_EQ(recomp, 5 * 4) << "5 blocks x 4 microbatches";
+  EXPECT_NEAR(recomp_ms, 5 * 4 * 1.0, 1e-6);
+  const RunResult j = run(simulate(sets + "--set parallel.recompute=full --json"));
+  ASSERT_EQ(j.code, 0) << j.output;
+  const nlohmann::json figures = nlohmann::json::parse(j.output);
+  double compute = 0;
+  for (const auto& rk : figures.at("ranks")) compute += rk.at("compute_ms").get<double>();
+  EXPECT_DOUBLE_EQ(compute, 5 * 4 * 4.0) << "5 blocks, F+B+RECOMP = 4, 4 microbatches, over both ranks";
+}
+
 TEST(SimulateCli, BadCostFilesAreRefusedNamingTheKey) {
   TempDir dir("sim-bad");
   const std::string unknown = dir.write("unknown.json", R"({"ops": [], "speed": 3})");

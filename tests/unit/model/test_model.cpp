@@ -473,6 +473,47 @@ TEST(Model, SplitBackwardEqualsFusedAndMicrobatchesAccumulate) {
   EXPECT_LE(acc_err, 1e-5 * gmax);
 }
 
+// Activation recomputation: every block drops its state after the forward (the activations in use
+// fall), recomputes it before the backward, and the gradients are the same bits as without.
+TEST(Model, RecomputedBlocksGiveTheSameGradientBits) {
+  Harness h(tiny_config("M*-M"));
+  h.ps().init(5);
+  generic_params(h.ps(), 5);
+  const int64_t B = 2, T = 7, rows = B * T;
+  const auto in = tokens(rows, 32, 8), tg = tokens(rows, 32, 9);
+  const MicroBatch mb{in.data(), tg.data(), B, T, 1.0f / static_cast<float>(rows)};
+  const auto activations = [] {
+    return backend::cpu().memory().current[static_cast<size_t>(backend::MemCategory::MEM_ACTIVATIONS)];
+  };
+  h.ps().zero_grads();
+  h.forward(0, mb);
+  const int64_t kept = activations();
+  h.backward(0, rows, true);
+  const auto want = h.all_grads();
+  for (ir::Recompute mode : {ir::Recompute::RECOMPUTE_SELECTIVE, ir::Recompute::RECOMPUTE_FULL}) {
+    h.ps().zero_grads();
+    h.forward(0, mb);
+    for (int u = 1; u + 1 < h.n_units; ++u)
+      if (mode == ir::Recompute::RECOMPUTE_FULL || h.graph.units[static_cast<size_t>(u)].kind != ir::UnitKind::UNIT_MLP)
+        h.model->unit(u).drop(0, mode);
+    const int64_t dropped = activations();
+    for (int u = h.n_units - 2; u >= 1; --u) {
+      if (mode == ir::Recompute::RECOMPUTE_FULL || h.graph.units[static_cast<size_t>(u)].kind != ir::UnitKind::UNIT_MLP)
+        h.model->unit(u).recompute(0, mb, h.acts.at(0)[static_cast<size_t>(u - 1)].data(), mode);
+    }
+    EXPECT_EQ(activations(), kept) << ir::recompute_name(mode) << ": the recomputed state differs in size";
+    h.backward(0, rows, true);
+    const auto got = h.all_grads();
+    std::printf("[ recompute ] %s: activations in use after the forward %lld bytes, %lld when dropped; "
+                "gradients bit-identical: %s\n",
+                ir::recompute_name(mode), static_cast<long long>(kept), static_cast<long long>(dropped),
+                got == want ? "yes" : "no");
+    EXPECT_LT(dropped, kept);
+    EXPECT_EQ(got, want) << ir::recompute_name(mode);
+  }
+  EXPECT_THROW(h.model->unit(0).drop(0, ir::Recompute::RECOMPUTE_FULL), std::logic_error);
+}
+
 // The head's logits of an inference forward over `ctx`.
 std::vector<float> last_logits(Harness& h, const std::vector<int32_t>& ctx) {
   const MicroBatch mb{ctx.data(), nullptr, 1, static_cast<int64_t>(ctx.size()), 1.0f};

@@ -250,6 +250,42 @@ TEST(SimulatorMemory, ZeroStagesShardTheModelStateAsPublished) {
   }
 }
 
+// Recomputation: the saved state leaves at each forward's end and comes back at its RECOMP, so the
+// peak activations fall (full below selective below none) while the compute grows by the RECOMPs'
+// time: the forward's (full) or the mixer's share of it (selective), shown as RECOMP events.
+TEST(SimulatorMemory, RecomputationLowersThePeakActivationsForItsTime) {
+  config::Config cfg = small_config("M*-M-", 8, 8);
+  cfg.parallel.pp = 2;
+  cfg.parallel.microbatches = 4;
+  CostModel cost = abstract_costs();
+  for (OpCost& o : cost.ops) o.saved = o.kept_for_w = {0, 1000};  // bytes per row: the state dominates
+  double peak[3] = {0, 0, 0}, compute[3] = {0, 0, 0};
+  int recomps[3] = {0, 0, 0};
+  const char* modes[3] = {"none", "selective", "full"};
+  for (int m = 0; m < 3; ++m) {
+    cfg.parallel.recompute = modes[m];
+    SimOptions opts;
+    opts.timeline = true;
+    const SimResult r = simulate(ir::compile(cfg, 2), cfg, cost, opts);
+    for (const RankResult& rk : r.ranks) {
+      peak[m] = std::max(peak[m], rk.peak[static_cast<size_t>(Mem::MEM_ACTIVATIONS)]);
+      compute[m] += rk.compute_ms;
+    }
+    for (const trace::Event& e : r.trace.events) recomps[m] += e.kind == "RECOMP";
+    std::printf("[ recompute ] %-9s peak activations %.0f bytes, compute %.3f ms, %d RECOMP events\n", modes[m],
+                peak[m], compute[m], recomps[m]);
+  }
+  EXPECT_LT(peak[1], peak[0]);
+  EXPECT_LT(peak[2], peak[1]);
+  EXPECT_EQ(recomps[0], 0);
+  EXPECT_EQ(recomps[1], 3 * 4);  // M, *, M blocks x 4 microbatches
+  EXPECT_EQ(recomps[2], 5 * 4);
+  // Full adds one forward (F = 1 ms) per block and microbatch; selective the mixers' share of three.
+  EXPECT_NEAR(compute[2] - compute[0], 5 * 4 * 1.0, 1e-9);
+  EXPECT_GT(compute[1] - compute[0], 0.0);
+  EXPECT_LT(compute[1] - compute[0], 3 * 4 * 1.0);
+}
+
 // A 1024-rank strategy (pp 8 x dp 64 x tp 2): every rank is played, ranks of one pipeline stage
 // finish together, and every stage holds its 1F1B count of microbatches. (How fast: printed, and
 // quoted in docs/simulator.md; not asserted.)
