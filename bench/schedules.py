@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""schedules.py — what pairs and the schedules buy: measured on this machine with 2 ranks (tp 2
-with and without pairs; pp 2 1F1B, interleaved 1F1B, DualPipeV without and with pairs, the same
-microbatches), and simulated at scale with the analytic H100 model on config/examples/hybrid-7b.yaml
-(tp 2, pp 8 and 16). Prints the tables and writes them into docs/benchmarks.md, region `schedules`.
+"""schedules.py — what pairs, the schedules and recomputation buy: measured on this machine with 2
+ranks (tp 2 with and without pairs; pp 2 1F1B, interleaved 1F1B, DualPipeV without and with pairs,
+the same microbatches), simulated at scale with the analytic H100 model on
+config/examples/hybrid-7b.yaml (tp 2, pp 8 and 16); and activation recomputation (none, selective,
+full) measured at 1 rank beside its simulation, and simulated for the 7B hybrid. Prints the tables
+and writes them into docs/benchmarks.md, region `schedules`.
 
 Measured: the cases run in turn, `--rounds` times; a case's step time is the median over the
 rounds of each run's median step time (steps --skip.. --steps-1); its exposed communication and
@@ -40,6 +42,7 @@ MEASURED = [
     ("pp 2, dualpipev, m 8, pairs", 2, ["parallel.pp=2", "parallel.schedule=dualpipev", "parallel.microbatches=8",
                                         "parallel.pairs=true"], "pp 2, 1f1b, m 8"),
 ]
+RECOMPUTE = ["none", "selective", "full"]
 SIM_CONFIG = "config/examples/hybrid-7b.yaml"
 SIMULATED = [
     ("1f1b", ["parallel.schedule=1f1b", "parallel.pairs=false"]),
@@ -57,7 +60,8 @@ def sets(items):
 
 
 def measure(piper, config, ranks, extra, steps, skip, data, work):
-    """(median step ms, median exposed-collective share, median receive-wait share) of one run."""
+    """(median step ms, median exposed-collective share, median receive-wait share, peak activation
+    bytes of the largest rank) of one run."""
     metrics = os.path.join(work, "metrics.jsonl")
     run(mpirun() + ["-np", str(ranks), piper, "train", config, "--quiet", "--metrics", metrics,
                     "--set", f"train.steps={steps}", "--set", f"data.path={data}"] + sets(COMMON + extra))
@@ -67,16 +71,22 @@ def measure(piper, config, ranks, extra, steps, skip, data, work):
     def share(key):
         return med(sum(x[key] for x in r["ranks"]) / (len(r["ranks"]) * r["step_ms"]) for r in rows)
 
-    return med(r["step_ms"] for r in rows), share("comm_ms"), share("idle_ms")
+    acts = max(x["mem_bytes"]["activations"] for r in rows for x in r["ranks"])
+    return med(r["step_ms"] for r in rows), share("comm_ms"), share("idle_ms"), acts
 
 
-def simulate(piper, pp, extra):
-    out = run([piper, "simulate", os.path.join(ROOT, SIM_CONFIG), "--hardware", "h100-sxm", "--json",
-               "--set", f"parallel.pp={pp}"] + sets(extra))
-    j = json.loads(out)
+def simulate(piper, args):
+    """(step ms, bubble, mean exposed-communication share, peak bytes, peak activation bytes)."""
+    j = json.loads(run([piper, "simulate", "--json"] + args))
     ranks = j["ranks"]
     comm = statistics.mean(r["comm_ms"] for r in ranks) / j["step_ms"]
-    return j["step_ms"], j["bubble"], comm, max(r["peak_mem_bytes"] for r in ranks)
+    return (j["step_ms"], j["bubble"], comm, max(r["peak_mem_bytes"] for r in ranks),
+            max(r["mem_bytes"]["activations"] for r in ranks))
+
+
+def simulate_hybrid(piper, pp, extra):
+    return simulate(piper, [os.path.join(ROOT, SIM_CONFIG), "--hardware", "h100-sxm", "--set", f"parallel.pp={pp}"] +
+                    sets(extra))
 
 
 def main():
@@ -95,10 +105,12 @@ def main():
     med = statistics.median
     lines = ["<!-- bench:schedules:begin -->", "## Schedules and pairs", ""]
     if not a.no_measure:
-        per = {name: [] for name, *_ in MEASURED}
+        cases = MEASURED + [(f"1 rank, m 2, recompute {m}", 1, ["parallel.microbatches=2", f"parallel.recompute={m}"],
+                             None) for m in RECOMPUTE]
+        per = {name: [] for name, *_ in cases}
         with tempfile.TemporaryDirectory() as work:
             for rnd in range(a.rounds):
-                for name, ranks, extra, _ in MEASURED:
+                for name, ranks, extra, _ in cases:
                     wait_idle(10)
                     per[name].append(measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work))
                     print(f"schedules.py: round {rnd + 1}/{a.rounds}: {name}: {per[name][-1][0]:.1f} ms",
@@ -131,10 +143,26 @@ def main():
     for pp in (8, 16):
         base = None
         for name, extra in SIMULATED:
-            step, bubble, comm, peak = simulate(piper, pp, extra)
+            step, bubble, comm, peak, _ = simulate_hybrid(piper, pp, extra)
             base = base or step
             lines.append(f"| {pp} | {name} | {step:.1f} | {100 * (base / step - 1):+.1f}% | {100 * bubble:.1f}% | "
                          f"{100 * comm:.1f}% | {peak / 2**30:.1f} |")
+    lines += ["", "Activation recomputation (`parallel.recompute`). Measured: the 1-rank runs above; simulated: the",
+              "same config with the analytic model of this kind of CPU (`--hardware cpu-local`; its times are the",
+              "analytic model's, not this machine's calibration), and the 7B hybrid at pp 8 (tp 2, DualPipeV with",
+              "pairs) on H100s. Peak activations are the largest rank's.", "",
+              "| recompute | measured ms | measured peak act. MiB | simulated ms | simulated peak act. MiB | "
+              "7B pp 8 ms | 7B pp 8 peak act. GiB | 7B pp 8 peak GiB |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in RECOMPUTE:
+        name = f"1 rank, m 2, recompute {m}"
+        meas = (f"{med(x[0] for x in per[name]):.1f} | {max(x[3] for x in per[name]) / 2**20:.2f}"
+                if not a.no_measure else "- | -")
+        small = simulate(piper, [a.config, "--hardware", "cpu-local", "--world", "1"] +
+                         sets(COMMON + ["parallel.microbatches=2", f"parallel.recompute={m}"]))
+        big = simulate_hybrid(piper, 8, ["parallel.schedule=dualpipev", "parallel.pairs=true", f"parallel.recompute={m}"])
+        lines.append(f"| {m} | {meas} | {small[0]:.1f} | {small[4] / 2**20:.2f} | {big[0]:.1f} | "
+                     f"{big[4] / 2**30:.1f} | {big[3] / 2**30:.1f} |")
     lines.append("<!-- bench:schedules:end -->")
     block = "\n".join(lines)
     print(block)
