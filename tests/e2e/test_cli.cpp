@@ -28,7 +28,7 @@ TEST(Cli, PlanPrintsDagAndProgram) {
   auto d = run(piper() + " plan " + source("config/tiny.yaml") + " --directives");
   ASSERT_EQ(d.code, 0) << d.output;
   EXPECT_NE(d.output.find("split: {microbatches: 1}"), std::string::npos) << d.output;
-  EXPECT_NE(d.output.find("order: {schedule: 1f1b}"), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("order:  # 1f1b, op by op\n      ranks:\n        - [F0, B0]\n"), std::string::npos) << d.output;
 }
 
 TEST(Cli, PrepareWritesTokenFile) {
