@@ -89,7 +89,8 @@ bool Player::finish(PlayHost& host, size_t k, Progress& p) {
   if (completed_[k]) return true;
   const Instr& target = program_.comm[k];
   const bool p2p = is_p2p(target.kind);
-  for (size_t j = p2p ? k : comm_next_; j <= k; ++j) {
+  // Once k is issued, so are the collectives of its group before it (pump and this loop keep group order).
+  for (size_t j = p2p || issued_[k] ? k : comm_next_; j <= k; ++j) {
     const Instr& c = program_.comm[j];
     if (issued_[j] || (j != k && (is_p2p(c.kind) || c.group != target.group))) continue;
     if (!ready(j, pc_))

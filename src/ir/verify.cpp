@@ -248,7 +248,8 @@ void check_acyclic(const Graph& g, const std::vector<std::string>& names) {
   int shown = 0;
   for (int u = step[static_cast<size_t>(v)]; u != v && shown < kShown; u = step[static_cast<size_t>(u)], ++shown)
     cycle += ",\n    which waits for " + at(u);
-  cycle += shown == kShown ? ",\n    ... and so on back to the first" : ",\n    which waits for the first";
+  cycle += shown == kShown ? ",\n    ... and so on back to the first"
+                           : ",\n    which waits for " + describe(g.node(v), names) + " again";
   throw VerifyError("the schedule can deadlock: a cycle of data and ordering edges (" + std::to_string(n - seen) +
                     " nodes can never run):\n    " + cycle);
 }

@@ -21,6 +21,9 @@ size_t slot(GroupDim g) {
 
 constexpr size_t kNone = static_cast<size_t>(-1);
 
+// What the sides of a communication instruction share: the node of a collective, the SEND of a message.
+int key(const Instr& c) { return is_p2p(c.kind) ? c.tag : c.node; }
+
 }  // namespace
 
 std::vector<int> group_members(const ParallelDims& dims, int rank, GroupDim g) {
@@ -63,6 +66,7 @@ WorldPlay::WorldPlay(const std::vector<Program>& programs, const ParallelDims& d
   issued_members_.assign(static_cast<size_t>(nodes), 0);
   finished_.assign(programs.size(), 0);
   queued_.assign(programs.size(), 0);
+  waits_for_.assign(programs.size(), -1);
 }
 
 const std::vector<int>& WorldPlay::members(int r, GroupDim g) const {
@@ -96,8 +100,9 @@ void WorldPlay::issue(int r, size_t k) {
   issued_[static_cast<size_t>(r)][k] = 1;
   const Instr& c = program(r).comm[k];
   ++issued_members_[static_cast<size_t>(c.node)];
+  // Only a side waiting for this very operation can move now.
   auto wake = [&](int m) {
-    if (m == r || finished_[static_cast<size_t>(m)] || queued_[static_cast<size_t>(m)]) return;
+    if (m == r || waits_for_[static_cast<size_t>(m)] != key(c) || queued_[static_cast<size_t>(m)]) return;
     queued_[static_cast<size_t>(m)] = 1;
     queue_.push_back(m);
   };
@@ -124,6 +129,7 @@ std::vector<int> WorldPlay::play(const std::vector<PlayHost*>& hosts) {
     player(r).start();
     std::fill(issued_[static_cast<size_t>(r)].begin(), issued_[static_cast<size_t>(r)].end(), 0);
     finished_[static_cast<size_t>(r)] = 0;
+    waits_for_[static_cast<size_t>(r)] = -1;
     queued_[static_cast<size_t>(r)] = 1;
     queue_.push_back(r);
   }
@@ -132,7 +138,13 @@ std::vector<int> WorldPlay::play(const std::vector<PlayHost*>& hosts) {
   for (size_t head = 0; head < queue_.size(); ++head) {
     const int r = queue_[head];
     queued_[static_cast<size_t>(r)] = 0;
-    if (player(r).advance(*hosts[static_cast<size_t>(r)]).finished) finished_[static_cast<size_t>(r)] = 1;
+    if (player(r).advance(*hosts[static_cast<size_t>(r)]).finished) {
+      finished_[static_cast<size_t>(r)] = 1;
+      waits_for_[static_cast<size_t>(r)] = -1;
+    } else {
+      const size_t k = waiting_for(r);
+      waits_for_[static_cast<size_t>(r)] = k == kNone ? -1 : key(program(r).comm[k]);
+    }
   }
   std::vector<int> left;
   for (int r = 0; r < world(); ++r)

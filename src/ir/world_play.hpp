@@ -55,8 +55,8 @@ class WorldPlay {
   bool matched(int r, size_t k) const;
 
   // Starts every player, then advances ranks (hosts[r] drives rank r), each
-  // again after another rank issues an instruction it takes part in, until
-  // none can move. Returns the ranks that did not finish, ascending.
+  // again once another rank issues the operation it waits for, until none
+  // can move. Returns the ranks that did not finish, ascending.
   std::vector<int> play(const std::vector<PlayHost*>& hosts);
 
   // Where unfinished rank r stands, as users read it: the instruction it
@@ -77,6 +77,7 @@ class WorldPlay {
   std::vector<std::vector<char>> issued_;        // per rank and comm index
   std::vector<int> issued_members_;              // per graph node: ranks that issued it (all its groups)
   std::vector<char> finished_, queued_;          // per rank
+  std::vector<int> waits_for_;                   // per rank: the collective's node or message's SEND it waits for, -1
   std::vector<int> queue_;                       // ranks to advance
 };
 
