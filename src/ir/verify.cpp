@@ -244,12 +244,14 @@ void check_acyclic(const Graph& g, const std::vector<std::string>& names) {
   }
   auto at = [&](int id) { return describe_at(g, id, names) + " on rank " + devices(g.node(id)); };
   constexpr int kShown = 12;
+  int length = 1;
+  for (int u = step[static_cast<size_t>(v)]; u != v; u = step[static_cast<size_t>(u)]) ++length;
   std::string cycle = at(v);
-  int shown = 0;
+  int shown = 1;
   for (int u = step[static_cast<size_t>(v)]; u != v && shown < kShown; u = step[static_cast<size_t>(u)], ++shown)
     cycle += ",\n    which waits for " + at(u);
-  cycle += shown == kShown ? ",\n    ... and so on back to the first"
-                           : ",\n    which waits for " + describe(g.node(v), names) + " again";
+  if (shown < length) cycle += ",\n    ... " + std::to_string(length - shown) + " more";
+  cycle += ",\n    which waits for " + describe(g.node(v), names) + " again";
   throw VerifyError("the schedule can deadlock: a cycle of data and ordering edges (" + std::to_string(n - seen) +
                     " nodes can never run):\n    " + cycle);
 }

@@ -134,7 +134,7 @@ std::vector<int> WorldPlay::play(const std::vector<PlayHost*>& hosts) {
     queue_.push_back(r);
   }
   std::fill(issued_members_.begin(), issued_members_.end(), 0);
-  // Breadth first: a rank moves again only after a rank it talks with has issued.
+  // In turns: a rank moves again once another issues the operation it waits for.
   for (size_t head = 0; head < queue_.size(); ++head) {
     const int r = queue_[head];
     queued_[static_cast<size_t>(r)] = 0;

@@ -5,8 +5,9 @@
 // completions. Here a compute instruction takes the cost model's time, a
 // transfer completes when both sides have issued it and a collective when
 // every member of its group has (ir::WorldPlay matches them and takes the
-// ranks in turns, as the verifier does), each after the cost model's time. Memory is a list of (time, bytes)
-// changes per rank, summed in time order at the end.
+// ranks in turns, as the verifier does), each after the cost model's time.
+// Memory is a list of (time, bytes) changes per rank, summed in time order
+// at the end.
 #include "sim/simulator.hpp"
 
 #include <algorithm>
