@@ -18,6 +18,7 @@ Plan compile(const config::Config& cfg, int world_size) {
     throw BuildError(std::string("shard: ") + e.what());
   }
   verify(p.graph, p.model);
+  verify_play(p.graph, p.model, p.strategy.dims());
   p.hash = plan_hash(p.graph, p.model);
   p.devices_of_unit.resize(p.model.units.size());
   for (const Node& n : p.graph.nodes())

@@ -129,4 +129,11 @@ std::string describe(const Node& n, const std::vector<std::string>& unit_names) 
   return s;
 }
 
+std::string describe_at(const Graph& g, int id, const std::vector<std::string>& unit_names) {
+  const Node& n = g.node(id);
+  std::string s = describe(n, unit_names) + " (pass " + pass_name(n.tags.pass);
+  if (n.tags.microbatch >= 0) s += ", microbatch " + std::to_string(n.tags.microbatch);
+  return s + ", stage " + std::to_string(n.tags.stage) + ")";
+}
+
 }  // namespace piper::ir

@@ -131,5 +131,8 @@ bool is_p2p(NodeKind k);                 // SEND / RECV
 
 // "FWD layers.3 mb1", "RECOMP layers.3 mb1 full", "ALLREDUCE tp layers.3 mb1 F.0" — a node as users read it.
 std::string describe(const Node& n, const std::vector<std::string>& unit_names);
+// describe() of node `id` and its place in the schedule:
+// "FWD layers.3 mb1 (pass F, microbatch 1, stage 0)".
+std::string describe_at(const Graph& g, int id, const std::vector<std::string>& unit_names);
 
 }  // namespace piper::ir

@@ -35,6 +35,13 @@ Player::Player(const Program& program) : program_(program) {
   ready_at_.assign(comm.size(), 0);
   for (size_t k = 0; k < comm.size(); ++k)
     for (int w : comm[k].waits) ready_at_[k] = std::max(ready_at_[k], compute_of[static_cast<size_t>(w - lo)] + 1);
+  // No instruction from k on can be issued before this many compute instructions have run.
+  issuable_from_.assign(comm.size() + 1, compute.size() + 1);
+  for (size_t k = comm.size(); k-- > 0;) {
+    const bool deferrable = comm[k].kind == NodeKind::RECV || is_zero3_gather(comm[k]);
+    const size_t undeferred = deferrable && first_use_[k] > kLookahead ? first_use_[k] - kLookahead : 0;
+    issuable_from_[k] = std::min(issuable_from_[k + 1], std::max(ready_at_[k], undeferred));
+  }
   start();
 }
 
@@ -61,7 +68,7 @@ void Player::issue(PlayHost& host, size_t k, Progress& p) {
 void Player::pump(PlayHost& host, size_t done, Progress& p) {
   constexpr size_t kGroups = 4;  // GroupDim values
   bool blocked[kGroups] = {};
-  for (size_t k = comm_next_; k < program_.comm.size(); ++k) {
+  for (size_t k = comm_next_; k < program_.comm.size() && issuable_from_[k] <= done; ++k) {
     if (issued_[k]) continue;
     const Instr& c = program_.comm[k];
     const bool p2p = is_p2p(c.kind);
@@ -82,7 +89,8 @@ bool Player::finish(PlayHost& host, size_t k, Progress& p) {
   if (completed_[k]) return true;
   const Instr& target = program_.comm[k];
   const bool p2p = is_p2p(target.kind);
-  for (size_t j = p2p ? k : comm_next_; j <= k; ++j) {
+  // Once k is issued, so are the collectives of its group before it (pump and this loop keep group order).
+  for (size_t j = p2p || issued_[k] ? k : comm_next_; j <= k; ++j) {
     const Instr& c = program_.comm[j];
     if (issued_[j] || (j != k && (is_p2p(c.kind) || c.group != target.group))) continue;
     if (!ready(j, pc_))

@@ -113,6 +113,8 @@ class Player {
   const Program& program_;
   std::vector<size_t> first_use_;  // per communication instruction
   std::vector<size_t> ready_at_;   // per communication instruction: compute instructions that must have run
+  std::vector<size_t> issuable_from_;  // per communication instruction and one past: the least ready_at_ or
+                                       // undeferring point from it on (pump stops where none can go)
   std::vector<int> comm_of_node_;  // graph node -> communication index, -1 (dense over the program's nodes)
   int node_base_ = 0;
 

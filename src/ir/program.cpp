@@ -10,17 +10,15 @@
 
 namespace piper::ir {
 
-Program lower(const Graph& g, int rank) {
-  const size_t n = g.nodes().size();
-  std::vector<int> slot(n, -1);  // index of `rank` in each node's device set, -1 when not there
-  for (const Node& nd : g.nodes()) {
-    auto it = std::find(nd.devices.begin(), nd.devices.end(), rank);
-    if (it != nd.devices.end()) slot[static_cast<size_t>(nd.id)] = static_cast<int>(it - nd.devices.begin());
-  }
+namespace {
+
+// The slice of `rank`: `nodes` are its nodes, ascending, and slot[id] the
+// index of `rank` in node id's device set (-1 for nodes not on it).
+Program lower_slice(const Graph& g, int rank, const std::vector<int>& nodes, const std::vector<int>& slot) {
   auto mine = [&](int id) { return slot[static_cast<size_t>(id)] >= 0; };
-  std::vector<int> indeg(n, 0);
-  for (const Edge& e : g.edges())
-    if (mine(e.src) && mine(e.dst)) ++indeg[static_cast<size_t>(e.dst)];
+  std::vector<int> indeg(g.nodes().size(), 0);
+  for (int v : nodes)
+    for (int e : g.in_edges()[static_cast<size_t>(v)]) indeg[static_cast<size_t>(v)] += mine(g.edges()[static_cast<size_t>(e)].src);
   // Two ready queues, ties broken by node id: communication is placed as soon
   // as its inputs are, so a message never waits behind one produced later.
   using Queue = std::priority_queue<int, std::vector<int>, std::greater<int>>;
@@ -28,8 +26,8 @@ Program lower(const Graph& g, int rank) {
   auto push = [&](int id) {
     (g.node(id).stream == Stream::STREAM_COMM ? ready_comm : ready_compute).push(id);
   };
-  for (size_t i = 0; i < n; ++i)
-    if (mine(static_cast<int>(i)) && indeg[i] == 0) push(static_cast<int>(i));
+  for (int v : nodes)
+    if (indeg[static_cast<size_t>(v)] == 0) push(v);
   Program p;
   p.rank = rank;
   while (!ready_comm.empty() || !ready_compute.empty()) {
@@ -53,6 +51,37 @@ Program lower(const Graph& g, int rank) {
     }
   }
   return p;
+}
+
+}  // namespace
+
+Program lower(const Graph& g, int rank) {
+  std::vector<int> slot(g.nodes().size(), -1), nodes;
+  for (const Node& nd : g.nodes()) {
+    auto it = std::find(nd.devices.begin(), nd.devices.end(), rank);
+    if (it == nd.devices.end()) continue;
+    slot[static_cast<size_t>(nd.id)] = static_cast<int>(it - nd.devices.begin());
+    nodes.push_back(nd.id);
+  }
+  return lower_slice(g, rank, nodes, slot);
+}
+
+std::vector<Program> lower_all(const Graph& g, int world_size) {
+  std::vector<std::vector<std::pair<int, int>>> of(static_cast<size_t>(world_size));  // per rank: (node, slot)
+  for (const Node& nd : g.nodes())
+    for (size_t i = 0; i < nd.devices.size(); ++i)
+      if (nd.devices[i] >= 0 && nd.devices[i] < world_size)
+        of[static_cast<size_t>(nd.devices[i])].push_back({nd.id, static_cast<int>(i)});
+  std::vector<Program> out;
+  out.reserve(of.size());
+  std::vector<int> slot(g.nodes().size(), -1), nodes;
+  for (int r = 0; r < world_size; ++r) {
+    nodes.clear();
+    for (auto [id, i] : of[static_cast<size_t>(r)]) slot[static_cast<size_t>(id)] = i, nodes.push_back(id);
+    out.push_back(lower_slice(g, r, nodes, slot));
+    for (int id : nodes) slot[static_cast<size_t>(id)] = -1;
+  }
+  return out;
 }
 
 namespace {

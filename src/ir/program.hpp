@@ -38,6 +38,9 @@ struct Program {
 // The slice of rank `rank`: its nodes per stream, in a topological order of
 // the edges among them, ties broken by node id (deterministic on every rank).
 Program lower(const Graph& g, int rank);
+// lower() of every rank 0..world_size-1, reading the graph once rather than
+// once per rank.
+std::vector<Program> lower_all(const Graph& g, int world_size);
 
 // 64-bit FNV-1a of the graph's canonical form; ranks compare it at start.
 uint64_t plan_hash(const Graph& g);

@@ -7,6 +7,8 @@
 #include <set>
 #include <tuple>
 
+#include "ir/world_play.hpp"
+
 namespace piper::ir {
 
 namespace {
@@ -17,10 +19,15 @@ std::vector<std::string> unit_names(const ModelGraph& model) {
   return names;
 }
 
-std::string where(const Node& n, const std::vector<std::string>& names) {
+// "0,1", or "<none>".
+std::string devices(const Node& n) {
   std::string ranks;
   for (size_t i = 0; i < n.devices.size(); ++i) ranks += (i ? "," : "") + std::to_string(n.devices[i]);
-  return describe(n, names) + " on rank " + (ranks.empty() ? "<none>" : ranks);
+  return ranks.empty() ? "<none>" : ranks;
+}
+
+std::string where(const Node& n, const std::vector<std::string>& names) {
+  return describe(n, names) + " on rank " + devices(n);
 }
 
 // Follows data edges backwards through SEND/RECV and the tensor-parallel
@@ -206,7 +213,9 @@ void check_order(const Graph& g, const std::vector<std::string>& names) {
   }
 }
 
-// Kahn's algorithm over data and ordering edges; a leftover node lies on a cycle.
+// Kahn's algorithm over data and ordering edges; a leftover node lies on a
+// cycle or behind one. Walking back from it through leftover predecessors
+// reaches a cycle, which the message spells out.
 void check_acyclic(const Graph& g, const std::vector<std::string>& names) {
   const size_t n = g.nodes().size();
   std::vector<int> indeg(n, 0);
@@ -225,14 +234,111 @@ void check_acyclic(const Graph& g, const std::vector<std::string>& names) {
     }
   }
   if (seen == n) return;
-  for (size_t i = 0; i < n; ++i)
-    if (indeg[i] > 0)
-      throw VerifyError("the schedule can deadlock: " + where(g.node(static_cast<int>(i)), names) +
-                        " waits on a cycle of data and ordering edges (" +
-                        std::to_string(n - seen) + " nodes can never run)");
+  auto left = [&](int v) { return indeg[static_cast<size_t>(v)] > 0; };
+  int v = static_cast<int>(std::find_if(indeg.begin(), indeg.end(), [](int d) { return d > 0; }) - indeg.begin());
+  std::vector<int> step(n, -1);  // where the walk went back to from each node
+  while (step[static_cast<size_t>(v)] < 0) {
+    for (int e : g.in_edges()[static_cast<size_t>(v)])
+      if (left(g.edges()[static_cast<size_t>(e)].src)) step[static_cast<size_t>(v)] = g.edges()[static_cast<size_t>(e)].src;
+    v = step[static_cast<size_t>(v)];
+  }
+  auto at = [&](int id) { return describe_at(g, id, names) + " on rank " + devices(g.node(id)); };
+  constexpr int kShown = 12;
+  int length = 1;
+  for (int u = step[static_cast<size_t>(v)]; u != v; u = step[static_cast<size_t>(u)]) ++length;
+  std::string cycle = at(v);
+  int shown = 1;
+  for (int u = step[static_cast<size_t>(v)]; u != v && shown < kShown; u = step[static_cast<size_t>(u)], ++shown)
+    cycle += ",\n    which waits for " + at(u);
+  if (shown < length) cycle += ",\n    ... " + std::to_string(length - shown) + " more";
+  cycle += ",\n    which waits for " + describe(g.node(v), names) + " again";
+  throw VerifyError("the schedule can deadlock: a cycle of data and ordering edges (" + std::to_string(n - seen) +
+                    " nodes can never run):\n    " + cycle);
 }
 
+std::string ranks_of(const std::vector<int>& ranks) {
+  constexpr size_t kListed = 8;
+  std::string s;
+  for (size_t i = 0; i < ranks.size() && i < kListed; ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  if (ranks.size() > kListed) s += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+  return s;
+}
+
+// The collectives of each group in the order every member issues them, checked against its first member's.
+void check_collective_order(const WorldPlay& w, const Graph& g, const std::vector<std::string>& names) {
+  constexpr GroupDim kDims[] = {GroupDim::GROUP_DP, GroupDim::GROUP_TP, GroupDim::GROUP_WORLD};
+  auto sequence = [&](int r, GroupDim d) {
+    std::vector<int> seq;
+    for (const Instr& c : w.program(r).comm)
+      if (!is_p2p(c.kind) && c.group == d) seq.push_back(c.node);
+    return seq;
+  };
+  auto issues = [&](const std::vector<int>& seq, size_t i) {
+    return i < seq.size() ? describe_at(g, seq[i], names) : std::string("nothing more");
+  };
+  auto position = [&](const std::vector<int>& seq, int node) {
+    auto it = std::find(seq.begin(), seq.end(), node);
+    return it == seq.end() ? std::string("never issues it")
+                           : "issues it at position " + std::to_string(it - seq.begin());
+  };
+  for (GroupDim d : kDims)
+    for (int r = 0; r < w.world(); ++r) {
+      const std::vector<int>& members = w.members(r, d);
+      if (members.front() != r) continue;
+      const std::vector<int> first = sequence(r, d);
+      for (size_t mi = 1; mi < members.size(); ++mi) {
+        const int m = members[mi];
+        const std::vector<int> seq = sequence(m, d);
+        if (seq == first) continue;
+        const size_t i = static_cast<size_t>(std::mismatch(first.begin(), first.end(), seq.begin(), seq.end()).first -
+                                             first.begin());
+        // The member that issues something there waits for the other, which issues it elsewhere or never.
+        const bool mine = i < seq.size();
+        const int waiter = mine ? m : r, other = mine ? r : m;
+        const std::vector<int>& waiting = mine ? seq : first;
+        const std::vector<int>& others = mine ? first : seq;
+        throw VerifyError(std::string("the collectives of the ") + group_name(d) + " group of ranks " +
+                          ranks_of(members) + " are issued in different orders: at position " + std::to_string(i) +
+                          " rank " + std::to_string(r) + " issues " + issues(first, i) + " and rank " +
+                          std::to_string(m) + " issues " + issues(seq, i) + "; rank " + std::to_string(waiter) +
+                          "'s " + describe_at(g, waiting[i], names) + " waits on rank " + std::to_string(other) +
+                          ", which " + position(others, waiting[i]) +
+                          ". Every member must issue a group's collectives in one order");
+      }
+    }
+}
+
+// Plays every rank on an abstract clock: nothing takes time, and a communication
+// instruction completes once every side has issued it.
+class AbstractHost final : public PlayHost {
+ public:
+  AbstractHost(WorldPlay& w, int rank) : w_(w), rank_(rank) {}
+  void issue(size_t k) override { w_.issue(rank_, k); }
+  bool complete(size_t k) override { return w_.matched(rank_, k); }
+  void run(size_t) override {}
+
+ private:
+  WorldPlay& w_;
+  int rank_;
+};
+
 }  // namespace
+
+void verify_play(const Graph& g, const ModelGraph& model, const ParallelDims& dims) {
+  const auto names = unit_names(model);
+  const std::vector<Program> programs = lower_all(g, dims.world_size());
+  WorldPlay w(programs, dims);
+  check_collective_order(w, g, names);
+  std::vector<AbstractHost> hosts;
+  hosts.reserve(programs.size());
+  std::vector<PlayHost*> of;
+  for (int r = 0; r < w.world(); ++r) of.push_back(&hosts.emplace_back(w, r));
+  const std::vector<int> left = w.play(of);
+  if (left.empty()) return;
+  throw VerifyError("the ranks' programs deadlock when played (docs/architecture.md, \"Deadlock freedom\"): " +
+                    w.stuck(left.front(), g, names) + "\n  " + std::to_string(left.size()) +
+                    " rank(s) cannot finish: " + ranks_of(left));
+}
 
 void verify(const Graph& g, const ModelGraph& model) {
   const auto names = unit_names(model);

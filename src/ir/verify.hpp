@@ -7,6 +7,7 @@
 
 #include "ir/graph.hpp"
 #include "ir/model_graph.hpp"
+#include "ir/parallel_dims.hpp"
 
 namespace piper::ir {
 
@@ -25,5 +26,14 @@ class VerifyError : public std::runtime_error {
 // nodes; data and ordering edges together are acyclic (a cycle is a schedule
 // that deadlocks). Throws VerifyError.
 void verify(const Graph& g, const ModelGraph& model);
+
+// Checks that every rank's program (ir::lower), played by ir::Player's rules,
+// finishes (docs/architecture.md, "Deadlock freedom"): the members of every
+// group (ir::group_members under `dims`) issue its collectives in one order,
+// and all ranks played together on an abstract clock, where a message
+// completes once both sides have issued it and a collective once every
+// member has, all finish. For a graph verify() accepts; ir::compile runs
+// both. Throws VerifyError naming the op, its rank and what it waits on.
+void verify_play(const Graph& g, const ModelGraph& model, const ParallelDims& dims);
 
 }  // namespace piper::ir

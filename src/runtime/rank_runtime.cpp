@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ir/world_play.hpp"
+
 namespace piper::runtime {
 
 namespace {
@@ -57,8 +59,8 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       plan_(std::move(plan)),
       rank_(world.rank()),
       grid_(plan_.strategy.dims()),
-      dp_(world.split(grid_.group(rank_, ir::Axis::DP), "dp")),
-      tp_(world.split(grid_.group(rank_, ir::Axis::TP), "tp")),
+      dp_(world.split(ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP), "dp")),
+      tp_(world.split(ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP), "tp")),
       groups_{&world, dp_.get(), tp_.get()},
       held_units_(units_of(program)),
       model_(cfg.model, plan_.model, held_units_, backend::cpu(),

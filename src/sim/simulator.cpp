@@ -4,10 +4,10 @@
 // ir::Player, the executor's player: the same issue order, look-ahead and
 // completions. Here a compute instruction takes the cost model's time, a
 // transfer completes when both sides have issued it and a collective when
-// every member of its group has, each after the cost model's time. Ranks
-// advance in turns until every program is done; one that cannot complete a
-// wait yet waits for another's issue. Memory is a list of (time, bytes)
-// changes per rank, summed in time order at the end.
+// every member of its group has (ir::WorldPlay matches them and takes the
+// ranks in turns, as the verifier does), each after the cost model's time.
+// Memory is a list of (time, bytes) changes per rank, summed in time order
+// at the end.
 #include "sim/simulator.hpp"
 
 #include <algorithm>
@@ -17,11 +17,11 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
-#include <unordered_map>
 
 #include "ir/parallel_dims.hpp"
 #include "ir/player.hpp"
 #include "ir/unit_passes.hpp"
+#include "ir/world_play.hpp"
 #include "sim/flops.hpp"
 
 namespace piper::sim {
@@ -74,16 +74,12 @@ struct UnitSize {
 
 struct RankState {
   const ir::Program* prog = nullptr;  // ir::lower's program of this rank, lowered once per simulate()
-  std::unique_ptr<ir::Player> player;
+  const ir::Player* player = nullptr;          // the WorldPlay's player of this rank
   std::unique_ptr<ir::PlayHost> host;
   std::unique_ptr<ir::PlayHost> recorder;  // wraps host when the play is logged
-  std::unordered_map<int, size_t> comm_of;     // node -> comm index
-  std::unordered_map<int, size_t> recv_of_tag; // SEND node id -> comm index of the RECV here
   std::vector<double> issue, done;             // per comm index
   std::vector<double> begin;                   // per comm index: when every party had issued it
-  bool finished = false;
   double cursor = 0;      // the rank's clock: end of its last compute, or time inside a wait
-  std::array<size_t, 3> group{};  // [dp, tp, world]: index into Sim::groups_
   std::map<int, int> uses_left;  // ZeRO-3 gather node -> compute uses left
   std::vector<char> grads_alive;  // per unit: ZeRO >= 2 full gradients allocated
   std::map<std::pair<int, int>, int> alive;  // (stage, mb) -> units holding saved state
@@ -98,7 +94,7 @@ class Sim {
   Sim(const ir::Plan& plan, const std::vector<ir::Program>& programs, const config::Config& cfg, const CostModel& cost,
       const SimOptions& opts, const std::vector<std::vector<double>>* stretch = nullptr)
       : plan_(plan), programs_(programs), cost_(cost), opts_(opts), stretch_(stretch), world_(plan.strategy.world_size),
-        dims_(plan.strategy.dims()) {
+        dims_(plan.strategy.dims()), play_(programs, dims_) {
     const auto& s = plan.strategy;
     tp_ = dims_.degree(ir::Axis::TP);
     dp_ = dims_.degree(ir::Axis::DP);
@@ -128,19 +124,6 @@ class Sim {
                                : recompute_share(cfg.model, kind_.back(), mode, rows_, cfg.train.seq_len, tp_));
     }
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
-    issued_members_.assign(plan.graph.nodes().size(), 0);
-    // Each dp and tp group once (not once per member: a group of n ranks is n ints, not n^2), and the world.
-    const ir::Axis axes[2] = {ir::Axis::DP, ir::Axis::TP};
-    for (int d = 0; d < 2; ++d) {
-      group_of_[d].assign(static_cast<size_t>(world_), 0);
-      for (std::vector<int>& g : dims_.groups(axes[d])) {
-        for (int m : g) group_of_[d][static_cast<size_t>(m)] = groups_.size();
-        groups_.push_back(std::move(g));
-      }
-    }
-    group_of_[2].assign(static_cast<size_t>(world_), groups_.size());
-    groups_.emplace_back();
-    for (int r = 0; r < world_; ++r) groups_.back().push_back(r);
     ranks_.resize(static_cast<size_t>(world_));
     for (int r = 0; r < world_; ++r) init_rank(r);
   }
@@ -149,17 +132,12 @@ class Sim {
   std::vector<std::vector<std::pair<double, double>>> busy_;
 
   SimResult run() {
-    bool all = false;
-    while (!all) {
-      bool progress = false;
-      all = true;
-      for (int r = 0; r < world_; ++r) {
-        if (ranks_[static_cast<size_t>(r)].finished) continue;
-        progress |= advance(r);
-        all &= ranks_[static_cast<size_t>(r)].finished;
-      }
-      if (!all && !progress) deadlock();
-    }
+    std::vector<ir::PlayHost*> hosts;
+    for (RankState& st : ranks_) hosts.push_back(st.recorder ? st.recorder.get() : st.host.get());
+    const std::vector<int> left = play_.play(hosts);
+    if (!left.empty())
+      throw std::logic_error("the simulated programs cannot complete: " + play_.stuck(left.front(), plan_.graph, names_));
+    for (RankState& st : ranks_) st.res.finish_ms = st.cursor;  // nothing moves a clock after its rank's end
     return finish();
   }
 
@@ -182,7 +160,7 @@ class Sim {
   void init_rank(int r) {
     RankState& st = R(r);
     st.prog = &programs_[static_cast<size_t>(r)];
-    st.player = std::make_unique<ir::Player>(*st.prog);
+    st.player = &play_.player(r);
     st.host = std::make_unique<Host>(*this, r);
     if (opts_.play_log) {
       opts_.play_log->resize(static_cast<size_t>(world_));
@@ -195,16 +173,11 @@ class Sim {
     st.issue.assign(comm.size(), kUnknown);
     st.done.assign(comm.size(), kUnknown);
     st.begin.assign(comm.size(), kUnknown);
-    for (size_t k = 0; k < comm.size(); ++k) {
-      st.comm_of[comm[k].node] = k;
-      if (comm[k].kind == NodeKind::RECV) st.recv_of_tag[comm[k].tag] = k;
-    }
     for (size_t i = 0; i < st.prog->compute.size(); ++i)
       for (int w : st.prog->compute[i].waits) {
-        auto it = st.comm_of.find(w);
-        if (it != st.comm_of.end() && zero3_gather(comm[it->second])) ++st.uses_left[w];
+        const int k = st.player->comm_index(w);
+        if (k >= 0 && zero3_gather(comm[static_cast<size_t>(k)])) ++st.uses_left[w];
       }
-    for (int d = 0; d < 3; ++d) st.group[static_cast<size_t>(d)] = group_of_[static_cast<size_t>(d)][static_cast<size_t>(r)];
     st.grads_alive.assign(sizes_.size(), 0);
     // State held between steps, as the parameter store and the optimiser allocate it.
     std::vector<char> held(sizes_.size(), 0);
@@ -244,7 +217,7 @@ class Sim {
     RankState& st = R(r);
     if (!std::isfinite(t)) overflow(r, st.prog->comm[k].node, "", t, 0);
     st.issue[k] = t;
-    ++issued_members_[static_cast<size_t>(st.prog->comm[k].node)];
+    play_.issue(r, k);
     const Instr& c = st.prog->comm[k];
     if (c.kind == NodeKind::RECV)
       add_mem(st, t, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, act_bytes_);
@@ -269,24 +242,10 @@ class Sim {
     if (known(st.done[k])) return st.done[k];
     if (!known(st.issue[k])) return kUnknown;
     const Instr& c = st.prog->comm[k];
-    std::vector<std::pair<int, size_t>> parties;
-    if (p2p(c.kind)) {
-      RankState& peer = R(c.peer);
-      const size_t pk = c.kind == NodeKind::SEND ? peer.recv_of_tag.at(c.tag) : peer.comm_of.at(c.tag);
-      parties = {{r, k}, {c.peer, pk}};
-    } else {
-      // Members issue one by one; only once the last has is the group walked (once per collective).
-      const size_t axis = c.group == ir::GroupDim::GROUP_TP ? 1 : c.group == ir::GroupDim::GROUP_WORLD ? 2 : 0;
-      const std::vector<int>& group = groups_[st.group[axis]];
-      if (issued_members_[static_cast<size_t>(c.node)] < static_cast<int>(group.size())) return kUnknown;
-      for (int m : group) parties.emplace_back(m, R(m).comm_of.at(c.node));
-    }
+    if (!play_.matched(r, k)) return kUnknown;
+    const std::vector<ir::Side> parties = play_.sides(r, k);
     double start = 0;
-    for (auto [m, mk] : parties) {
-      const double t = R(m).issue[mk];
-      if (!known(t)) return kUnknown;
-      start = std::max(start, t);
-    }
+    for (auto [m, mk] : parties) start = std::max(start, R(m).issue[mk]);
     const int n = p2p(c.kind) ? 2 : static_cast<int>(parties.size());
     const double took = cost_.comm_ms(comm_op(c.kind), n, static_cast<int64_t>(bytes_of(c)));
     const double end = start + took;
@@ -407,7 +366,7 @@ class Sim {
     for (int w : in.waits) {
       auto it = st.uses_left.find(w);
       if (it != st.uses_left.end() && --it->second == 0)
-        for (int g : st.prog->comm[st.comm_of.at(w)].units)
+        for (int g : st.prog->comm[static_cast<size_t>(st.player->comm_index(w))].units)
           add_mem(st, end, Mem::MEM_PARAMS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(g)].padded));
     }
     if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
@@ -471,31 +430,6 @@ class Sim {
     }
   }
 
-  // Advances rank r as far as it can; false when it could not move at all.
-  bool advance(int r) {
-    RankState& st = R(r);
-    const ir::Player::Progress p = st.player->advance(st.recorder ? *st.recorder : *st.host);
-    if (p.finished) {
-      st.res.finish_ms = st.cursor;
-      st.finished = true;
-    }
-    return p.moved || p.finished;
-  }
-
-  [[noreturn]] void deadlock() {
-    std::string msg = "the simulated programs cannot complete; blocked ranks:";
-    for (int r = 0; r < world_ && msg.size() < 2000; ++r) {
-      const RankState& st = R(r);
-      if (st.finished) continue;
-      msg += "\n  rank " + std::to_string(r) + ": ";
-      if (st.player->pc() < st.prog->compute.size())
-        msg += ir::describe(plan_.graph.node(st.prog->compute[st.player->pc()].node), names_);
-      else
-        msg += "draining communication";
-    }
-    throw std::logic_error(msg);
-  }
-
   SimResult finish() {
     SimResult out;
     double slowest = 0;
@@ -556,6 +490,7 @@ class Sim {
   const std::vector<std::vector<double>>* stretch_;  // per rank and compute instruction: time factor
   int world_;
   ir::ParallelDims dims_;
+  ir::WorldPlay play_;  // every rank's player, matched
   int tp_ = 1, dp_ = 1, zero_ = 0, last_unit_ = 0;
   int64_t rows_ = 0;
   double act_bytes_ = 0;
@@ -566,9 +501,6 @@ class Sim {
   std::vector<std::array<int, 4>> segments_;  // per unit and pass (pass_slot): segments
   std::vector<RecomputeShare> recompute_;      // per unit: what its RECOMP costs and restores (none: 0, 0)
   std::vector<RankState> ranks_;
-  std::vector<int> issued_members_;  // per graph node: ranks that have issued it
-  std::vector<std::vector<int>> groups_;      // every dp group, every tp group, the world
-  std::array<std::vector<size_t>, 3> group_of_;  // [dp, tp, world][rank]: index into groups_
   std::vector<trace::Event> events_;
 };
 
@@ -630,9 +562,7 @@ int64_t instructions(const ir::Plan& plan) {
 SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts) {
   const int world = plan.strategy.world_size;
   // Each rank's program, lowered once for every round below.
-  std::vector<ir::Program> programs;
-  programs.reserve(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) programs.push_back(ir::lower(plan.graph, r));
+  const std::vector<ir::Program> programs = ir::lower_all(plan.graph, world);
   const int rph = std::min(world, opts.ranks_per_host);
   if (rph <= 1 || cost.sharing(rph) <= 1.0) {
     Sim s(plan, programs, cfg, cost, opts);

@@ -83,11 +83,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         // rank 1 runs the backward of microbatch 0 before its forward
         BadOrder{"backward_before_forward", k1f1bRank0, "B0, F0, F1, B1, F2, B2, F3, B3",
-                 {"the schedule can deadlock", "FWD layers.2 mb0 on rank 1", "waits on a cycle"}},
+                 {"the schedule can deadlock", "a cycle of data and ordering edges",
+                  "FWD layers.2 mb0 (pass F, microbatch 0, stage 1) on rank 1", "which waits for"}},
         // rank 0 waits for microbatch 0's gradient before sending microbatch 1's activation,
         // which rank 1 wants first
         BadOrder{"gradient_before_activation", "F0, B0, F1, B1, F2, B2, F3, B3", "F0, F1, B0, B1, F2, B2, F3, B3",
-                 {"the schedule can deadlock", "BWD head mb0 on rank 1", "waits on a cycle"}},
+                 {"the schedule can deadlock", "a cycle of data and ordering edges",
+                  "BWD head mb0 (pass B, microbatch 0, stage 1) on rank 1", "(pass F, microbatch 1, stage 0) on rank 0"}},
         // rank 0 leaves out microbatch 3
         BadOrder{"missing_microbatch", "F0, F1, B0, F2, B1, B2", k1f1bRank1,
                  {"order.yaml:18:11: directives[2].order.ranks[0]: no op runs F of embed (unit 0, stage 0) for "

@@ -151,12 +151,6 @@ int64_t grad_bytes(const ModelGraph& mg, const std::vector<int>& units) {
 
 // ---- checks on the lowered programs ---------------------------------------------------------
 
-std::vector<Program> lower_all(const Graph& g, int world) {
-  std::vector<Program> v;
-  for (int r = 0; r < world; ++r) v.push_back(lower(g, r));
-  return v;
-}
-
 // Every node on each rank of its device set, once, on its stream; every `wait` names a node of
 // this rank on the other stream that the program holds, and every cross-stream data edge among
 // the rank's nodes is a wait; SEND/RECV instructions carry the peer aligned with the device.
@@ -325,68 +319,6 @@ void check_collective_order(const Graph& g, const Strategy& s, const std::vector
   }
 }
 
-// Plays the programs of every rank together under the communicator contract (src/comm/comm.hpp):
-// each stream runs in program order; a compute instruction runs once its waits are complete; a
-// communication instruction is *posted* (non-blocking) in comm-stream order once its waits are
-// complete; a RECV completes once its SEND is posted, a collective once every rank of the node's
-// dp group has posted it. Returns "" when every instruction completes, else each rank's blocked
-// instructions.
-std::string play_programs(const Graph& g, const Strategy& s, const std::vector<Program>& progs) {
-  const ParallelDims grid = s.dims();
-  const int world = static_cast<int>(progs.size());
-  std::vector<size_t> ci(static_cast<size_t>(world), 0), mi(static_cast<size_t>(world), 0);
-  std::vector<std::set<int>> done(static_cast<size_t>(world)), posted(static_cast<size_t>(world));
-  auto ready = [&](int r, const Instr& in) {
-    for (int w : in.waits)
-      if (!done[static_cast<size_t>(r)].count(w)) return false;
-    return true;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int r = 0; r < world; ++r) {
-      const Program& p = progs[static_cast<size_t>(r)];
-      auto& d = done[static_cast<size_t>(r)];
-      auto& pst = posted[static_cast<size_t>(r)];
-      while (ci[r] < p.compute.size() && ready(r, p.compute[ci[r]])) d.insert(p.compute[ci[r]++].node), progress = true;
-      while (mi[r] < p.comm.size() && ready(r, p.comm[mi[r]])) {
-        const Instr& in = p.comm[mi[r]++];
-        pst.insert(in.node);
-        if (in.kind == NodeKind::SEND) d.insert(in.node);  // buffered: nothing waits on a SEND
-        progress = true;
-      }
-      // completions of posted operations
-      for (int id : pst) {
-        if (d.count(id)) continue;
-        const Node& n = g.node(id);
-        bool complete = false;
-        if (n.kind == NodeKind::RECV) {
-          const int send = *data_preds(g, id).begin();
-          const int peer = n.peers[static_cast<size_t>(std::find(n.devices.begin(), n.devices.end(), r) - n.devices.begin())];
-          complete = posted[static_cast<size_t>(peer)].count(send) > 0;
-        } else {
-          complete = true;
-          for (int q : grid.group(r, Axis::DP)) complete = complete && posted[static_cast<size_t>(q)].count(id) > 0;
-        }
-        if (complete) d.insert(id), progress = true;
-      }
-    }
-  }
-  std::string stuck;
-  for (int r = 0; r < world; ++r) {
-    const Program& p = progs[static_cast<size_t>(r)];
-    if (ci[r] < p.compute.size() || mi[r] < p.comm.size() ||
-        done[static_cast<size_t>(r)].size() < p.compute.size() + p.comm.size()) {
-      stuck += "rank " + std::to_string(r) + ": compute at " + std::to_string(ci[r]) + "/" +
-               std::to_string(p.compute.size());
-      if (ci[r] < p.compute.size()) stuck += " (" + describe(g.node(p.compute[ci[r]].node), {}) + ")";
-      stuck += ", comm at " + std::to_string(mi[r]) + "/" + std::to_string(p.comm.size());
-      if (mi[r] < p.comm.size()) stuck += " (" + describe(g.node(p.comm[mi[r]].node), {}) + ")";
-      stuck += "; ";
-    }
-  }
-  return stuck;
-}
-
 // Everything above, for one verified graph (the play only when `play`).
 void check_plan(const ModelGraph& mg, const Strategy& s, const Graph& g, bool play = true) {
   const auto progs = lower_all(g, s.world_size);
@@ -395,8 +327,11 @@ void check_plan(const ModelGraph& mg, const Strategy& s, const Graph& g, bool pl
   check_point_to_point(g, s);
   check_collective_order(g, s, progs);
   if (!play) return;
-  const std::string stuck = play_programs(g, s, progs);
-  EXPECT_EQ(stuck, "") << "the lowered programs deadlock when played together";
+  try {
+    verify_play(g, mg, s.dims());
+  } catch (const VerifyError& e) {
+    ADD_FAILURE() << "the lowered programs deadlock when played together: " << e.what();
+  }
 }
 
 void check_plan(const Plan& plan, bool play = true) { check_plan(plan.model, plan.strategy, plan.graph, play); }
@@ -861,8 +796,8 @@ TEST(Pipeline, EveryScheduleVerifiesAndLowersOnEveryGrid) {
   EXPECT_GT(plans, 100);
 }
 
-// The same plans, every rank's program played together (play_programs): posting each rank's
-// communication stream in program order must not deadlock.
+// The same plans, every rank's program played together by the Player's rules (compile's
+// verify_play): none deadlocks.
 //
 // lower() places a communication node as soon as its inputs are ready, so a
 // message never waits in the stream behind one produced later (with a single
@@ -870,11 +805,11 @@ TEST(Pipeline, EveryScheduleVerifiesAndLowersOnEveryGrid) {
 TEST(Lower, ProgramsPlayedTogetherDoNotDeadlock) {
   std::vector<std::string> deadlocked;
   for (const auto& [world, p] : every_multi_rank_case()) {
-    const Plan plan = compile(make_config("M*-M*-M-", p), world);
-    const std::string stuck = play_programs(plan.graph, plan.strategy, lower_all(plan.graph, world));
-    if (!stuck.empty()) {
+    try {
+      compile(make_config("M*-M*-M-", p), world);
+    } catch (const VerifyError& e) {
       deadlocked.push_back("world " + std::to_string(world) + " " + name(p));
-      if (deadlocked.size() <= 4) std::printf("[ deadlock ] %-45s %s\n", deadlocked.back().c_str(), stuck.c_str());
+      if (deadlocked.size() <= 4) std::printf("[ deadlock ] %-45s %s\n", deadlocked.back().c_str(), e.what());
     }
   }
   EXPECT_TRUE(deadlocked.empty()) << deadlocked.size() << " of " << every_multi_rank_case().size()
