@@ -318,8 +318,10 @@ TEST(Placement, NonLoopPlacementBuildsAndVerifies) {
                     {{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}}};
   const Graph g = build(mg, s);
   ASSERT_NO_THROW(verify(g, mg));
-  for (const Node& n : g.nodes())
-    if (n.kind == NodeKind::FWD) EXPECT_EQ(n.devices.front(), std::vector<int>({0, 2, 1})[static_cast<size_t>(n.tags.stage)]);
+  const std::vector<int> rank_of_stage = {0, 2, 1};
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::FWD) EXPECT_EQ(n.devices.front(), rank_of_stage[static_cast<size_t>(n.tags.stage)]);
+  }
   bool zero_to_two = false;
   for (const Node& n : g.nodes())
     zero_to_two |= n.kind == NodeKind::SEND && n.devices.front() == 0 && n.peers.front() == 2;
