@@ -320,7 +320,9 @@ TEST(Placement, NonLoopPlacementBuildsAndVerifies) {
   ASSERT_NO_THROW(verify(g, mg));
   const std::vector<int> rank_of_stage = {0, 2, 1};
   for (const Node& n : g.nodes()) {
-    if (n.kind == NodeKind::FWD) EXPECT_EQ(n.devices.front(), rank_of_stage[static_cast<size_t>(n.tags.stage)]);
+    if (n.kind == NodeKind::FWD) {
+      EXPECT_EQ(n.devices.front(), rank_of_stage[static_cast<size_t>(n.tags.stage)]);
+    }
   }
   bool zero_to_two = false;
   for (const Node& n : g.nodes())
