@@ -59,6 +59,10 @@ struct ScheduleProblem {
 std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
                                                 bool split_backward);
 
+// The model chunks per rank that schedule `kind` holds: virtual_stages for interleaved, 2 for
+// dualpipev, 1 for the others.
+int schedule_chunks(ScheduleKind kind, int virtual_stages);
+
 // Builds the schedule `kind` for `ranks` pipeline ranks. `virtual_stages` is the interleaved
 // schedule's chunks per rank (>= 2); every other schedule needs 1 (dualpipev also accepts 2, its
 // fixed chunk count). With split_backward each backward is BI + BW; gpipe, 1f1b and interleaved then

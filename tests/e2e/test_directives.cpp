@@ -161,6 +161,9 @@ TEST(Directives, PrintedDirectivesGiveTheSamePlanHash) {
       {"tp", kModel, 2, "--set parallel.tp=2"},
       {"custom_1f1b", two_stages(ranks(k1f1bRank0, k1f1bRank1)), 2, ""},
       {"custom_zero_bubble", custom_zb, 2, ""},
+      {"subsets", kModel + "directives:\n  - replicate: {dp: 2}\n  - replicate: {shard_optimizer: true, shard_grads: "
+                           "true, shard_params: true, kind: [embed, head]}\n  - split_backward: {kind: \"*\"}\n",
+       2, ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
