@@ -29,7 +29,7 @@ int run_plan(const std::string& path, const std::vector<std::string>& sets, int 
   ir::validate(cfg, world);
   ir::Plan plan = ir::compile(cfg, world);
   if (directives) {
-    std::fputs(ir::directives_yaml(plan.strategy).c_str(), stdout);
+    std::fputs(ir::directives_yaml(plan.strategy, plan.model).c_str(), stdout);
     return 0;
   }
   std::fputs(ir::summary(plan.graph, plan.model).c_str(), stdout);

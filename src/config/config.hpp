@@ -107,21 +107,24 @@ struct ParallelConfig {
 // sets; fields no directive sets keep the shorthand's values. Parsed here into
 // plain values (the IR does not see YAML); ir::expand applies them.
 
-// One stage of `place: {stages: [...]}`: the units a filter over node tags
-// selects. A unit matches when it passes every filter given.
-struct StageFilter {
-  std::vector<std::pair<int64_t, int64_t>> blocks;  // block index ranges, inclusive; empty: any block
-  std::vector<std::string> kinds;                   // "M", "*", "-", "E", "embed", "head"; empty: any kind
-  bool operator==(const StageFilter&) const = default;
-};
-
-// The units a directive applies to (recompute): blocks and kind as a stage
-// filter reads them, and the stages holding them. A unit matches when it
-// passes every filter given; no filter: every block.
-struct UnitFilter {
-  StageFilter units;            // blocks:, kind:
-  std::vector<int64_t> stages;  // stage: stage indices; empty: any stage
-  bool operator==(const UnitFilter&) const = default;
+// A filter over the tags every DAG node carries (ir::Tags): which units (and,
+// for directives that act on passes, which microbatches and passes) a
+// directive applies to. A unit matches when it passes every key given; an
+// empty key matches anything. Stage i of `place: {stages: [...]}` is a filter,
+// and split_backward, replicate and recompute take one inline, beside their own keys
+// (docs/directives.md). ir::selects says what a filter selects.
+struct Filter {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // inclusive index ranges: 3 is {3, 3}, "3-7" {3, 7}
+  Ranges stages;                    // pipeline stages
+  Ranges microbatches;
+  std::vector<std::string> passes;  // "F", "B", "BI", "BW"
+  std::vector<std::string> units;   // a unit index as `piper plan` lists them ("0"), or a unit name ("layers.3")
+  Ranges blocks;                    // block indices (never the embedding or the head)
+  std::vector<std::string> kinds;   // "M", "*", "-", "E", "embed", "head"
+  bool empty() const {
+    return stages.empty() && microbatches.empty() && passes.empty() && units.empty() && blocks.empty() && kinds.empty();
+  }
+  bool operator==(const Filter&) const = default;
 };
 
 // One op of a hand-written schedule, as ir::pipe_op_name prints it: "F3",
@@ -149,7 +152,7 @@ struct Directive {
   std::optional<bool> split_backward;                       // split_backward: BOOL
   std::optional<int64_t> pp, virtual_stages;                // place
   std::optional<std::vector<int64_t>> stage_of_unit;        // place, by unit (embed, blocks, head)
-  std::optional<std::vector<StageFilter>> stages;           // place, stage i = the units stages[i] selects
+  std::optional<std::vector<Filter>> stages;                // place, stage i = the units stages[i] selects
   std::optional<std::vector<int64_t>> rank_of_stage;        // place: {ranks: [...]}, the pipeline rank of each stage
   std::optional<int64_t> dp;                                // replicate
   std::optional<bool> shard_optimizer, shard_grads, shard_params;  // replicate: ZeRO 1, 2, 3
@@ -160,7 +163,7 @@ struct Directive {
   std::optional<std::vector<std::vector<OrderOp>>> ranks;   // order: ops of pipeline rank 0, 1, ...
   std::optional<std::string> grid_order;                    // grid: {order: "tp-dp-pp"}
   std::optional<std::string> mode;                          // recompute: none | selective | full
-  UnitFilter filter;                                        // recompute: the units it applies to
+  Filter filter;  // split_backward, replicate, recompute: the units the directive applies to; empty: all
   bool operator==(const Directive&) const = default;
 };
 
@@ -184,7 +187,9 @@ struct Config {
   // default have no entry. validate() quotes these in its messages.
   // Directives are keyed by path: "directives[2]" (the item),
   // "directives[2].replicate.dp", "directives[1].place.stages[0]",
-  // "directives[3].order.ranks[1]" and "directives[3].order.ranks[1][4]".
+  // "directives[3].order.ranks[1]" and "directives[3].order.ranks[1][4]";
+  // a directive's inline filter is at "directives[2].replicate.filter" (its
+  // first filter key), each of its keys at "directives[2].replicate.kind".
   std::map<std::string, std::string> locations;
 
   // Same settings (model, train, data, parallel, directives); source,
@@ -254,14 +259,27 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
 // The strategy the shorthand and the directives give together: the
 // `parallel:` values with every directive applied in order (zero from the
 // shard_* flags), the stage of each unit a place directive gave (its
-// stage_of_unit list, or its stages filters resolved over model.pattern), and
-// the per-rank ops of a hand-written order.
+// stage_of_unit list, or its stages filters resolved over model.pattern), the
+// directives that apply to a subset of the units, and the per-rank ops of a
+// hand-written order.
 struct EffectiveStrategy {
+  // A split_backward or replicate directive with a filter: the selected units
+  // get `value` (split_backward: 1; replicate: the ZeRO stage). Applied in
+  // order over the uniform parallel.split_backward / parallel.zero; a later
+  // directive without a filter sets every unit and drops the subsets before it.
+  struct Subset {
+    Filter filter;
+    int64_t value = 0;
+    std::string path;  // the directive: "directives[2].replicate" (its filter at path + ".filter")
+    bool operator==(const Subset&) const = default;
+  };
   ParallelConfig parallel;
   std::vector<int64_t> stage_of_unit;   // a place directive's stage_of_unit list
-  std::vector<StageFilter> stage_filters;  // a place directive's stages: filters (ir resolves them over the units)
+  std::vector<Filter> stage_filters;    // a place directive's stages: filters (ir resolves them over the units)
   std::string place_path;  // where either came from: "directives[1].place.stages"; "" when neither: the
-                           // builder balances the units
+                           // units are balanced over the stages
+  std::vector<Subset> split_subsets;    // split_backward for some units
+  std::vector<Subset> zero_subsets;     // the ZeRO stage of some units
   std::vector<int64_t> rank_of_stage;  // a place directive's ranks list; empty: the schedule's layout
   std::string ranks_path;              // where it came from: "directives[1].place.ranks"; "" when empty
   std::vector<std::vector<OrderOp>> order_ranks;  // empty: parallel.schedule orders the ops
@@ -270,8 +288,8 @@ struct EffectiveStrategy {
   // The recompute directives in order, each over parallel.recompute (ir resolves their filters).
   struct RecomputeRule {
     std::string mode;
-    UnitFilter filter;
-    std::string path;  // "directives[2].recompute"
+    Filter filter;
+    std::string path;  // "directives[2].recompute" (its filter at path + ".filter")
   };
   std::vector<RecomputeRule> recompute;
 };

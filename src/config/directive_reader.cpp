@@ -1,9 +1,10 @@
-// directive_reader.cpp — the `directives:` section read into Directives: names, keys, stage
-// filters and hand-written orders, each problem at its file position (docs/directives.md).
+// directive_reader.cpp — the `directives:` section read into Directives: names, keys, filters
+// and hand-written orders, each problem at its file position (docs/directives.md).
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 
 #include "config/internal.hpp"
 #include "config/reader.hpp"
@@ -11,8 +12,10 @@
 namespace piper::config::detail {
 namespace {
 
-const std::vector<std::string> kStageFilterKeys = {"blocks", "kind"};
+// The filter keys of one stage of `place: {stages: [...]}`: a stage is a set of units.
+const std::vector<std::string> kStageFilterKeys = {"unit", "blocks", "kind"};
 const std::vector<std::string> kKinds = {"M", "*", "-", "E", "embed", "head"};
+const std::vector<std::string> kPasses = {"F", "B", "BI", "BW"};
 constexpr const char* kOpGrammar =
     "an op: F, B, BI or BW, then the microbatch, then .chunk when a rank holds several model chunks, then "
     "/first-last for a range of the stage's units (F3, B3, BI3, BW3, F3.1, F3/2-4, B3.1/7)";
@@ -57,14 +60,14 @@ std::string parse_op(const std::string& text, OrderOp& op) {
   return "";
 }
 
-// One item of `blocks:`: 3 or "3-7". "" on success.
-std::string parse_block_range(const YAML::Node& n, std::pair<int64_t, int64_t>& out) {
-  const std::string bad = "expected a block index (3), a range (\"3-7\") or a list of them, found " + describe(n);
+// One item of an index key (blocks, stage, microbatch): 3 or "3-7". "" on success.
+std::string parse_range(const YAML::Node& n, const std::string& noun, std::pair<int64_t, int64_t>& out) {
+  const std::string bad = "expected a " + noun + " index (3), a range (\"3-7\") or a list of them, found " + describe(n);
   if (!n.IsScalar()) return bad;
   const std::string& s = n.Scalar();
   int64_t a = 0, b = 0;
   if (parse_int(s, a)) {
-    if (a < 0) return "block indices start at 0; found " + s;
+    if (a < 0) return noun + " indices start at 0; found " + s;
     out = {a, a};
     return "";
   }
@@ -75,6 +78,59 @@ std::string parse_block_range(const YAML::Node& n, std::pair<int64_t, int64_t>& 
   if (b < a) return "the range " + s + " runs backwards; write " + std::to_string(b) + "-" + std::to_string(a);
   out = {a, b};
   return "";
+}
+
+// One item of a word key (pass, kind, unit) into `out`. "" on success.
+std::string parse_word(const YAML::Node& n, const std::string& key, std::vector<std::string>& out) {
+  const auto in = [&](const std::vector<std::string>& words) {
+    return n.IsScalar() && std::find(words.begin(), words.end(), n.Scalar()) != words.end();
+  };
+  if (key == "pass" && !in(kPasses)) return "expected a pass F, B, BI or BW; found " + describe(n);
+  if (key == "kind" && !in(kKinds))
+    return "expected a block kind M, \"*\", \"-\", E (quote * and -), or embed, head; found " + describe(n);
+  if (key == "unit" && (!n.IsScalar() || n.Scalar().empty()))
+    return "expected a unit index as `piper plan` lists them (0) or a unit name (embed, layers.3, head); found " +
+           describe(n);
+  out.push_back(n.Scalar());
+  return "";
+}
+
+// One value of filter key `key` (a single item or a list of them) into f. "" on success, else
+// (where, what is wrong) of the first bad item.
+std::pair<std::string, std::string> parse_filter_value(const std::string& key, const YAML::Node& v,
+                                                       const std::function<std::string(const YAML::Node&)>& at,
+                                                       Filter& f) {
+  std::vector<YAML::Node> items;
+  if (v.IsSequence()) {
+    for (size_t q = 0; q < v.size(); ++q) items.push_back(v[q]);
+    if (items.empty()) return {at(v), "expected at least one value, found an empty list"};
+  } else {
+    items.push_back(v);
+  }
+  for (const YAML::Node& it : items) {
+    std::string err;
+    std::pair<int64_t, int64_t> r;
+    if (key == "stage" || key == "microbatch" || key == "blocks") {
+      err = parse_range(it, key == "blocks" ? "block" : key, r);
+      Filter::Ranges& out = key == "stage" ? f.stages : key == "microbatch" ? f.microbatches : f.blocks;
+      if (err.empty()) out.push_back(r);
+    } else {
+      err = parse_word(it, key, key == "pass" ? f.passes : key == "unit" ? f.units : f.kinds);
+    }
+    if (!err.empty()) return {at(it), err};
+  }
+  return {"", ""};
+}
+
+bool contains(const std::vector<std::string>& list, const std::string& word) {
+  return std::find(list.begin(), list.end(), word) != list.end();
+}
+
+bool has_filter_key(const YAML::Node& map) {
+  if (!map.IsMap()) return false;
+  for (const auto& kv : map)
+    if (kv.first.IsScalar() && contains(filter_keys(), kv.first.Scalar())) return true;
+  return false;
 }
 
 std::string read_int(const YAML::Node& n, std::optional<int64_t>& out) {
@@ -143,9 +199,16 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
   Directive d;
   d.kind = spec->kind;
   const std::string base = path + "." + spec->name;
-  if (spec->keys.empty()) {  // split_backward: BOOL
-    std::string err = read_bool(v, d.split_backward);
-    if (!err.empty()) return fail((v.IsNull() ? at : where(source_, v.Mark())) + ": " + base + ": " + err);
+  if (spec->keys.empty()) {  // split_backward: BOOL, or a filter: the units whose backward is split
+    if (has_filter_key(v)) {
+      d.split_backward = true;
+      if (!read_inline_filter(*spec, v, base, d.filter)) return;
+    } else {
+      std::string err = read_bool(v, d.split_backward);
+      if (!err.empty())
+        return fail((v.IsNull() ? at : where(source_, v.Mark())) + ": " + base + ": " + err +
+                    " (or a filter over " + join(spec->filter_keys, ", ") + ", such as {kind: \"*\"})");
+    }
     cfg_.locations[base] = at;
     cfg_.directives.list.push_back(d);
     return;
@@ -164,8 +227,11 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
       continue;
     }
     const std::string& name = kk.Scalar();
+    if (contains(filter_keys(), name)) continue;  // read with the whole filter, below
     if (std::find(spec->keys.begin(), spec->keys.end(), name) == spec->keys.end()) {
-      std::string near = closest(name, spec->keys);
+      std::vector<std::string> known = spec->keys;
+      known.insert(known.end(), spec->filter_keys.begin(), spec->filter_keys.end());
+      std::string near = closest(name, known);
       fail(kat + ": " + base + ": unknown key '" + name + "' in directive " + spec->name +
            (near.empty() ? "" : "; did you mean '" + near + "'?") + " (its keys are " + join(spec->keys, ", ") + ")");
       ok = false;
@@ -183,6 +249,7 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
       ok = false;
     }
   }
+  ok &= read_inline_filter(*spec, v, base, d.filter);
   // Keys that exclude each other within one directive.
   auto both = [&](const char* a, const char* b, const std::string& why) {
     fail(cfg_.locations[base + "." + b] + ": " + base + ": give " + a + " or " + b + ", not both; " + why);
@@ -206,7 +273,81 @@ void Reader::read_directive(size_t i, const YAML::Node& item) {
          ": shard_grads and shard_params also shard the optimiser state; use shard_optimizer: true or leave it out");
     ok = false;
   }
+  if (!d.filter.empty() && d.kind == DirectiveKind::REPLICATE && !d.shard_optimizer && !d.shard_grads &&
+      !d.shard_params) {
+    fail(cfg_.locations[base + ".filter"] + ": " + base +
+         ": a filter selects the units the directive's ZeRO keys apply to; give shard_optimizer, shard_grads or "
+         "shard_params beside it");
+    ok = false;
+  }
   if (ok) cfg_.directives.list.push_back(std::move(d));
+}
+
+// The filter keys written beside a directive's own keys (or as the whole map of split_backward),
+// refused next to a parallel degree: those are uniform over the model.
+bool Reader::read_inline_filter(const DirectiveSpec& spec, const YAML::Node& map, const std::string& base,
+                                Filter& f) {
+  std::string first;  // the first filter key written
+  for (const auto& kv : map)
+    if (first.empty() && kv.first.IsScalar() && contains(filter_keys(), kv.first.Scalar()))
+      first = kv.first.Scalar(), cfg_.locations[base + ".filter"] = where(source_, kv.first.Mark());
+  if (first.empty()) return true;
+  bool ok = true;
+  for (const auto& kv : map) {
+    const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (spec.keys.empty() && !contains(filter_keys(), name)) {
+      std::string near = closest(name, spec.filter_keys);
+      fail(where(source_, kv.first.Mark()) + ": " + base + ": unknown key '" + name + "'" +
+           (near.empty() ? "" : "; did you mean '" + near + "'?") + "; " + spec.name +
+           " takes true, false or a filter (" + join(spec.filter_keys, ", ") + ")");
+      ok = false;
+      continue;
+    }
+    if (!contains(degree_keys(), name)) continue;
+    fail(where(source_, kv.first.Mark()) + ": " + base + "." + name + ": " + name +
+         " applies to the whole model: the parallel degrees and the schedule are uniform over it, so they take no "
+         "filter (" + first + " at " + cfg_.locations[base + ".filter"] + "); set " + name +
+         " in a directive without filter keys");
+    ok = false;
+  }
+  return ok && read_filter(map, base, spec.name, spec.filter_keys, f);
+}
+
+// The filter keys of the map `m` into f, each at `path.key`. `allowed` are the keys its owner (a
+// directive, or a place stage) takes; keys that are no filter key are left to the caller.
+bool Reader::read_filter(const YAML::Node& m, const std::string& path, const std::string& owner,
+                         const std::vector<std::string>& allowed, Filter& f) {
+  bool ok = true;
+  std::map<std::string, YAML::Mark> seen;
+  for (const auto& kv : m) {
+    const YAML::Node k = kv.first, v = kv.second;
+    if (!k.IsScalar() || !contains(filter_keys(), k.Scalar())) continue;
+    const std::string& name = k.Scalar();
+    const std::string kat = where(source_, k.Mark());
+    if (!contains(allowed, name)) {
+      const bool of_passes = name == "microbatch" || name == "pass";
+      fail(kat + ": " + path + "." + name + ": " +
+           (allowed.empty() ? owner + " takes no filter (filters go on split_backward, replicate, recompute and place's stages)"
+                            : "the filter of " + owner + " takes " + join(allowed, ", ") + ", not " + name +
+                                  (of_passes ? " (microbatch and pass select passes; " + owner + " acts on units)"
+                                             : "")));
+      ok = false;
+      continue;
+    }
+    if (!first_time(seen, name, k.Mark(), kat, "filter key '" + path + "." + name + "'")) {
+      ok = false;
+      continue;
+    }
+    auto at = [&](const YAML::Node& n) { return n.IsNull() ? kat : where(source_, n.Mark()); };
+    const auto [wat, err] = parse_filter_value(name, v, at, f);
+    if (!err.empty()) {
+      fail(wat + ": " + path + "." + name + ": " + err);
+      ok = false;
+      continue;
+    }
+    cfg_.locations[path + "." + name] = kat;
+  }
+  return ok;
 }
 
 // Reads one key of a directive into d; reports and returns false when the value is wrong.
@@ -226,8 +367,6 @@ bool Reader::read_directive_key(Directive& d, const std::string& name, const YAM
   else if (name == "pairs") err = read_bool(v, d.pairs);
   else if (name == "order") err = read_string(v, d.grid_order);
   else if (name == "mode") err = read_string(v, d.mode);
-  else if (name == "blocks" || name == "kind" || name == "stage")
-    return read_filter_key(d.filter.units, &d.filter.stages, name, v, path.substr(0, path.rfind('.')), vat);
   else if (name == "stage_of_unit")
     return read_int_list(d.stage_of_unit, "stage numbers, one per unit (embed, blocks, head)", v, path, vat);
   else if (name == "stages") return read_stages(d, v, path, vat);
@@ -264,7 +403,7 @@ bool Reader::read_stages(Directive& d, const YAML::Node& v, const std::string& p
          "{kind: \"*\"}, found " + (v.IsSequence() ? std::string("an empty list") : describe(v)));
     return false;
   }
-  std::vector<StageFilter> out;
+  std::vector<Filter> out;
   bool ok = true;
   for (size_t j = 0; j < v.size(); ++j) {
     const YAML::Node e = v[j];
@@ -272,79 +411,25 @@ bool Reader::read_stages(Directive& d, const YAML::Node& v, const std::string& p
     const std::string eat = where(source_, e.Mark());
     cfg_.locations[epath] = eat;
     if (!e.IsMap() || e.size() == 0) {
-      fail(eat + ": " + epath + ": expected a filter over node tags (blocks: and/or kind:), found " +
+      fail(eat + ": " + epath + ": expected a filter over the units' tags (unit:, blocks:, kind:), found " +
            (e.IsMap() ? std::string("an empty map") : describe(e)));
       ok = false;
       continue;
     }
-    StageFilter f;
-    std::map<std::string, YAML::Mark> seen;
+    Filter f;
     for (const auto& kv : e) {
-      const YAML::Node fk = kv.first, fv = kv.second;
-      const std::string kat = where(source_, fk.Mark());
-      const std::string name = fk.IsScalar() ? fk.Scalar() : describe(fk);
-      if (std::find(kStageFilterKeys.begin(), kStageFilterKeys.end(), name) == kStageFilterKeys.end()) {
-        std::string near = closest(name, kStageFilterKeys);
-        fail(kat + ": " + epath + ": unknown filter '" + name + "'" +
-             (near.empty() ? "" : "; did you mean '" + near + "'?") + " (filters are blocks, kind)");
-        ok = false;
-        continue;
-      }
-      if (!first_time(seen, name, fk.Mark(), kat, "filter '" + epath + "." + name + "'")) {
-        ok = false;
-        continue;
-      }
-      ok &= read_filter_key(f, nullptr, name, fv, epath, kat);
+      const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : describe(kv.first);
+      if (contains(filter_keys(), name)) continue;
+      std::string near = closest(name, kStageFilterKeys);
+      fail(where(source_, kv.first.Mark()) + ": " + epath + ": unknown filter '" + name + "'" +
+           (near.empty() ? "" : "; did you mean '" + near + "'?") + " (a stage's filters are " +
+           join(kStageFilterKeys, ", ") + ")");
+      ok = false;
     }
+    ok &= read_filter(e, epath, "a stage", kStageFilterKeys, f);
     out.push_back(f);
   }
   if (ok) d.stages = out;
-  return ok;
-}
-
-bool Reader::read_filter_key(StageFilter& f, std::vector<int64_t>* stages, const std::string& name,
-                             const YAML::Node& fv, const std::string& path, const std::string& kat) {
-  const std::string fat = fv.IsNull() ? kat : where(source_, fv.Mark());
-  std::vector<YAML::Node> items;
-  if (fv.IsSequence()) {
-    for (size_t q = 0; q < fv.size(); ++q) items.push_back(fv[q]);
-  } else {
-    items.push_back(fv);
-  }
-  bool ok = true;
-  if (items.empty()) {
-    fail(fat + ": " + path + "." + name + ": expected at least one value, found an empty list");
-    ok = false;
-  }
-  for (const YAML::Node& it : items) {
-    const std::string iat = it.IsNull() ? fat : where(source_, it.Mark());
-    if (name == "blocks") {
-      std::pair<int64_t, int64_t> r;
-      std::string err = parse_block_range(it, r);
-      if (!err.empty()) {
-        fail(iat + ": " + path + ".blocks: " + err);
-        ok = false;
-      } else {
-        f.blocks.push_back(r);
-      }
-    } else if (name == "stage" && stages) {
-      std::optional<int64_t> st;
-      std::string err = read_int(it, st);
-      if (err.empty() && *st < 0) err = "stage indices start at 0; found " + it.Scalar();
-      if (!err.empty()) {
-        fail(iat + ": " + path + ".stage: " + err);
-        ok = false;
-      } else {
-        stages->push_back(*st);
-      }
-    } else if (!it.IsScalar() || std::find(kKinds.begin(), kKinds.end(), it.Scalar()) == kKinds.end()) {
-      fail(iat + ": " + path + ".kind: expected a block kind M, \"*\", \"-\", E (quote * and -), or embed, "
-           "head; found " + describe(it));
-      ok = false;
-    } else {
-      f.kinds.push_back(it.Scalar());
-    }
-  }
   return ok;
 }
 

@@ -10,17 +10,54 @@ namespace detail {
 // ---- directives: names and keys -------------------------------------------------
 
 const std::vector<DirectiveSpec>& directive_specs() {
+  static const std::vector<std::string> units = {"stage", "unit", "blocks", "kind"};
   static const std::vector<DirectiveSpec> table = {
-      {DirectiveKind::SPLIT, "split", {"microbatches"}},
-      {DirectiveKind::SPLIT_BACKWARD, "split_backward", {}},
-      {DirectiveKind::PLACE, "place", {"pp", "virtual_stages", "stage_of_unit", "stages", "ranks"}},
-      {DirectiveKind::REPLICATE, "replicate", {"dp", "shard_optimizer", "shard_grads", "shard_params", "bucket_mb"}},
-      {DirectiveKind::SHARD, "shard", {"tp"}},
-      {DirectiveKind::ORDER, "order", {"schedule", "pairs", "ranks"}},
-      {DirectiveKind::GRID, "grid", {"order"}},
-      {DirectiveKind::RECOMPUTE, "recompute", {"mode", "blocks", "kind", "stage"}},
+      {DirectiveKind::SPLIT, "split", {"microbatches"}, {}},
+      {DirectiveKind::SPLIT_BACKWARD, "split_backward", {}, units},
+      {DirectiveKind::PLACE, "place", {"pp", "virtual_stages", "stage_of_unit", "stages", "ranks"}, {}},
+      {DirectiveKind::REPLICATE, "replicate", {"dp", "shard_optimizer", "shard_grads", "shard_params", "bucket_mb"},
+       units},
+      {DirectiveKind::SHARD, "shard", {"tp"}, {}},
+      {DirectiveKind::ORDER, "order", {"schedule", "pairs", "ranks"}, {}},
+      {DirectiveKind::GRID, "grid", {"order"}, {}},
+      {DirectiveKind::RECOMPUTE, "recompute", {"mode"}, units},
   };
   return table;
+}
+
+const std::vector<std::string>& filter_keys() {
+  static const std::vector<std::string> keys = {"stage", "microbatch", "pass", "unit", "blocks", "kind"};
+  return keys;
+}
+
+const std::vector<std::string>& degree_keys() {
+  static const std::vector<std::string> keys = {"dp", "tp", "pp", "virtual_stages", "microbatches", "bucket_mb",
+                                                "schedule"};
+  return keys;
+}
+
+std::vector<std::string> emit_filter(const Filter& f) {
+  std::vector<std::string> keys;
+  auto list = [&](const char* key, const std::vector<std::string>& items) {
+    if (!items.empty()) keys.push_back(std::string(key) + ": " + (items.size() == 1 ? items[0] : "[" + join(items, ", ") + "]"));
+  };
+  auto ranges = [&](const char* key, const Filter::Ranges& rs) {
+    std::vector<std::string> r;
+    for (auto [a, z] : rs) r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
+    list(key, r);
+  };
+  auto words = [&](const char* key, const std::vector<std::string>& ws) {
+    std::vector<std::string> q;
+    for (const std::string& w : ws) q.push_back(quote(w));
+    list(key, q);
+  };
+  ranges("stage", f.stages);
+  ranges("microbatch", f.microbatches);
+  words("pass", f.passes);
+  words("unit", f.units);
+  ranges("blocks", f.blocks);
+  words("kind", f.kinds);
+  return keys;
 }
 
 const DirectiveSpec& spec_of(DirectiveKind k) {
@@ -37,26 +74,10 @@ std::vector<std::string> directive_names() {
 
 std::string dpath(size_t i) { return "directives[" + std::to_string(i) + "]"; }
 
-// The keys of a filter as YAML: "blocks: [0, \"2-3\"]", "kind: \"*\"".
-static std::vector<std::string> filter_keys(const StageFilter& f) {
-  std::vector<std::string> keys;
-  if (!f.blocks.empty()) {
-    std::vector<std::string> r;
-    for (auto [a, z] : f.blocks) r.push_back(a == z ? std::to_string(a) : quote(std::to_string(a) + "-" + std::to_string(z)));
-    keys.push_back("blocks: " + (r.size() == 1 ? r[0] : "[" + join(r, ", ") + "]"));
-  }
-  if (!f.kinds.empty()) {
-    std::vector<std::string> k;
-    for (const std::string& s : f.kinds) k.push_back(quote(s));
-    keys.push_back("kind: " + (k.size() == 1 ? k[0] : "[" + join(k, ", ") + "]"));
-  }
-  return keys;
-}
-
 // One directive as a YAML flow map, e.g. "place: {pp: 2, stages: [{blocks: \"0-2\"}, ...]}".
 std::string emit_directive(const Directive& d) {
   const DirectiveSpec& spec = spec_of(d.kind);
-  if (d.kind == DirectiveKind::SPLIT_BACKWARD)
+  if (d.kind == DirectiveKind::SPLIT_BACKWARD && d.filter.empty())
     return std::string(spec.name) + ": " + (d.split_backward.value_or(false) ? "true" : "false");
   std::vector<std::string> kv;
   auto i = [&](const char* k, const std::optional<int64_t>& v) {
@@ -78,7 +99,7 @@ std::string emit_directive(const Directive& d) {
   }
   if (d.stages) {
     std::vector<std::string> stages;
-    for (const StageFilter& f : *d.stages) stages.push_back("{" + join(filter_keys(f), ", ") + "}");
+    for (const Filter& f : *d.stages) stages.push_back("{" + join(emit_filter(f), ", ") + "}");
     kv.push_back("stages: [" + join(stages, ", ") + "]");
   }
   if (d.rank_of_stage) {
@@ -112,19 +133,14 @@ std::string emit_directive(const Directive& d) {
   }
   if (d.grid_order) kv.push_back("order: " + quote(*d.grid_order));
   str("mode", d.mode);
-  for (const std::string& k : filter_keys(d.filter.units)) kv.push_back(k);
-  if (!d.filter.stages.empty()) {
-    std::vector<std::string> v;
-    for (int64_t st : d.filter.stages) v.push_back(std::to_string(st));
-    kv.push_back("stage: [" + join(v, ", ") + "]");
-  }
+  for (const std::string& f : emit_filter(d.filter)) kv.push_back(f);
   return std::string(spec.name) + ": {" + join(kv, ", ") + "}";
 }
 
 // ---- directives applied onto the shorthand --------------------------------------
 
 Applied apply_directives(const Config& c) {
-  Applied a{c, {}, -1, -1, -1};
+  Applied a{c, {}, -1, -1, -1, {}, {}};
   ParallelConfig& p = a.cfg.parallel;
   // Messages about `key` now name the directive's path and point at it.
   auto from = [&](const std::string& key, const std::string& path, const std::string& location_key) {
@@ -144,7 +160,12 @@ Applied apply_directives(const Config& c) {
     switch (d.kind) {
       case DirectiveKind::SPLIT: take(d.microbatches, p.microbatches, "microbatches", "microbatches"); break;
       case DirectiveKind::SPLIT_BACKWARD:
-        if (d.split_backward) p.split_backward = *d.split_backward, from("parallel.split_backward", base, base);
+        if (!d.filter.empty()) {
+          a.split_subsets.push_back({d.filter, 1, base});
+        } else if (d.split_backward) {
+          p.split_backward = *d.split_backward, from("parallel.split_backward", base, base);
+          a.split_subsets.clear();
+        }
         break;
       case DirectiveKind::PLACE:
         take(d.pp, p.pp, "pp", "pp");
@@ -156,10 +177,16 @@ Applied apply_directives(const Config& c) {
         take(d.dp, p.dp, "dp", "dp");
         take(d.bucket_mb, p.bucket_mb, "bucket_mb", "bucket_mb");
         if (d.shard_optimizer || d.shard_grads || d.shard_params) {
-          p.zero = d.shard_params.value_or(false)      ? 3
-                   : d.shard_grads.value_or(false)     ? 2
-                   : d.shard_optimizer.value_or(false) ? 1
-                                                       : 0;
+          const int64_t zero = d.shard_params.value_or(false)      ? 3
+                               : d.shard_grads.value_or(false)     ? 2
+                               : d.shard_optimizer.value_or(false) ? 1
+                                                                   : 0;
+          if (!d.filter.empty()) {
+            a.zero_subsets.push_back({d.filter, zero, base});
+            break;
+          }
+          p.zero = zero;
+          a.zero_subsets.clear();
           const char* key = d.shard_params ? "shard_params" : d.shard_grads ? "shard_grads" : "shard_optimizer";
           from("parallel.zero", base + ".zero", base + "." + key);
         }
@@ -198,6 +225,8 @@ EffectiveStrategy effective_strategy(const Config& cfg) {
     e.rank_of_stage = *cfg.directives.list[static_cast<size_t>(a.ranks_from)].rank_of_stage;
     e.ranks_path = dpath(static_cast<size_t>(a.ranks_from)) + ".place.ranks";
   }
+  e.split_subsets = a.split_subsets;
+  e.zero_subsets = a.zero_subsets;
   if (a.order_from >= 0) {
     e.order_ranks = *cfg.directives.list[static_cast<size_t>(a.order_from)].ranks;
     e.order_path = dpath(static_cast<size_t>(a.order_from)) + ".order.ranks";

@@ -63,10 +63,17 @@ std::string format_value(const FieldRef& r);
 struct DirectiveSpec {
   DirectiveKind kind;
   const char* name;
-  std::vector<std::string> keys;  // empty: the value is a scalar (split_backward: BOOL)
+  std::vector<std::string> keys;         // empty: the value is a boolean or a filter (split_backward)
+  std::vector<std::string> filter_keys;  // the filter keys it takes beside its own; empty: no filter
 };
 
 const std::vector<DirectiveSpec>& directive_specs();
+// Every key of a config::Filter, in the order docs/directives.md lists them.
+const std::vector<std::string>& filter_keys();
+// The keys that set a parallel degree or the schedule: uniform over the model, so never beside a filter.
+const std::vector<std::string>& degree_keys();
+// The filter keys of `f` as YAML flow-map entries ("blocks: \"0-2\"", "kind: [M, \"*\"]").
+std::vector<std::string> emit_filter(const Filter& f);
 const DirectiveSpec& spec_of(DirectiveKind k);
 std::vector<std::string> directive_names();
 std::string dpath(size_t i);  // "directives[i]"
@@ -79,6 +86,7 @@ struct Applied {
   int place_from = -1;                       // the last place directive giving stage_of_unit or stages
   int order_from = -1;                       // the order directive giving ranks, when the last order does
   int ranks_from = -1;                       // the last place directive giving ranks (the stages' pipeline ranks)
+  std::vector<EffectiveStrategy::Subset> split_subsets, zero_subsets;  // directives with a filter, in order
 };
 Applied apply_directives(const Config& c);
 

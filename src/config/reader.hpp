@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "config/internal.hpp"
 
 namespace piper::config::detail {
 
@@ -34,10 +35,10 @@ class Reader {
   bool read_int_list(std::optional<std::vector<int64_t>>& to, const char* what, const YAML::Node& v,
                      const std::string& path, const std::string& vat);
   bool read_stages(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
+  bool read_inline_filter(const DirectiveSpec& spec, const YAML::Node& map, const std::string& base, Filter& f);
+  bool read_filter(const YAML::Node& m, const std::string& path, const std::string& owner,
+                   const std::vector<std::string>& allowed, Filter& f);
   bool read_ranks(Directive& d, const YAML::Node& v, const std::string& path, const std::string& vat);
-  // One filter key (blocks, kind; stage where `f` has stages) of a filter at `path`; `kat` is the key's position.
-  bool read_filter_key(StageFilter& f, std::vector<int64_t>* stages, const std::string& name, const YAML::Node& v,
-                       const std::string& path, const std::string& kat);
   // Records `name` in `seen`; reports a duplicate (and returns false) when it is there already.
   bool first_time(std::map<std::string, YAML::Mark>& seen, const std::string& name, const YAML::Mark& m,
                   const std::string& at, const std::string& what);

@@ -299,6 +299,10 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
   if (zero_ok && p.zero > 0 && dims_ok && p.dp == 1)
     ck.fail(ck.head("parallel.zero") +
             ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") + "; use dp >= 2 or zero 0");
+  for (const EffectiveStrategy::Subset& sub : a.zero_subsets)
+    if (sub.value > 0 && dims_ok && p.dp == 1)
+      ck.fail(ck.at(sub.path + ".filter") + ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") +
+              "; use dp >= 2 or leave out the shard_* keys");
   ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, kMaxBucketMb, false,
           "> 0 and at most 1048576 MiB (1 TiB) (typical: 25)");
   ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, kMaxCommTimeout, false,

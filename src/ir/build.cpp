@@ -64,10 +64,9 @@ struct Builder {
                        " pipeline stages (pp " + std::to_string(strategy.place.pp) + " x " +
                        std::to_string(sched.chunks) + " chunks per rank)");
     stage_of_unit = strategy.place.stage_of_unit;
-    if (stage_of_unit.empty()) stage_of_unit = balance_stages(model, n_stages);
-    if (static_cast<int>(stage_of_unit.size()) != n_units)
-      throw BuildError("place: stage_of_unit lists " + std::to_string(stage_of_unit.size()) +
-                       " units, the model has " + std::to_string(n_units));
+    per_unit("place: stage_of_unit", stage_of_unit.size());
+    per_unit("split_backward", strategy.split_backward_of_unit.size());
+    per_unit("replicate: zero", strategy.replicate.zero_of_unit.size());
     const std::vector<int64_t> stages(stage_of_unit.begin(), stage_of_unit.end());
     if (const auto problem = stage_problem(model, stages, n_stages))
       throw BuildError("place: " + problem->message);
@@ -77,6 +76,13 @@ struct Builder {
       for (int r = 0; r < strategy.world_size; ++r)
         if (grid.coord(r, Axis::PP) == p) devices_of_stage[static_cast<size_t>(s)].push_back(r);
     }
+  }
+
+  // A per-unit field of the strategy has a value for every unit.
+  void per_unit(const std::string& field, size_t given) const {
+    if (static_cast<int>(given) != n_units)
+      throw BuildError(field + " lists " + std::to_string(given) + " units, the model has " + std::to_string(n_units) +
+                       " (a Strategy holds every unit's value; ir::expand gives them)");
   }
 
   const std::vector<int>& devices_of_unit(int u) const {
@@ -196,9 +202,8 @@ struct Builder {
     recomp[u][mb] = id;
   }
 
-  // split + backward split: the per-microbatch sub-DAGs.
+  // split + backward split: the per-microbatch sub-DAGs; a split unit's backward is BWD_I + BWD_W.
   void split() {
-    const bool sb = strategy.split_backward;
     auto table = [&] {
       return std::vector<std::vector<PassNodes>>(static_cast<size_t>(n_units), std::vector<PassNodes>(static_cast<size_t>(n_mb)));
     };
@@ -215,10 +220,11 @@ struct Builder {
         // The embedding has no input gradient: only its weight half exists.
         const bool has_input_grad = u > 0;
         // The input gradient of the unit after, and the saved state of this one's forward.
-        const int upstream = u + 1 < n_units ? (sb ? bwd_i[u + 1][mb].out : bwd[u + 1][mb].out) : -1;
+        const int upstream =
+            u + 1 < n_units ? (strategy.split_backward(u + 1) ? bwd_i[u + 1][mb].out : bwd[u + 1][mb].out) : -1;
         // The saved state: the forward's, or the recomputation's.
         const int saved = recomp[u][mb] >= 0 ? recomp[u][mb] : fwd[u][mb].last();
-        if (!sb) {
+        if (!strategy.split_backward(u)) {
           bwd[u][mb] = add_pass(NodeKind::BWD, Pass::PASS_B, u, mb);
           g.add_edge(saved, bwd[u][mb].first(), EdgeKind::EDGE_DATA);
           if (upstream >= 0) connect(upstream, bwd[u][mb].first(), Payload::PAYLOAD_GRADIENT);
@@ -238,7 +244,7 @@ struct Builder {
     }
   }
 
-  int last_grad_node(int u, int mb) const { return (strategy.split_backward ? bwd_w[u][mb] : bwd[u][mb]).last(); }
+  int last_grad_node(int u, int mb) const { return (strategy.split_backward(u) ? bwd_w[u][mb] : bwd[u][mb]).last(); }
 
   Node collective(NodeKind kind, Payload payload, const std::vector<int>& units, int mb) const {
     const int u0 = units.front();
@@ -255,7 +261,8 @@ struct Builder {
   }
 
   // Gradient buckets per stage, last unit first (the order gradients are ready
-  // in), each at least bucket_bytes unless the stage runs out.
+  // in), each at least bucket_bytes unless the stage runs out; a bucket holds
+  // units of one ZeRO stage.
   std::vector<std::vector<int>> buckets() const {
     std::vector<std::vector<int>> out;
     for (int s = n_stages - 1; s >= 0; --s) {
@@ -263,6 +270,8 @@ struct Builder {
       int64_t bytes = 0;
       for (int u = n_units - 1; u >= 0; --u) {
         if (stage_of_unit[static_cast<size_t>(u)] != s) continue;
+        if (!cur.empty() && strategy.replicate.zero(cur.front()) != strategy.replicate.zero(u))
+          out.push_back(cur), cur.clear(), bytes = 0;
         cur.insert(cur.begin(), u);
         bytes += model.units[static_cast<size_t>(u)].param_count() * 4;
         if (bytes >= strategy.replicate.bucket_bytes) out.push_back(cur), cur.clear(), bytes = 0;
@@ -273,14 +282,13 @@ struct Builder {
   }
 
   // Updates, and with data parallelism the gradient reduction before them and
-  // (ZeRO >= 1) the parameter all-gather after; ZeRO-3 gathers parameters
-  // before every use instead, one unit ahead.
+  // (ZeRO 1 and 2) the parameter all-gather after; units at ZeRO-3 gather
+  // their parameters before every use instead, one unit ahead.
   void updates() {
     upd.assign(static_cast<size_t>(n_units), -1);
     for (int u = 0; u < n_units; ++u) upd[u] = g.add_node(compute_node(NodeKind::UPD, Pass::PASS_U, u, -1));
     norms();
     auto norm_of = [&](int u) { return norm_of_pp[static_cast<size_t>(sched.rank_of(stage_of_unit[static_cast<size_t>(u)]))]; };
-    const int zero = strategy.replicate.zero;
     if (strategy.replicate.dp <= 1) {
       for (int u = 0; u < n_units; ++u)
         for (int mb = 0; mb < n_mb; ++mb) {
@@ -290,6 +298,7 @@ struct Builder {
       return;
     }
     for (const auto& bucket : buckets()) {
+      const int zero = strategy.replicate.zero(bucket.front());
       const NodeKind k = zero >= 2 ? NodeKind::REDUCE_SCATTER : NodeKind::ALLREDUCE;
       const int red = g.add_node(collective(k, Payload::PAYLOAD_WGRAD, bucket, -1));
       g.add_edge(red, norm_of(bucket.front()), EdgeKind::EDGE_DATA);
@@ -302,7 +311,7 @@ struct Builder {
         for (int u : bucket) g.add_edge(upd[u], ag, EdgeKind::EDGE_DATA);
       }
     }
-    if (zero == 3) gather_before_use();
+    gather_before_use();
   }
 
   // Gradient clipping: each pipeline rank sums the squares of its gradients
@@ -340,6 +349,7 @@ struct Builder {
   void gather_before_use() {
     for (int mb = 0; mb < n_mb; ++mb)
       for (int u = 0; u < n_units; ++u) {
+        if (strategy.replicate.zero(u) < 3) continue;
         const int f = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
         g.node_mut(f).tags.pass = Pass::PASS_F;
         // Every segment of a pass reads the parameters.
@@ -354,15 +364,27 @@ struct Builder {
       }
   }
 
-  PassNodes& pass_nodes(Pass pass, int u, int mb) {
-    auto& table = pass == Pass::PASS_F ? fwd : pass == Pass::PASS_B ? bwd : pass == Pass::PASS_BI ? bwd_i : bwd_w;
-    return table[static_cast<size_t>(u)][static_cast<size_t>(mb)];
+  // The nodes a schedule op's pass runs of unit u: a BI op runs the fused
+  // backward of a unit whose backward is not split, and its BW op nothing.
+  const PassNodes& pass_nodes(Pass pass, int u, int mb) const {
+    static const PassNodes none;
+    const bool split = strategy.split_backward(u);
+    const auto at = [&](const std::vector<std::vector<PassNodes>>& table) -> const PassNodes& {
+      return table[static_cast<size_t>(u)][static_cast<size_t>(mb)];
+    };
+    switch (pass) {
+      case Pass::PASS_F: return at(fwd);
+      case Pass::PASS_B: return at(bwd);
+      case Pass::PASS_BI: return split ? at(bwd_i) : at(bwd);
+      case Pass::PASS_BW: return split ? at(bwd_w) : none;
+      default: return none;
+    }
   }
 
   // The compute nodes op `q` of rank r runs, in order: its units' passes
   // (forward along the model, backward against it), segment by segment. Marks
-  // what it covers in `covered` ([pass][unit][mb] -> the op that runs it).
-  std::vector<int> op_nodes(int r, int q, const PipeOp& op, std::vector<std::vector<std::vector<int>>>& covered) {
+  // what it covers in `covered` (a pass's first node -> the op that runs it).
+  std::vector<int> op_nodes(int r, int q, const PipeOp& op, std::vector<int>& covered) {
     const int s = sched.stage_of(r, op.chunk);
     std::vector<int> units;
     for (int u = 0; u < n_units; ++u)
@@ -378,7 +400,7 @@ struct Builder {
       if (!op.whole() && (u < op.first_unit || u > op.last_unit)) continue;
       const PassNodes& p = pass_nodes(op.pass, u, op.microbatch);
       if (!p.exists()) continue;
-      int& by = covered[static_cast<size_t>(op.pass)][static_cast<size_t>(u)][static_cast<size_t>(op.microbatch)];
+      int& by = covered[static_cast<size_t>(p.first())];
       if (by >= 0)
         throw OrderError(r, q, pipe_op_name(op, sched.chunks) + " runs " + pass_name(op.pass) + " of " +
                                    model.units[static_cast<size_t>(u)].name + " for microbatch " +
@@ -447,13 +469,9 @@ struct Builder {
   // (or the unit range) each names, groups interleaved, chained with ordering
   // edges; the gradient norm and updates last.
   void order() {
-    const auto cover = [&] {
-      return std::vector<std::vector<int>>(static_cast<size_t>(n_units), std::vector<int>(static_cast<size_t>(n_mb), -1));
-    };
     std::vector<std::vector<int>> seqs(static_cast<size_t>(sched.ranks));
     for (int r = 0; r < sched.ranks; ++r) {
-      std::vector<std::vector<std::vector<int>>> covered(4);
-      for (auto& c : covered) c = cover();
+      std::vector<int> covered(g.nodes().size(), -1);
       const auto& ops = sched.ops[static_cast<size_t>(r)];
       std::vector<int>& seq = seqs[static_cast<size_t>(r)];
       for (size_t q = 0; q < ops.size();) {
@@ -479,21 +497,24 @@ struct Builder {
   }
 
   // Every pass of every unit rank r holds is run by one of its ops.
-  void check_covered(int r, const std::vector<std::vector<std::vector<int>>>& covered) {
+  void check_covered(int r, const std::vector<int>& covered) {
+    const std::pair<Pass, const std::vector<std::vector<PassNodes>>*> tables[] = {
+        {Pass::PASS_F, &fwd}, {Pass::PASS_B, &bwd}, {Pass::PASS_BI, &bwd_i}, {Pass::PASS_BW, &bwd_w}};
     for (int u = 0; u < n_units; ++u) {
-      if (sched.rank_of(stage_of_unit[static_cast<size_t>(u)]) != r) continue;
+      const int st = stage_of_unit[static_cast<size_t>(u)];
+      if (sched.rank_of(st) != r) continue;
       for (int mb = 0; mb < n_mb; ++mb)
-        for (Pass pass : {Pass::PASS_F, Pass::PASS_B, Pass::PASS_BI, Pass::PASS_BW})
-          if (pass_nodes(pass, u, mb).exists() &&
-              covered[static_cast<size_t>(pass)][static_cast<size_t>(u)][static_cast<size_t>(mb)] < 0)
+        for (const auto& [pass, table] : tables) {
+          const PassNodes& p = (*table)[static_cast<size_t>(u)][static_cast<size_t>(mb)];
+          if (p.exists() && covered[static_cast<size_t>(p.first())] < 0)
             throw OrderError(r, -1, "no op runs " + std::string(pass_name(pass)) + " of " +
                                         model.units[static_cast<size_t>(u)].name + " (unit " + std::to_string(u) +
-                                        ", stage " + std::to_string(stage_of_unit[static_cast<size_t>(u)]) +
-                                        ") for microbatch " + std::to_string(mb) + "; add " +
-                                        pipe_op_name({pass, mb, sched.chunk_of(stage_of_unit[static_cast<size_t>(u)])},
-                                                     sched.chunks));
+                                        ", stage " + std::to_string(st) + ") for microbatch " + std::to_string(mb) +
+                                        "; add " + pipe_op_name({pass, mb, sched.chunk_of(st)}, sched.chunks));
+        }
     }
   }
+
 };
 
 }  // namespace

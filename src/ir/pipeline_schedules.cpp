@@ -322,6 +322,12 @@ std::optional<OrderProblem> order_problem(const std::vector<std::vector<PipeOp>>
   return std::nullopt;
 }
 
+int schedule_chunks(ScheduleKind kind, int virtual_stages) {
+  return kind == ScheduleKind::SCHEDULE_INTERLEAVED ? virtual_stages
+         : kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
+                                                     : 1;
+}
+
 PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
                            bool split_backward, bool pairs) {
   if (const std::optional<ScheduleProblem> problem =
@@ -331,9 +337,7 @@ PipeSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int
   s.kind = kind;
   s.ranks = ranks;
   s.microbatches = microbatches;
-  s.chunks = kind == ScheduleKind::SCHEDULE_INTERLEAVED ? virtual_stages
-             : kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
-                                                         : 1;
+  s.chunks = schedule_chunks(kind, virtual_stages);
   s.rank_of_stage = kind == ScheduleKind::SCHEDULE_DUALPIPEV ? v_placement(ranks) : loop_placement(ranks, s.chunks);
   s.ops.resize(static_cast<size_t>(ranks));
   const int p = ranks, m = microbatches;

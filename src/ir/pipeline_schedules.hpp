@@ -75,6 +75,10 @@ struct ScheduleProblem {
 std::optional<ScheduleProblem> schedule_problem(ScheduleKind kind, int ranks, int virtual_stages, int microbatches,
                                                 bool split_backward, bool pairs);
 
+// The model chunks per rank that schedule `kind` holds: virtual_stages for interleaved, 2 for
+// dualpipev, 1 for the others.
+int schedule_chunks(ScheduleKind kind, int virtual_stages);
+
 // Builds the schedule `kind` for `ranks` pipeline ranks, placed by the schedule's own layout (loop,
 // or V for dualpipev). With `pairs`, forward/backward pairs of different microbatches that the
 // schedule runs back to back in its steady phase become groups (PipeOp::grouped): dualpipev's

@@ -1,5 +1,8 @@
-// placement.cpp — stage filters resolved over the model's units, and the stage-sequence rule.
+// placement.cpp — units balanced over stages, stage filters resolved over the model's units, and
+// the stage-sequence rule.
 #include "ir/placement.hpp"
+
+#include "ir/filter.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -23,19 +26,29 @@ std::string unit_description(const UnitSpec& unit) {
   return unit.name + " (block " + std::to_string(unit.block) + ", '" + std::string(1, unit_symbol(unit.kind)) + "')";
 }
 
-bool selects(const config::StageFilter& f, const UnitSpec& unit) {
-  const bool embed = unit.kind == UnitKind::UNIT_EMBED, head = unit.kind == UnitKind::UNIT_HEAD;
-  if (!f.blocks.empty()) {
-    if (embed || head) return false;
-    bool in = false;
-    for (auto [lo, hi] : f.blocks) in |= unit.block >= lo && unit.block <= hi;
-    if (!in) return false;
+
+std::vector<int> balance_stages(const ModelGraph& model, int stages) {
+  const int n = static_cast<int>(model.units.size());
+  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
+  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + unit_cost(model.units[static_cast<size_t>(u)]) + 1.0;
+  const double inf = 1e300;
+  // best[s][u]: the smallest max-stage cost putting units [0, u) on s stages.
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
+  best[0][0] = 0.0;
+  for (int s = 1; s <= stages; ++s)
+    for (int u = s; u <= n - (stages - s); ++u)
+      for (int c = s - 1; c < u; ++c) {
+        const double v = std::max(best[s - 1][c], prefix[u] - prefix[c]);
+        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
+      }
+  std::vector<int> stage_of(static_cast<size_t>(n), 0);
+  for (int s = stages, u = n; s > 0; --s) {
+    const int c = cut[s][u];
+    for (int i = c; i < u; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
+    u = c;
   }
-  if (!f.kinds.empty()) {
-    const std::string kind = embed ? "embed" : head ? "head" : std::string(1, unit_symbol(unit.kind));
-    if (std::find(f.kinds.begin(), f.kinds.end(), kind) == f.kinds.end()) return false;
-  }
-  return true;
+  return stage_of;
 }
 
 std::optional<StageProblem> stage_problem(const ModelGraph& model, const std::vector<int64_t>& st, int64_t n_stages) {
@@ -63,30 +76,20 @@ std::optional<StageProblem> stage_problem(const ModelGraph& model, const std::ve
   return std::nullopt;
 }
 
-std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<config::StageFilter>& stages,
+std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<config::Filter>& stages,
                                     const std::string& base, const config::Positions& at,
                                     std::vector<std::string>& errors) {
   const size_t n_units = model.units.size(), before = errors.size();
-  const int64_t n_blocks = static_cast<int64_t>(n_units) - 2;
   const int64_t n_stages = static_cast<int64_t>(stages.size());
-  std::string pattern;
-  for (const UnitSpec& u : model.units)
-    if (u.block >= 0) pattern += unit_symbol(u.kind);
   std::vector<int64_t> st(n_units, -1);
   for (size_t j = 0; j < stages.size(); ++j) {
     const std::string path = base + "[" + std::to_string(j) + "]";
-    bool range_ok = true;
-    for (auto [lo, hi] : stages[j].blocks)
-      if (hi >= n_blocks) {
-        errors.push_back(at.at(path) + ": block " + std::to_string(hi) + " does not exist; the pattern \"" + pattern +
-                         "\" has blocks 0.." + std::to_string(n_blocks - 1));
-        range_ok = false;
-        break;
-      }
-    size_t count = 0;
-    for (size_t u = 0; u < n_units; ++u) {
-      if (!selects(stages[j], model.units[u])) continue;
-      ++count;
+    // A stage's filter has no stage key: the units' stages are what it gives.
+    if (const std::string problem = filter_problem(stages[j], model, {}, 0); !problem.empty()) {
+      errors.push_back(at.at(path) + ": " + problem);
+      continue;
+    }
+    for (int u : selected_units(stages[j], model, {})) {
       if (st[u] >= 0) {
         errors.push_back(at.at(path) + ": unit " + unit_description(model.units[u]) + " is already on stage " +
                          std::to_string(st[u]) + " (" + at.at(base + "[" + std::to_string(st[u]) + "]") +
@@ -95,9 +98,6 @@ std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<c
       }
       st[u] = static_cast<int64_t>(j);
     }
-    if (count == 0 && range_ok)
-      errors.push_back(at.at(path) + ": stage " + std::to_string(j) + " selects no unit of the pattern \"" + pattern +
-                       "\"");
   }
   if (st.front() < 0) st.front() = 0;           // the embedding goes with the first stage
   if (st.back() < 0) st.back() = n_stages - 1;  // the head with the last
@@ -110,7 +110,7 @@ std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<c
     // Point at the filter that put the unit there.
     const int64_t s = st[static_cast<size_t>(problem->unit)];
     const UnitSpec& unit = model.units[static_cast<size_t>(problem->unit)];
-    const bool named = s >= 0 && s < n_stages && selects(stages[static_cast<size_t>(s)], unit);
+    const bool named = s >= 0 && s < n_stages && selects(stages[static_cast<size_t>(s)], unit, -1);
     errors.push_back(at.at(named ? base + "[" + std::to_string(s) + "]" : base) + ": " + problem->message);
     return {};
   }
@@ -140,38 +140,10 @@ std::vector<std::string> placement_problems(const ModelGraph& model, const confi
   return errors;
 }
 
-std::vector<int> balance_stages(const ModelGraph& model, int stages) {
-  const int n = static_cast<int>(model.units.size());
-  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
-  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + unit_cost(model.units[static_cast<size_t>(u)]) + 1.0;
-  const double inf = 1e300;
-  // best[s][u]: the smallest max-stage cost putting units [0, u) on s stages.
-  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
-  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
-  best[0][0] = 0.0;
-  for (int s = 1; s <= stages; ++s)
-    for (int u = s; u <= n - (stages - s); ++u)
-      for (int c = s - 1; c < u; ++c) {
-        const double v = std::max(best[s - 1][c], prefix[u] - prefix[c]);
-        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
-      }
-  std::vector<int> stage_of(static_cast<size_t>(n), 0);
-  for (int s = stages, u = n; s > 0; --s) {
-    const int c = cut[s][u];
-    for (int i = c; i < u; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
-    u = c;
-  }
-  return stage_of;
-}
 
 
 bool has_inner_activations(UnitKind k) { return k == UnitKind::UNIT_ATTENTION || k == UnitKind::UNIT_MAMBA; }
 
-bool selects(const config::UnitFilter& f, const UnitSpec& unit, int stage) {
-  if (unit.block < 0) return false;  // the embedding and the head are never recomputed
-  if (!f.stages.empty() && std::find(f.stages.begin(), f.stages.end(), stage) == f.stages.end()) return false;
-  return selects(f.units, unit);
-}
 
 namespace {
 
@@ -221,21 +193,28 @@ std::vector<Recompute> resolve_recompute(const ModelGraph& model, const config::
   for (const config::EffectiveStrategy::RecomputeRule& r : e.recompute) {
     const std::optional<Recompute> mode = recompute_mode(r.mode, at.at(r.path + ".mode"), errors);
     bool ok = mode.has_value();
-    for (const std::string& k : r.filter.units.kinds)
-      if (k == "embed" || k == "head") {
-        errors.push_back(at.at(r.path + ".kind") + ": the " + (k == "embed" ? "embedding" : "head") +
-                         " is never recomputed (its forward saves next to nothing); select blocks: kind M, \"*\" "
-                         "or \"-\", or blocks: by index");
-        ok = false;
-      }
-    for (auto [lo, hi] : r.filter.units.blocks)
+    // The embedding and the head, named by kind or as units.
+    for (const UnitSpec& u : model.units) {
+      if (u.block >= 0) continue;
+      const auto named = [&](const std::vector<std::string>& words, const std::string& w) {
+        return std::find(words.begin(), words.end(), w) != words.end();
+      };
+      const bool by_kind = named(r.filter.kinds, u.name);  // "embed", "head": the kind and the unit name alike
+      if (!by_kind && !named(r.filter.units, u.name) && !named(r.filter.units, std::to_string(u.index))) continue;
+      errors.push_back(at.at(r.path + (by_kind ? ".kind" : ".unit")) + ": the " +
+                       (u.kind == UnitKind::UNIT_EMBED ? "embedding" : "head") +
+                       " is never recomputed (its forward saves next to nothing); select blocks: kind M, \"*\" "
+                       "or \"-\", or blocks: by index");
+      ok = false;
+    }
+    for (auto [lo, hi] : r.filter.blocks)
       if (hi >= n_blocks) {
         errors.push_back(at.at(r.path + ".blocks") + ": block " + std::to_string(hi) + " does not exist; the pattern \"" +
                          pattern + "\" has blocks 0.." + std::to_string(n_blocks - 1));
         ok = false;
       }
-    for (int64_t st : r.filter.stages)
-      if (st >= n_stages) {
+    for (const auto& range : r.filter.stages)
+      if (const int64_t st = range.second; st >= n_stages) {
         errors.push_back(at.at(r.path + ".stage") + ": stage " + std::to_string(st) + " does not exist; the placement has " +
                          "stages 0.." + std::to_string(n_stages - 1));
         ok = false;

@@ -1,5 +1,5 @@
-// placement.hpp — the rules of a stage per unit: which units a stage filter selects (by the
-// units' tags: block index and kind), and that stages run along the model. Pure: the model graph
+// placement.hpp — the rules of a stage per unit: the balanced default, the stages that filters
+// give (ir/filter.hpp), and that stages run along the model. Pure: the model graph
 // names the units, the caller names the places (a config's file positions, or plain words).
 #pragma once
 
@@ -17,9 +17,10 @@ namespace piper::ir {
 // "layers.3 (block 3, 'M')", "embed", "head": a unit as the placement rules name it.
 std::string unit_description(const UnitSpec& unit);
 
-// Whether stage filter `f` selects `unit`: every filter given matches (block filters never select
-// embed or head; a kind is a block symbol, "embed" or "head").
-bool selects(const config::StageFilter& f, const UnitSpec& unit);
+// The stage of every unit when no directive says: a contiguous partition of the units into
+// `stages` non-empty stages minimising the most expensive one by parameter count (exact, by
+// dynamic programming). Needs stages <= units.
+std::vector<int> balance_stages(const ModelGraph& model, int stages);
 
 // The first problem of a stage per unit (stages 0..n_stages-1 along the model, each a contiguous
 // non-empty run), at unit `unit`, or nullopt.
@@ -34,14 +35,9 @@ std::optional<StageProblem> stage_problem(const ModelGraph& model, const std::ve
 // the embedding goes with the first stage and the head with the last when no filter names them.
 // Problems are appended to `errors`, each at `at(path)` of the filter it concerns (paths
 // `base[i]`, and `base` for the whole list); then the result is empty.
-std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<config::StageFilter>& stages,
+std::vector<int64_t> resolve_stages(const ModelGraph& model, const std::vector<config::Filter>& stages,
                                     const std::string& base, const config::Positions& at,
                                     std::vector<std::string>& errors);
-
-// Contiguous partition of the units into `stages` non-empty stages minimising the most expensive
-// stage (exact, by dynamic programming over prefix costs): the placement when no place directive
-// gives one. Needs at least `stages` units.
-std::vector<int> balance_stages(const ModelGraph& model, int stages);
 
 // The problems of a place directive at `path` (its stage_of_unit or stages key): the units it
 // leaves on no stage or on two, a stage_of_unit list that is not one per unit, stages that do not
@@ -51,10 +47,6 @@ std::vector<std::string> placement_problems(const ModelGraph& model, const confi
 // Whether a block of kind `k` has mixer inner activations that selective recomputation drops
 // (attention and Mamba-2; an MLP block has none).
 bool has_inner_activations(UnitKind k);
-
-// Whether recompute filter `f` selects `unit` on stage `stage`: blocks only (the embedding and the head
-// are never recomputed), every filter given matching.
-bool selects(const config::UnitFilter& f, const UnitSpec& unit, int stage);
 
 // The recomputation of every unit: parallel.recompute over every block, then each recompute directive
 // of `e` in order over the blocks it selects (`stage_of_unit`: the stage of every unit); selective

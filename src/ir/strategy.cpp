@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "config/checked.hpp"
+#include "ir/filter.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/placement.hpp"
 
@@ -30,6 +31,64 @@ const char* schedule_name(ScheduleKind k) {
   return i < names.size() ? names[i].c_str() : "?";
 }
 
+namespace {
+
+void throw_errors(const std::vector<std::string>& errors) {
+  if (errors.empty()) return;
+  std::string text;
+  for (const std::string& err : errors) text += (text.empty() ? "" : "\n") + err;
+  throw config::ConfigError(text);
+}
+
+// The stage of every unit: a place directive's stage_of_unit or stage filters, else balanced over
+// pp x chunks stages (left empty when there are fewer units than stages: ir::build says so).
+std::vector<int> unit_stages(const ModelGraph& model, const config::EffectiveStrategy& e, int chunks, int pp) {
+  std::vector<int64_t> given = e.stage_of_unit;
+  if (!e.stage_filters.empty()) {
+    std::vector<std::string> errors;
+    given = resolve_stages(model, e.stage_filters, e.place_path, e.positions, errors);
+    throw_errors(errors);
+  }
+  if (!given.empty()) return std::vector<int>(given.begin(), given.end());
+  const int64_t n_stages = static_cast<int64_t>(pp) * chunks;
+  if (n_stages < 1 || n_stages > static_cast<int64_t>(model.units.size())) return {};
+  return balance_stages(model, static_cast<int>(n_stages));
+}
+
+// A value per unit: `uniform` for all, then each subset's value for the units its filter selects.
+// A filter that does not resolve is reported in `errors` at its file position.
+std::vector<int> per_unit(const ModelGraph& model, const std::vector<int>& stage_of_unit, int64_t uniform,
+                          const std::vector<config::EffectiveStrategy::Subset>& subsets,
+                          const config::EffectiveStrategy& e, std::vector<std::string>& errors) {
+  std::vector<int> out(model.units.size(), static_cast<int>(uniform));
+  const int n_stages =
+      stage_of_unit.empty() ? 0 : *std::max_element(stage_of_unit.begin(), stage_of_unit.end()) + 1;
+  for (const config::EffectiveStrategy::Subset& sub : subsets) {
+    if (const std::string problem = filter_problem(sub.filter, model, stage_of_unit, n_stages); !problem.empty()) {
+      errors.push_back(e.positions.at(sub.path + ".filter") + ": " + problem);
+      continue;
+    }
+    for (int u : selected_units(sub.filter, model, stage_of_unit)) out[static_cast<size_t>(u)] = static_cast<int>(sub.value);
+  }
+  return out;
+}
+
+// A schedule that needs split backwards (zbh1, dualpipev, a hand-written order with BI/BW) splits
+// every unit's, unless directives split some: then the rest stay fused, their BI ops the fused BWD.
+void split_every_backward_unless_some(Strategy& s) {
+  if (!s.any_split_backward()) s.split_backward_of_unit.assign(s.split_backward_of_unit.size(), true);
+}
+
+}  // namespace
+
+bool Strategy::any_split_backward() const {
+  return std::find(split_backward_of_unit.begin(), split_backward_of_unit.end(), true) != split_backward_of_unit.end();
+}
+
+int ReplicateDirective::max_zero() const {
+  return zero_of_unit.empty() ? 0 : *std::max_element(zero_of_unit.begin(), zero_of_unit.end());
+}
+
 Strategy expand(const config::Config& cfg, int world_size) {
   // The shorthand with the directives applied in order (config does the YAML side: names, filters).
   const config::EffectiveStrategy e = config::effective_strategy(cfg);
@@ -41,9 +100,6 @@ Strategy expand(const config::Config& cfg, int world_size) {
   s.split.microbatches = static_cast<int>(p.microbatches);
   // A custom order replaces the named schedule, which stays at its default.
   s.order.schedule = custom ? ScheduleKind::SCHEDULE_1F1B : parse_schedule(p.schedule);
-  // Zero-bubble schedules need the backward split into its two halves.
-  s.split_backward = p.split_backward || s.order.schedule == ScheduleKind::SCHEDULE_ZBH1 ||
-                     s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV;
   s.place.pp = static_cast<int>(p.pp);
   s.place.virtual_stages = s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV ? 2
                                                                                : static_cast<int>(p.virtual_stages);
@@ -52,30 +108,21 @@ Strategy expand(const config::Config& cfg, int world_size) {
   if (!s.place.rank_of_stage.empty() && s.place.pp > 0)
     s.place.virtual_stages = static_cast<int>(s.place.rank_of_stage.size()) / s.place.pp;
   s.order.pairs = p.pairs;
-  std::vector<int64_t> stage_of_unit = e.stage_of_unit;
-  if (!e.stage_filters.empty()) {
-    std::vector<std::string> errors;
-    stage_of_unit = resolve_stages(make_model_graph(cfg.model), e.stage_filters, e.place_path, e.positions, errors);
-    if (!errors.empty()) {
-      std::string text;
-      for (const std::string& err : errors) text += (text.empty() ? "" : "\n") + err;
-      throw config::ConfigError(text);
-    }
-  }
-  for (int64_t st : stage_of_unit) s.place.stage_of_unit.push_back(static_cast<int>(st));
   const ModelGraph model = make_model_graph(cfg.model);
-  const int64_t n_stages = static_cast<int64_t>(s.place.pp) * s.place.virtual_stages;
-  if (s.place.stage_of_unit.empty() && n_stages >= 1 && n_stages <= static_cast<int64_t>(model.units.size()))
-    s.place.stage_of_unit = balance_stages(model, static_cast<int>(n_stages));
+  s.place.stage_of_unit = unit_stages(model, e, custom ? s.place.virtual_stages
+                                                       : schedule_chunks(s.order.schedule, s.place.virtual_stages),
+                                      s.place.pp);
   std::vector<std::string> errors;
+  const std::vector<int> split = per_unit(model, s.place.stage_of_unit, p.split_backward, e.split_subsets, e, errors);
+  s.replicate.zero_of_unit = per_unit(model, s.place.stage_of_unit, p.zero, e.zero_subsets, e, errors);
   s.recompute = resolve_recompute(model, e, s.place.stage_of_unit, errors);
-  if (!errors.empty()) {
-    std::string text;
-    for (const std::string& err : errors) text += (text.empty() ? "" : "\n") + err;
-    throw config::ConfigError(text);
-  }
+  throw_errors(errors);
+  s.split_backward_of_unit.assign(split.begin(), split.end());
+  // Zero-bubble schedules need the backward split into its two halves: of every unit, unless some are split.
+  const bool zero_bubble = s.order.schedule == ScheduleKind::SCHEDULE_ZBH1 ||
+                           s.order.schedule == ScheduleKind::SCHEDULE_DUALPIPEV;
+  if (zero_bubble) split_every_backward_unless_some(s);
   s.replicate.dp = static_cast<int>(p.dp);
-  s.replicate.zero = static_cast<int>(p.zero);
   // At least one byte: a bucket_mb above 0 but below half a byte (1e-310) would round to 0, and the directives
   // printed for the plan (bucket_mb: 0) would be refused.
   s.replicate.bucket_bytes = std::max<int64_t>(1, std::llround(p.bucket_mb * (1 << 20)));
@@ -89,7 +136,7 @@ Strategy expand(const config::Config& cfg, int world_size) {
                           : op.pass == "BI" ? Pass::PASS_BI
                                             : Pass::PASS_BW;
         // An order written with BI/BW splits the backward.
-        s.split_backward |= pass == Pass::PASS_BI || pass == Pass::PASS_BW;
+        if (pass == Pass::PASS_BI || pass == Pass::PASS_BW) split_every_backward_unless_some(s);
         ops.push_back({pass, static_cast<int>(op.microbatch), static_cast<int>(op.chunk),
                        static_cast<int>(op.first_unit), static_cast<int>(op.last_unit), op.grouped});
       }
@@ -133,7 +180,7 @@ PipeSchedule custom_schedule(const Strategy& s) {
     return std::string("split_backward");
   };
   if (const std::optional<OrderProblem> problem = order_problem(custom, s.place.pp, s.order.chunks,
-                                                               s.split.microbatches, s.split_backward, names)) {
+                                                               s.split.microbatches, s.any_split_backward(), names)) {
     const std::string where = problem->rank < 0  ? "the hand-written order"
                               : problem->op < 0 ? "rank " + std::to_string(problem->rank) + " of the hand-written order"
                                                 : names.op(problem->rank, problem->op) + " of the hand-written order";
@@ -142,7 +189,7 @@ PipeSchedule custom_schedule(const Strategy& s) {
   // A Strategy made in code says it splits the backward when its order does (expand sets it so).
   for (const auto& ops : custom)
     for (const PipeOp& op : ops)
-      if (!s.split_backward && (op.pass == Pass::PASS_BI || op.pass == Pass::PASS_BW))
+      if (!s.any_split_backward() && (op.pass == Pass::PASS_BI || op.pass == Pass::PASS_BW))
         throw std::invalid_argument("the hand-written order runs " + pipe_op_name(op, s.order.chunks) +
                                     ", a backward half, but the backward is fused (no split_backward)");
   sched.ops = custom;
@@ -159,7 +206,7 @@ PipeSchedule schedule_of(const Strategy& s) {
   }
   if (!s.order.custom.empty()) return custom_schedule(s);
   PipeSchedule sched = make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches,
-                                     s.split_backward, s.order.pairs);
+                                     s.any_split_backward(), s.order.pairs);
   if (!placed.empty() && placed != sched.rank_of_stage) {
     std::string own;
     for (int r : sched.rank_of_stage) own += (own.empty() ? "" : ", ") + std::to_string(r);
@@ -224,13 +271,42 @@ std::string recompute_yaml(const std::vector<Recompute>& of_unit) {
   return out;
 }
 
+// " unit: [embed, \"layers.3\"]": the units whose value in `of_unit` is `v`.
+std::string units_with(const std::vector<std::string>& names, const std::vector<int>& of_unit, int v) {
+  std::string out;
+  for (size_t u = 0; u < of_unit.size() && u < names.size(); ++u)
+    if (of_unit[u] == v) out += (out.empty() ? "" : ", ") + scalar(names[u]);
+  return "unit: [" + out + "]";
+}
+
+// The value most units have (the smallest of a tie): printed for all, the others as subsets after it.
+int most_common(const std::vector<int>& of_unit) {
+  int best = of_unit.empty() ? 0 : of_unit.front(), best_count = 0;
+  for (int v : of_unit) {
+    const int count = static_cast<int>(std::count(of_unit.begin(), of_unit.end(), v));
+    if (count > best_count || (count == best_count && v < best)) best = v, best_count = count;
+  }
+  return best;
+}
+
+std::string zero_keys(int zero) {
+  auto flag = [](bool b) { return b ? "true" : "false"; };
+  return std::string("shard_grads: ") + flag(zero >= 2) + ", shard_params: " + flag(zero >= 3) +
+         ", shard_optimizer: " + flag(zero >= 1);
+}
+
 }  // namespace
 
-std::string directives_yaml(const Strategy& s) {
+std::string directives_yaml(const Strategy& s, const ModelGraph& model) {
+  std::vector<std::string> names;
+  for (const UnitSpec& u : model.units) names.push_back(u.name);
+  const std::vector<int> split(s.split_backward_of_unit.begin(), s.split_backward_of_unit.end());
+  const int split_all = most_common(split), zero_all = most_common(s.replicate.zero_of_unit);
   std::ostringstream o;
   o << "directives:\n";
   o << "  - split: {microbatches: " << s.split.microbatches << "}\n";
-  o << "  - split_backward: " << (s.split_backward ? "true" : "false") << "\n";
+  o << "  - split_backward: " << (split_all ? "true" : "false") << "\n";
+  if (split_all == 0 && s.any_split_backward()) o << "  - split_backward: {" << units_with(names, split, 1) << "}\n";
   o << "  - place: {pp: " << s.place.pp << ", virtual_stages: " << s.place.virtual_stages;
   if (!s.place.stage_of_unit.empty()) {
     o << ", stage_of_unit: [";
@@ -241,10 +317,11 @@ std::string directives_yaml(const Strategy& s) {
   o << ", ranks: [";
   for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
   o << "]}\n";
-  o << "  - replicate: {dp: " << s.replicate.dp << ", shard_grads: " << (s.replicate.zero >= 2 ? "true" : "false")
-    << ", shard_params: " << (s.replicate.zero >= 3 ? "true" : "false")
-    << ", shard_optimizer: " << (s.replicate.zero >= 1 ? "true" : "false")
+  o << "  - replicate: {dp: " << s.replicate.dp << ", " << zero_keys(zero_all)
     << ", bucket_mb: " << shortest(static_cast<double>(s.replicate.bucket_bytes) / (1 << 20)) << "}\n";
+  for (int zero = 0; zero <= 3; ++zero)
+    if (zero != zero_all && std::count(s.replicate.zero_of_unit.begin(), s.replicate.zero_of_unit.end(), zero) > 0)
+      o << "  - replicate: {" << zero_keys(zero) << ", " << units_with(names, s.replicate.zero_of_unit, zero) << "}\n";
   o << "  - shard: {tp: " << s.shard.tp << "}\n";
   // The order written out op by op, so that any schedule can be copied and edited; one rank per
   // line, like the schedule tables of docs/schedules.md.

@@ -10,6 +10,7 @@
 
 #include "config/config.hpp"
 #include "ir/graph.hpp"
+#include "ir/model_graph.hpp"
 #include "ir/parallel_dims.hpp"
 
 namespace piper::ir {
@@ -26,22 +27,23 @@ struct SplitDirective {
 };
 
 // place: which stage holds each unit, and which pipeline rank each stage.
-// Empty stage_of_unit = balance units over the stages by cost (balance_stages,
-// ir/placement.hpp; expand fills it so); empty rank_of_stage = the schedule's
-// own layout (loop, or V for dualpipev).
+// Empty rank_of_stage = the schedule's own layout (loop, or V for dualpipev).
 struct PlaceDirective {
   int pp = 1;                      // pipeline ranks
   int virtual_stages = 1;          // model chunks per pipeline rank
-  std::vector<int> stage_of_unit;  // indexed by unit
+  std::vector<int> stage_of_unit;  // indexed by unit, every unit (expand balances them when no directive says)
   std::vector<int> rank_of_stage;  // indexed by stage: its pipeline rank
   bool operator==(const PlaceDirective&) const = default;
 };
 
-// replicate: data parallelism over `dp` replicas, with ZeRO sharding.
+// replicate: data parallelism over `dp` replicas, with ZeRO sharding per unit.
 struct ReplicateDirective {
   int dp = 1;
-  int zero = 0;                  // 0 none, 1 optimiser state, 2 + gradients, 3 + parameters
+  // Indexed by unit, every unit: 0 none, 1 optimiser state, 2 + gradients, 3 + parameters.
+  std::vector<int> zero_of_unit;
   int64_t bucket_bytes = 25 << 20;  // gradient all-reduce bucket size
+  int zero(int unit) const { return zero_of_unit.at(static_cast<size_t>(unit)); }
+  int max_zero() const;             // the highest stage of any unit (0 for none)
   bool operator==(const ReplicateDirective&) const = default;
 };
 
@@ -73,7 +75,8 @@ struct Strategy {
   int world_size = 1;
   std::string grid_order = "tp-dp-pp";  // rank grid order, first varies fastest
   SplitDirective split;
-  bool split_backward = false;  // BWD -> BWD_I + BWD_W
+  // Indexed by unit, every unit: its backward is BWD_I + BWD_W, else one fused BWD.
+  std::vector<bool> split_backward_of_unit;
   PlaceDirective place;
   ReplicateDirective replicate;
   ShardDirective shard;
@@ -86,6 +89,10 @@ struct Strategy {
   int64_t microbatch_rows = 0;   // tokens of one microbatch on one data-parallel replica
   int64_t activation_bytes = 0;  // one microbatch's activation between units, per rank
   bool operator==(const Strategy&) const = default;
+  bool split_backward(int unit) const { return split_backward_of_unit.at(static_cast<size_t>(unit)); }
+  // Whether some unit's backward is split: the schedule then runs BI and BW ops (a BI op runs the
+  // fused BWD of a unit whose backward is not split, and its BW op has nothing of that unit).
+  bool any_split_backward() const;
   // The degrees and the rank grid of these directives; throws
   // std::invalid_argument when they do not form one (ParallelDims).
   ParallelDims dims() const {
@@ -98,10 +105,11 @@ ScheduleKind parse_schedule(const std::string& name);
 const char* schedule_name(ScheduleKind k);
 
 // Expands the `parallel:` shorthand of a validated config into directives,
-// then applies its `directives:` section in order (config::effective_strategy).
-// Gives the stage of every unit (balanced when no place directive does) and
-// the recomputation of every unit. Throws config::ConfigError when stage or
-// recompute filters do not resolve.
+// then applies its `directives:` section in order (config::effective_strategy):
+// the stage of every unit (balanced when no place directive gives them), then
+// the per-unit backward split, ZeRO stage and recomputation, whose filters may
+// name stages.
+// Throws config::ConfigError when a filter does not resolve.
 Strategy expand(const config::Config& cfg, int world_size);
 
 // The directives as YAML text a user can copy into a config and edit: a
@@ -110,8 +118,11 @@ Strategy expand(const config::Config& cfg, int world_size);
 // placement and the order are written out in full: `place: {..., ranks: [...]}`
 // and `order: {ranks: [[...], ...]}` with every rank's ops and groups, a named
 // schedule too (its name in a comment), so any schedule can be copied and
-// edited. Throws std::invalid_argument when the strategy has no schedule.
-std::string directives_yaml(const Strategy& s);
+// edited. The stage of every unit is printed as its stage_of_unit; a backward
+// split or a ZeRO stage that differs between units as a directive for most
+// units followed by directives with a `unit:` filter for the rest. Throws
+// std::invalid_argument when the strategy has no schedule.
+std::string directives_yaml(const Strategy& s, const ModelGraph& model);
 
 // The PipeSchedule of the strategy: its named schedule, or its custom order
 // (s.order.custom) with s.place.pp ranks, s.order.chunks chunks per rank and

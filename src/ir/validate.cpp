@@ -29,16 +29,21 @@ std::optional<std::string> order_rules(const config::EffectiveStrategy& e, const
   if (e.order_ranks.empty()) {
     const std::optional<ScheduleProblem> problem =
         schedule_problem(s.order.schedule, s.place.pp, static_cast<int>(e.parallel.virtual_stages),
-                         s.split.microbatches, s.split_backward, s.order.pairs);
+                         s.split.microbatches, s.any_split_backward(), s.order.pairs);
     if (!problem) return std::nullopt;
     return at.head(problem->key) + ": " + problem->message + " (" + at.ref("parallel.schedule") + ")";
   }
   OrderNames names;
   names.op = [&](int rank, int op) { return at.at(e.order_path + index(rank) + index(op)); };
-  names.value = [&](const std::string& key) { return at.ref(key); };
+  // The split_backward a message names: the last directive splitting some units, else the uniform value.
+  names.value = [&](const std::string& key) {
+    return key == "parallel.split_backward" && !e.split_subsets.empty() ? at.at(e.split_subsets.back().path)
+                                                                        : at.ref(key);
+  };
   // Only a split_backward the config sets forces split backwards: an order written with BI/BW splits them itself.
-  const std::optional<OrderProblem> problem = order_problem(s.order.custom, s.place.pp, s.place.virtual_stages,
-                                                            s.split.microbatches, e.parallel.split_backward, names);
+  const bool split = e.parallel.split_backward || !e.split_subsets.empty();
+  const std::optional<OrderProblem> problem =
+      order_problem(s.order.custom, s.place.pp, s.place.virtual_stages, s.split.microbatches, split, names);
   auto at_op = [&](int rank, int op) {
     return at.at(e.order_path + (rank >= 0 ? index(rank) : "") + (op >= 0 ? index(op) : ""));
   };
@@ -73,7 +78,7 @@ std::optional<std::string> rank_rules(const config::EffectiveStrategy& e, const 
 // The stages a place directive gives against the pp x chunks per rank the schedule holds.
 std::optional<std::string> stage_count_rule(const config::EffectiveStrategy& e, const Strategy& s) {
   const std::vector<int>& st = s.place.stage_of_unit;  // the placement's, filters resolved
-  if (st.empty()) return std::nullopt;
+  if (e.place_path.empty() || st.empty()) return std::nullopt;  // balanced over the stages the schedule holds
   const int64_t given = *std::max_element(st.begin(), st.end()) + 1;
   const int64_t held = static_cast<int64_t>(s.place.pp) * s.place.virtual_stages;
   if (given == held) return std::nullopt;

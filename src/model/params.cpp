@@ -35,14 +35,14 @@ ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& unit
     }
     s.numel = total;
     s.zero = ir::flat_shard(s.numel, sharding_.dp_size, sharding_.dp_rank);
-    if (sharding_.shards(kParams)) {
+    if (sharding_.shards(u, kParams)) {
       s.shard_values_t = Tensor(be, s.zero.len, MemCategory::MEM_PARAMS);
       s.shard_values_t.zero();
     } else {
       s.values = Tensor(be, s.zero.padded, MemCategory::MEM_PARAMS);
       s.values.zero();
     }
-    if (sharding_.shards(kGrads)) {
+    if (sharding_.shards(u, kGrads)) {
       s.shard_grads_t = Tensor(be, s.zero.len, MemCategory::MEM_GRADS);
       s.shard_grads_t.zero();
     } else {
@@ -62,9 +62,9 @@ const ParamStore::Slot& ParamStore::slot(int unit) const { return const_cast<Par
 void ParamStore::init(uint64_t seed) {
   const ir::Degrees degrees = sharding_.degrees();
   const ir::Coords at = sharding_.coords();
-  const bool sharded = sharding_.shards(kParams);
   for (const ParamRef& r : refs_) {
     Slot& s = slot(r.unit);
+    const bool sharded = sharding_.shards(r.unit, kParams);
     // The elements [lo, hi) of this parameter's local piece that this rank stores.
     int64_t lo = 0, hi = r.numel;
     float* dst = nullptr;
@@ -110,7 +110,7 @@ const ParamRef& ParamStore::find(const std::string& name) const {
 
 float* ParamStore::values(int unit) {
   Slot& s = slot(unit);
-  if (!sharding_.shards(kParams)) return s.values.data();
+  if (!sharding_.shards(unit, kParams)) return s.values.data();
   if (!s.bound)
     throw std::logic_error(graph_.units[static_cast<size_t>(unit)].name +
                            ": ZeRO-3 parameters used without being gathered first");
@@ -121,7 +121,7 @@ float* ParamStore::value(int unit, size_t i) { return values(unit) + params(unit
 
 float* ParamStore::shard_values(int unit) {
   Slot& s = slot(unit);
-  return sharding_.shards(kParams) ? s.shard_values_t.data() : s.values.data() + shard_offset(unit);
+  return sharding_.shards(unit, kParams) ? s.shard_values_t.data() : s.values.data() + shard_offset(unit);
 }
 
 void ParamStore::bind_full_values(int unit, float* full) { slot(unit).bound = full; }
@@ -140,16 +140,16 @@ float* ParamStore::grad(int unit, size_t i) { return grads(unit) + params(unit)[
 
 float* ParamStore::shard_grads(int unit) {
   Slot& s = slot(unit);
-  return sharding_.shards(kGrads) ? s.shard_grads_t.data() : grads(unit) + shard_offset(unit);
+  return sharding_.shards(unit, kGrads) ? s.shard_grads_t.data() : grads(unit) + shard_offset(unit);
 }
 
 void ParamStore::release_full_grads(int unit) {
-  if (sharding_.shards(kGrads)) slot(unit).grads = Tensor();
+  if (sharding_.shards(unit, kGrads)) slot(unit).grads = Tensor();
 }
 
 void ParamStore::zero_grads(int unit) {
   Slot& s = slot(unit);
-  if (sharding_.shards(kGrads)) {
+  if (sharding_.shards(unit, kGrads)) {
     s.shard_grads_t.zero();
     s.grads = Tensor();
   } else {

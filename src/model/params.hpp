@@ -26,13 +26,16 @@ struct ParamRef {
 struct Sharding {
   int dp_rank = 0;
   int dp_size = 1;
-  int zero = 0;  // 0 replicated, 1 optimiser state, 2 + gradients, 3 + parameters
+  // The ZeRO stage of each unit (ir::ReplicateDirective::zero_of_unit): 0 replicated, 1 optimiser
+  // state, 2 + gradients, 3 + parameters; empty: 0 for every unit.
+  std::vector<int> zero_of_unit;
   int tp_rank = 0;  // tensor parallelism: each parameter is this rank's piece (ir::local_shape)
   int tp_size = 1;
   // The degrees and this rank's coordinates the parameters' pieces depend on (ParamSpec::shards).
   ir::Degrees degrees() const { return {.tp = tp_size, .dp = dp_size}; }
   ir::Coords coords() const { return {.tp = tp_rank, .dp = dp_rank}; }
-  bool shards(ir::ZeroState s) const { return ir::zero_shards(zero, s); }
+  int zero(int unit) const { return zero_of_unit.empty() ? 0 : zero_of_unit.at(static_cast<size_t>(unit)); }
+  bool shards(int unit, ir::ZeroState s) const { return ir::zero_shards(zero(unit), s); }
 };
 
 class ParamStore {

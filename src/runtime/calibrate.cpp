@@ -247,7 +247,7 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
                                        const Tokens& tok, const Effort& effort) {
   backend::Backend& be = backend::cpu();
   const std::vector<int> units = representatives(g);
-  model::ParamStore ps(g, units, be, {0, 1, 0, tp.rank, tp.size});
+  model::ParamStore ps(g, units, be, {0, 1, {}, tp.rank, tp.size});
   ps.init(cfg.train.seed);
   UnitInputs in(cfg, tok, batches.back(), 7);
   auto& [x, dy, y, dx, batch] = in;

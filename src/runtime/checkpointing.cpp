@@ -74,7 +74,7 @@ checkpoint::Meta Checkpointer::meta() const {
   meta.data_position = at.data_position;
   meta.seed = cfg_.train.seed;
   meta.config_yaml = cfg_.yaml_text;
-  meta.strategy = ir::directives_yaml(rt_.plan().strategy);
+  meta.strategy = ir::directives_yaml(rt_.plan().strategy, rt_.plan().model);
   return meta;
 }
 

@@ -13,7 +13,7 @@ using backend::Tensor;
 Optimizer::Optimizer(model::Model& model, const config::TrainConfig& train) : model_(model), train_(train) {
   model::ParamStore& ps = model.params();
   for (int u : ps.units()) {
-    const int64_t n = ps.sharding().zero >= 1 ? ps.shard_len(u) : ps.padded_numel(u);
+    const int64_t n = ps.sharding().zero(u) >= 1 ? ps.shard_len(u) : ps.padded_numel(u);
     auto& [m, v] = moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
                                                       Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)))
                        .first->second;
@@ -68,7 +68,7 @@ void Optimizer::update(int unit) {
   backend::AdamWStep st{lr_, train_.beta1, train_.beta2, train_.eps, train_.weight_decay, steps_, true, clip_scale_};
   auto& [m, v] = moments_.at(unit);
   const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
-  const bool sharded = ps.sharding().zero >= 1;  // each rank updates its shard, else everything
+  const bool sharded = ps.sharding().zero(unit) >= 1;  // each rank updates its shard, else everything
   float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
   float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
   for_each_owned_range(unit, sharded, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {

@@ -64,7 +64,7 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       groups_{&world, dp_.get(), tp_.get()},
       held_units_(units_of(program)),
       model_(cfg.model, plan_.model, held_units_, backend::cpu(),
-             {replica(), replicas(), plan_.strategy.replicate.zero, grid_.coord(rank_, ir::Axis::TP),
+             {replica(), replicas(), plan_.strategy.replicate.zero_of_unit, grid_.coord(rank_, ir::Axis::TP),
               grid_.degree(ir::Axis::TP)},
              tp_.get()),
       optimizer_(model_, cfg.train),
@@ -94,7 +94,7 @@ float* RankRuntime::state_buffer(const state::Piece& p) {
   model::ParamStore& ps = model_.params();
   switch (p.kind) {
     case state::StateKind::STATE_PARAM:
-      return ps.sharding().zero >= 3 ? ps.shard_values(p.unit) : ps.values(p.unit);
+      return ps.sharding().zero(p.unit) >= 3 ? ps.shard_values(p.unit) : ps.values(p.unit);
     case state::StateKind::STATE_EXP_AVG:
       return optimizer_.moment(p.unit, 0);
     case state::StateKind::STATE_EXP_AVG_SQ:

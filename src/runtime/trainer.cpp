@@ -79,7 +79,7 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
     std::vector<float> local;  // this rank's tp piece of the unit, all dp shards together
     if (ps.holds(u)) {
       local.resize(static_cast<size_t>(ps.padded_numel(u)));
-      if (ps.sharding().zero >= 3)
+      if (ps.sharding().zero(u) >= 3)
         groups.dp->allgather(ps.shard_values(u), local.data(), static_cast<size_t>(ps.shard_len(u)));
       else
         std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), local.begin());
@@ -264,10 +264,16 @@ std::unique_ptr<std::ofstream> open_outputs(const TrainOptions& opts, const MpiE
 void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv& env) {
   if (env.rank() != 0) return;
   const ir::Plan& plan = rt.plan();
-  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d, zero %d, %s), "
+  // One ZeRO stage, or the stage of each unit where they differ.
+  const std::vector<int>& zero = plan.strategy.replicate.zero_of_unit;
+  std::string zero_text;
+  for (size_t u = 0; u < zero.size(); ++u) zero_text += (u ? "," : "") + std::to_string(zero[u]);
+  if (std::count(zero.begin(), zero.end(), zero.front()) == static_cast<std::ptrdiff_t>(zero.size()))
+    zero_text = std::to_string(zero.front());
+  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d, zero %s, %s), "
               "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
               plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), rt.replicas(),
-              plan.strategy.shard.tp, plan.strategy.place.pp, plan.strategy.replicate.zero,
+              plan.strategy.shard.tp, plan.strategy.place.pp, zero_text.c_str(),
               plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order",
               omp_get_max_threads(), kernels::blas_name(), plan.hash);
   if (cfg.train.sample_every > 0 && !rt.holds_whole_model())

@@ -98,7 +98,7 @@ class Sim {
     const auto& s = plan.strategy;
     tp_ = dims_.degree(ir::Axis::TP);
     dp_ = dims_.degree(ir::Axis::DP);
-    zero_ = s.replicate.zero;
+    zero_ = s.replicate.zero_of_unit;
     rows_ = cfg.train.global_batch / std::max(1, dp_ * s.split.microbatches) * cfg.train.seq_len;
     act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * 4);
     last_unit_ = static_cast<int>(plan.model.units.size()) - 1;
@@ -110,7 +110,7 @@ class Sim {
       const ir::FlatShard z = ir::flat_shard(us.numel, dp_, 0);
       us.shard = z.len;
       us.padded = z.padded;
-      for (int c = 0; c < 3; ++c) us.kept[c] = ir::zero_shards(zero_, kept[c]) ? z.len : z.padded;
+      for (int c = 0; c < 3; ++c) us.kept[c] = ir::zero_shards(s.replicate.zero(u.index), kept[c]) ? z.len : z.padded;
       sizes_.push_back(us);
       kind_.push_back(ir::unit_symbol(u.kind));
       names_.push_back(u.name);
@@ -304,13 +304,13 @@ class Sim {
   // ---- compute -------------------------------------------------------------
 
   void release_grads(RankState& st, int u, double t) {
-    if (zero_ < 2 || !st.grads_alive[static_cast<size_t>(u)]) return;
+    if (zero_[static_cast<size_t>(u)] < 2 || !st.grads_alive[static_cast<size_t>(u)]) return;
     st.grads_alive[static_cast<size_t>(u)] = 0;
     add_mem(st, t, Mem::MEM_GRADS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
   }
 
   void touch_grads(RankState& st, int u, double t) {
-    if (zero_ < 2 || st.grads_alive[static_cast<size_t>(u)]) return;
+    if (zero_[static_cast<size_t>(u)] < 2 || st.grads_alive[static_cast<size_t>(u)]) return;
     st.grads_alive[static_cast<size_t>(u)] = 1;
     add_mem(st, t, Mem::MEM_GRADS, 4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
   }
@@ -336,7 +336,7 @@ class Sim {
     const int stage = stage_of_node_[static_cast<size_t>(in.node)];
     double dur = 0;
     if (in.kind == NodeKind::UPD) {
-      dur = std::max(0.0, cost_.update.at(static_cast<double>(zero_ >= 1 ? sizes_[us].shard : sizes_[us].numel)));
+      dur = std::max(0.0, cost_.update.at(static_cast<double>(zero_[us] >= 1 ? sizes_[us].shard : sizes_[us].numel)));
     } else if (in.kind == NodeKind::RECOMP) {
       dur = recompute_[us].time * cost_.compute_ms(kind_[us], ir::Pass::PASS_F, tp_, rows_);
       recompute_memory(st, u, start, start + dur);
@@ -491,7 +491,8 @@ class Sim {
   int world_;
   ir::ParallelDims dims_;
   ir::WorldPlay play_;  // every rank's player, matched
-  int tp_ = 1, dp_ = 1, zero_ = 0, last_unit_ = 0;
+  int tp_ = 1, dp_ = 1, last_unit_ = 0;
+  std::vector<int> zero_;  // the ZeRO stage of each unit
   int64_t rows_ = 0;
   double act_bytes_ = 0;
   std::vector<UnitSize> sizes_;

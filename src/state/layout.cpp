@@ -78,7 +78,7 @@ int64_t total(const std::vector<Run>& runs) {
 // ---- layouts -----------------------------------------------------------------------
 
 LayoutParams layout_params(const ir::Plan& plan) {
-  return {plan.strategy.dims(), plan.strategy.replicate.zero, plan.devices_of_unit};
+  return {plan.strategy.dims(), plan.strategy.replicate.zero_of_unit, plan.devices_of_unit};
 }
 
 const char* state_kind_name(StateKind k) {
@@ -147,7 +147,7 @@ void unit_pieces(const ir::UnitSpec& spec, const LayoutParams& lp, const ir::Coo
     offset += numel;
     if (owned && !writes_replica(p, at)) continue;
     for (StateKind kind : kKinds) {
-      const bool sharded = ir::zero_shards(lp.zero, zero_state_of(kind));
+      const bool sharded = ir::zero_shards(lp.zero_of_unit.at(static_cast<size_t>(spec.index)), zero_state_of(kind));
       // The range of the unit's flat local buffer concerned, then of this param's piece.
       int64_t b_lo = sharded ? z.offset : 0, b_hi = sharded ? z.offset + z.len : z.padded;
       if (owned) b_lo = std::max(b_lo, z.offset), b_hi = std::min(b_hi, z.offset + z.len);

@@ -35,10 +35,11 @@ int64_t total(const std::vector<Run>& runs);
 
 // ---- layouts -----------------------------------------------------------------------
 
-// What a layout depends on: the degrees and rank grid, the ZeRO level and the units each rank runs.
+// What a layout depends on: the degrees and rank grid, the ZeRO stage of each unit and the units
+// each rank runs.
 struct LayoutParams {
   ir::ParallelDims dims;
-  int zero = 0;
+  std::vector<int> zero_of_unit;                  // from ir::Strategy: the ZeRO stage of each unit
   std::vector<std::vector<int>> devices_of_unit;  // from ir::Plan: ranks running each unit
 };
 LayoutParams layout_params(const ir::Plan& plan);
@@ -51,8 +52,8 @@ std::string dataset_name(StateKind kind, const std::string& param_name);
 // Part of one state tensor on one rank. runs[i] lies in the rank's local
 // buffer of the unit at local_offsets[i] .. + runs[i].size(), contiguously.
 // The local buffer is the one the rank stores:
-//   STATE_PARAM: the unit's full (padded) values/grads buffer for zero 0-2
-//                (ParamStore::values), its shard for zero 3 (shard_values);
+//   STATE_PARAM: the unit's full (padded) values/grads buffer for a unit at zero 0-2
+//                (ParamStore::values), its shard for one at zero 3 (shard_values);
 //   moments:     the full moment buffer for zero 0, the shard for zero >= 1
 //                (indexed from the shard start, as runtime::Executor keeps them).
 struct Piece {

@@ -211,6 +211,9 @@ TEST(Directives, PrintedDirectivesGiveTheSamePlanHash) {
       {"tp_pairs", kModel, 2, "--set parallel.tp=2 --set parallel.microbatches=2 --set parallel.pairs=true"},
       {"custom_groups_and_units",
        two_stages(ranks("F0, F1, [F2/0-1, B0], F2/2, B1, F3, B2, B3", "F0, B0, F1, B1, F2, B2, F3, B3")), 2, ""},
+      {"subsets", kModel + "directives:\n  - replicate: {dp: 2}\n  - replicate: {shard_optimizer: true, shard_grads: "
+                           "true, shard_params: true, kind: [embed, head]}\n  - split_backward: {kind: \"*\"}\n",
+       2, ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

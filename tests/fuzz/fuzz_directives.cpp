@@ -1,6 +1,7 @@
 // fuzz_directives.cpp — the directive reader: the `directives:` section of a config (src/config reads it,
 // config::effective_strategy applies it onto the shorthand, ir::validate checks the IR's rules on it,
-// ir::expand resolves the stage filters and ir::compile turns it into the global DAG for a world size).
+// ir::expand resolves the stage filters and the filters of subsets of units, and ir::compile turns it into the
+// global DAG for a world size).
 //
 // Input: the body of a `directives:` list, appended to a fixed small config (every block kind, global
 // batch 8). For each world size 1, 2, 4 and 8 that ir::validate accepts, the plan is compiled.
@@ -62,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!plan(cfg, world, p)) continue;
     any = true;
     // The expanded directives read back and plan the same DAG.
-    const std::string written = ir::directives_yaml(p.strategy);
+    const std::string written = ir::directives_yaml(p.strategy, p.model);
     config::Config again;
     try {
       again = config::parse(std::string(kBase) + written, "fuzz-directives.yaml");

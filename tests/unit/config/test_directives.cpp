@@ -26,6 +26,66 @@ std::string message_of(const std::string& yaml, int world, const std::vector<std
 
 // ---- parsing -------------------------------------------------------------------
 
+// Every filter key a directive takes, read beside its own keys: single values, lists, ranges,
+// unit indices and names, each key at its file position; the subsets the directives give, in order.
+TEST(Filters, ReadBesideTheDirectivesKeys) {
+  const std::string text = kModel +
+                           "directives:\n"                                                                // 9
+                           "  - split_backward: {kind: [\"*\", M], blocks: [0, \"2-4\"]}\n"              // 10
+                           "  - replicate: {dp: 2}\n"                                                    // 11
+                           "  - replicate: {shard_optimizer: true, unit: [0, head, layers.1], stage: \"0-1\"}\n"  // 12
+                           "  - place: {pp: 2, stages: [{unit: [embed, 1]}, {blocks: \"1-4\"}]}\n"          // 13
+                           "  - split_backward:\n"                                                       // 14
+                           "      stage: 1\n";                                                          // 15
+  const Config c = parse(text, "d.yaml");
+  const auto& d = c.directives.list;
+  ASSERT_EQ(d.size(), 5u);
+  EXPECT_EQ(d[0].split_backward, true);
+  EXPECT_EQ(d[0].filter.kinds, (std::vector<std::string>{"*", "M"}));
+  EXPECT_EQ(d[0].filter.blocks, (Filter::Ranges{{0, 0}, {2, 4}}));
+  EXPECT_TRUE(d[1].filter.empty());
+  EXPECT_EQ(d[2].filter.units, (std::vector<std::string>{"0", "head", "layers.1"}));
+  EXPECT_EQ(d[2].filter.stages, (Filter::Ranges{{0, 1}}));
+  EXPECT_EQ((*d[3].stages)[0].units, (std::vector<std::string>{"embed", "1"}));
+  EXPECT_EQ(d[4].filter.stages, (Filter::Ranges{{1, 1}}));
+  EXPECT_EQ(c.locations.at("directives[0].split_backward.filter"), "d.yaml:10:22");
+  EXPECT_EQ(c.locations.at("directives[0].split_backward.blocks"), "d.yaml:10:38");
+  EXPECT_EQ(c.locations.at("directives[2].replicate.filter"), "d.yaml:12:40");
+  EXPECT_EQ(c.locations.at("directives[2].replicate.stage"), "d.yaml:12:67");
+  EXPECT_EQ(c.locations.at("directives[3].place.stages[0].unit"), "d.yaml:13:30");
+  EXPECT_EQ(c.locations.at("directives[4].split_backward.stage"), "d.yaml:15:7");
+  EXPECT_NO_THROW(validate(c, 4));
+  // The filtered directives are subsets over the uniform values, which they leave alone.
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_FALSE(e.parallel.split_backward);
+  EXPECT_EQ(e.parallel.zero, 0);
+  ASSERT_EQ(e.split_subsets.size(), 2u);
+  EXPECT_EQ(e.split_subsets[0].path, "directives[0].split_backward");
+  EXPECT_EQ(e.split_subsets[1].filter, d[4].filter);
+  ASSERT_EQ(e.zero_subsets.size(), 1u);
+  EXPECT_EQ(e.zero_subsets[0].value, 1);
+  EXPECT_EQ(e.zero_subsets[0].filter, d[2].filter);
+  // The resolved config writes the filters back as they read.
+  const Config back = parse(to_yaml(c), "back.yaml");
+  EXPECT_TRUE(back.same_settings(c)) << to_yaml(c);
+}
+
+// A directive without a filter sets every unit: the subsets before it are dropped.
+TEST(Filters, ADirectiveWithoutAFilterDropsTheSubsetsBefore) {
+  const Config c = parse(kModel +
+                             "directives:\n"
+                             "  - split_backward: {kind: \"*\"}\n"
+                             "  - replicate: {dp: 2, shard_optimizer: true}\n"
+                             "  - replicate: {shard_grads: true, kind: head}\n"
+                             "  - split_backward: false\n"
+                             "  - replicate: {shard_optimizer: false}\n",
+                         "d.yaml");
+  const EffectiveStrategy e = effective_strategy(c);
+  EXPECT_TRUE(e.split_subsets.empty());
+  EXPECT_TRUE(e.zero_subsets.empty());
+  EXPECT_EQ(e.parallel.zero, 0);
+}
+
 TEST(Directives, ParseEachDirective) {
   const std::string text = kModel +
                            "directives:\n"                                                          // 9
@@ -329,7 +389,7 @@ const std::vector<BadCase> kBad = {
     {"FilterUnknown", "directives:\n  - place: {pp: 2, stages: [{block: 0}, {blocks: \"1-4\"}]}\n", 2,
      {"d.yaml:10:30", "directives[0].place.stages[0]", "unknown filter 'block'", "did you mean 'blocks'?"}},
     {"FilterEmpty", "directives:\n  - place: {pp: 2, stages: [{}, {blocks: \"1-4\"}]}\n", 2,
-     {"d.yaml:10:29", "directives[0].place.stages[0]", "expected a filter over node tags"}},
+     {"d.yaml:10:29", "directives[0].place.stages[0]", "expected a filter over the units' tags (unit:, blocks:, kind:)"}},
     {"FilterBadRange", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-a\"}, {blocks: \"1-4\"}]}\n", 2,
      {"d.yaml:10:38", "directives[0].place.stages[0].blocks", "expected a block index (3), a range (\"3-7\")",
       "found '0-a'"}},
@@ -348,6 +408,40 @@ const std::vector<BadCase> kBad = {
      {"d.yaml:10:13: directives[0].split.microbatches=0: must be at least 1"}},
     {"ZeroWithoutDp", "directives:\n  - replicate: {shard_optimizer: true}\n", 1,
      {"d.yaml:10:17: directives[0].replicate.zero=1: ZeRO shards over data-parallel ranks"}},
+    // filters
+    {"DpWithFilter", "directives:\n  - replicate: {dp: 2, kind: M}\n", 2,
+     {"d.yaml:10:17: directives[0].replicate.dp: dp applies to the whole model",
+      "uniform over it, so they take no filter (kind at d.yaml:10:24)"}},
+    {"MicrobatchesWithFilter", "directives:\n  - split: {microbatches: 2, blocks: 1}\n", 1,
+     {"d.yaml:10:13: directives[0].split.microbatches: microbatches applies to the whole model"}},
+    {"ScheduleWithFilter", "directives:\n  - order: {schedule: zbh1, unit: embed}\n", 1,
+     {"d.yaml:10:13: directives[0].order.schedule: schedule applies to the whole model"}},
+    {"BucketWithFilter", "directives:\n  - replicate: {bucket_mb: 4, shard_optimizer: true, kind: head}\n", 2,
+     {"d.yaml:10:17: directives[0].replicate.bucket_mb: bucket_mb applies to the whole model"}},
+    {"MicrobatchOnReplicate", "directives:\n  - replicate: {shard_optimizer: true, microbatch: 0}\n", 2,
+     {"d.yaml:10:40: directives[0].replicate.microbatch: the filter of replicate takes stage, unit, blocks, kind, "
+      "not microbatch (microbatch and pass select passes; replicate acts on units)"}},
+    {"PassOnSplitBackward", "directives:\n  - split_backward: {pass: BW}\n", 1,
+     {"d.yaml:10:22: directives[0].split_backward.pass: the filter of split_backward takes stage, unit, blocks, kind"}},
+    {"FilterOnAHandWrittenOrder", "directives:\n  - order: {ranks: [[F0, B0]], kind: M}\n", 1,
+     {"d.yaml:10:32: directives[0].order.kind: order takes no filter"}},
+    {"StageInAStageFilter", "directives:\n  - place: {pp: 2, stages: [{stage: 0}, {blocks: \"0-4\"}]}\n", 2,
+     {"d.yaml:10:30: directives[0].place.stages[0].stage: the filter of a stage takes unit, blocks, kind, not stage"}},
+    {"ReplicateFilterWithoutZeroKeys", "directives:\n  - replicate: {kind: M}\n", 1,
+     {"d.yaml:10:17: directives[0].replicate: a filter selects the units the directive's ZeRO keys apply to"}},
+    {"UnknownKeyBesideAFilter", "directives:\n  - split_backward: {kind: M, knd: M}\n", 1,
+     {"d.yaml:10:31: directives[0].split_backward: unknown key 'knd'; did you mean 'kind'?",
+      "split_backward takes true, false or a filter (stage, unit, blocks, kind)"}},
+    {"BackwardsRangeInAFilter", "directives:\n  - split_backward: {blocks: \"4-2\"}\n", 1,
+     {"d.yaml:10:30: directives[0].split_backward.blocks: the range 4-2 runs backwards; write 2-4"}},
+    {"BadStageInAFilter", "directives:\n  - split_backward: {stage: first}\n", 1,
+     {"d.yaml:10:29: directives[0].split_backward.stage: expected a stage index (3), a range (\"3-7\") or a list "
+      "of them, found 'first'"}},
+    {"BadKindInAFilter", "directives:\n  - replicate: {shard_optimizer: true, kind: [M, X]}\n", 2,
+     {"d.yaml:10:50: directives[0].replicate.kind: expected a block kind M"}},
+    {"ZeroSubsetWithoutDp", "directives:\n  - replicate: {shard_optimizer: true, kind: head}\n", 1,
+     {"d.yaml:10:40: directives[0].replicate.filter: ZeRO shards over data-parallel ranks and parallel.dp=1 "
+      "(default)"}},
 };
 
 class BadDirectives : public ::testing::TestWithParam<BadCase> {};

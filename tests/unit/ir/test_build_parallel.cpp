@@ -28,7 +28,9 @@
 #include "ir/pipeline_schedules.hpp"
 #include "ir/program.hpp"
 #include "ir/strategy.hpp"
+#include "ir/validate.hpp"
 #include "ir/verify.hpp"
+#include "unit/ir/strategy_in_code.hpp"
 #include "unit/test_configs.hpp"
 #include "unit/ir/graph_checks.hpp"
 
@@ -73,19 +75,17 @@ config::Config make_config(const std::string& pattern, const Par& p) {
 }
 
 // A Strategy written by hand (what expand() gives, plus bucket_bytes, which has no config key).
-Strategy make_strategy(int world, const Par& p, int64_t bucket_bytes = 25 << 20) {
+Strategy make_strategy(const ModelGraph& mg, int world, const Par& p, int64_t bucket_bytes = 25 << 20) {
   Strategy s;
   s.world_size = world;
   s.split.microbatches = p.mb;
   s.order.schedule = parse_schedule(p.schedule);
-  s.split_backward = p.split_backward;
   s.place.pp = p.pp;
   s.place.virtual_stages = p.vs;
   s.replicate.dp = p.dp;
-  s.replicate.zero = p.zero;
   s.replicate.bucket_bytes = bucket_bytes;
   s.activation_bytes = 4096;
-  return s;
+  return testing::with_units(s, mg, p.split_backward, p.zero);
 }
 
 std::vector<int> iota(int from, int to) {  // [from, to)
@@ -205,7 +205,7 @@ void check_programs(const Graph& g, const std::vector<Program>& progs) {
 // op's stage (forward: units ascending, backward: descending), then the updates of its units.
 void check_follows_schedule(const Graph& g, const Strategy& s, const std::vector<Program>& progs, int n_units) {
   const PipeSchedule sched =
-      make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches, s.split_backward);
+      make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches, s.any_split_backward());
   const ParallelDims grid = s.dims();
   const std::vector<int> stage = stages_of_units(g, n_units);
   for (const Program& p : progs) {
@@ -243,7 +243,7 @@ void check_follows_schedule(const Graph& g, const Strategy& s, const std::vector
 void check_point_to_point(const Graph& g, const Strategy& s) {
   const ParallelDims grid = s.dims();
   const PipeSchedule sched =
-      make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches, s.split_backward);
+      make_schedule(s.order.schedule, s.place.pp, s.place.virtual_stages, s.split.microbatches, s.any_split_backward());
   for (int id : nodes_of(g, NodeKind::SEND)) {
     const Node& send = g.node(id);
     const auto succ = data_succs(g, id);
@@ -393,7 +393,7 @@ TEST(DataParallel, EveryUnitInExactlyOneAllReduceBucket) {
         p.mb = 3;
         p.split_backward = sb;
         SCOPED_TRACE("world " + std::to_string(world) + " " + name(p) + " bucket_bytes " + std::to_string(bucket));
-        const Graph g = build(mg, make_strategy(world, p, bucket));
+        const Graph g = build(mg, make_strategy(mg, world, p, bucket));
         ASSERT_NO_THROW(verify(g, mg));
         const auto reds = nodes_of(g, NodeKind::ALLREDUCE);
         EXPECT_TRUE(nodes_of(g, NodeKind::REDUCE_SCATTER).empty());
@@ -450,7 +450,7 @@ TEST(DataParallel, EveryUnitInExactlyOneAllReduceBucket) {
         EXPECT_EQ(comm.back(), norm_total(g));  // after every bucket it depends on
         comm.pop_back();
         EXPECT_EQ(comm, reds);
-        check_plan(mg, make_strategy(world, p, bucket), g);
+        check_plan(mg, make_strategy(mg, world, p, bucket), g);
       }
     }
   }
@@ -465,7 +465,7 @@ TEST(DataParallel, BucketsPerStageWithAPipeline) {
   p.mb = 4;
   for (int64_t bucket : {int64_t{1}, int64_t{1} << 40}) {
     SCOPED_TRACE("bucket_bytes " + std::to_string(bucket));
-    const Strategy s = make_strategy(4, p, bucket);
+    const Strategy s = make_strategy(mg, 4, p, bucket);
     const Graph g = build(mg, s);
     ASSERT_NO_THROW(verify(g, mg));
     const auto stage = stages_of_units(g, static_cast<int>(mg.units.size()));
@@ -506,7 +506,7 @@ TEST(Zero, Stages1And2ReduceThenGatherParametersAfterTheUpdates) {
         p.zero = zero;
         p.split_backward = sb;
         SCOPED_TRACE(name(p) + " bucket_bytes " + std::to_string(bucket));
-        const Graph g = build(mg, make_strategy(2, p, bucket));
+        const Graph g = build(mg, make_strategy(mg, 2, p, bucket));
         ASSERT_NO_THROW(verify(g, mg));
         const auto ar = nodes_of(g, NodeKind::ALLREDUCE);
         const auto rs = nodes_of(g, NodeKind::REDUCE_SCATTER);
@@ -541,7 +541,7 @@ TEST(Zero, Stages1And2ReduceThenGatherParametersAfterTheUpdates) {
             for (int mb = 0; mb < p.mb; ++mb) want.insert(last_grad(g, u, mb, sb));
           EXPECT_EQ(data_preds(g, id), want);
         }
-        check_plan(mg, make_strategy(2, p, bucket), g);
+        check_plan(mg, make_strategy(mg, 2, p, bucket), g);
       }
     }
   }
@@ -563,7 +563,7 @@ TEST(Zero, Stage3GathersParametersBeforeEveryForwardAndBackward) {
         p.zero = 3;
         p.split_backward = sb;
         SCOPED_TRACE("world " + std::to_string(world) + " " + name(p));
-        const Strategy s = make_strategy(world, p);
+        const Strategy s = make_strategy(mg, world, p);
         const Graph g = build(mg, s);
         ASSERT_NO_THROW(verify(g, mg));
         EXPECT_TRUE(nodes_of(g, NodeKind::ALLREDUCE).empty());
@@ -827,7 +827,7 @@ TEST(Balance, TwoStagesDifferByLessThanTheLargestUnit) {
     Par p;
     p.pp = 2;
     p.mb = 2;
-    const Graph g = build(mg, make_strategy(2, p));
+    const Graph g = build(mg, make_strategy(mg, 2, p));
     ASSERT_NO_THROW(verify(g, mg));
     const auto stage = stages_of_units(g, static_cast<int>(mg.units.size()));
     int64_t cost[2] = {0, 0}, largest = 0;
@@ -851,7 +851,7 @@ TEST(Balance, MinimisesTheMostExpensiveStage) {
     Par p;
     p.pp = stages;
     p.mb = stages;
-    const Graph g = build(mg, make_strategy(stages, p));
+    const Graph g = build(mg, make_strategy(mg, stages, p));
     const auto stage = stages_of_units(g, n);
     std::vector<int64_t> cost(static_cast<size_t>(stages), 0);
     for (int u = 0; u < n; ++u) cost[static_cast<size_t>(stage[static_cast<size_t>(u)])] += unit_cost(mg.units[static_cast<size_t>(u)]);
@@ -891,7 +891,7 @@ TEST(Balance, ChunkedLayoutsPutStagesOnTheLayoutsRanks) {
     p.schedule = sched;
     p.split_backward = sched == "dualpipev";
     SCOPED_TRACE(sched);
-    const Graph g = build(mg, make_strategy(2, p));
+    const Graph g = build(mg, make_strategy(mg, 2, p));
     ASSERT_NO_THROW(verify(g, mg));
     const auto stage = stages_of_units(g, static_cast<int>(mg.units.size()));
     EXPECT_EQ(stage.front(), 0);
@@ -946,6 +946,69 @@ TEST(PlanHash, DataAndPipelineParallelPlansDiffer) {
   EXPECT_TRUE(hashes.insert(ha).second);
   EXPECT_TRUE(hashes.insert(hb).second);
   EXPECT_TRUE(hashes.insert(hc).second);
+}
+
+}  // namespace
+}  // namespace piper::ir
+
+namespace piper::ir {
+namespace {
+
+config::Config subset_config(const std::string& directives) {
+  const std::string model =
+      "model: {pattern: \"M*-M*-M-\", vocab_size: 32, d_model: 16, n_heads: 4, n_kv_heads: 2, ffn_hidden: 24, "
+      "d_state: 8, head_dim: 8, n_groups: 2}\n";
+  return config::parse(model + "directives:\n" + directives, "subset.yaml");
+}
+
+// split_backward {kind: "*"} under 1f1b at pp 2: the attention blocks' backwards are BWD_I + BWD_W,
+// every other unit's one fused BWD, and each rank's program runs them in the schedule's BI slots.
+TEST(SubsetSplit, OnlyTheSelectedUnitsSplitTheirBackward) {
+  const config::Config cfg = subset_config("  - split: {microbatches: 2}\n  - place: {pp: 2}\n"
+                                           "  - split_backward: {kind: \"*\"}\n");
+  ASSERT_NO_THROW(ir::validate(cfg, 2));
+  const Plan p = compile(cfg, 2);  // verified
+  std::map<std::pair<int, int>, std::set<NodeKind>> passes;  // (unit, mb) -> backward kinds
+  for (const Node& n : p.graph.nodes())
+    if (n.kind == NodeKind::BWD || n.kind == NodeKind::BWD_I || n.kind == NodeKind::BWD_W)
+      passes[{n.tags.unit, n.tags.microbatch}].insert(n.kind);
+  for (const UnitSpec& u : p.model.units)
+    for (int mb = 0; mb < 2; ++mb) {
+      const std::set<NodeKind> want = u.kind == UnitKind::UNIT_ATTENTION ? std::set<NodeKind>{NodeKind::BWD_I, NodeKind::BWD_W}
+                                                                         : std::set<NodeKind>{NodeKind::BWD};
+      EXPECT_EQ(passes[std::make_pair(u.index, mb)], want) << u.name << " mb" << mb;
+    }
+  // The programs hold every backward once.
+  size_t backwards = 0;
+  for (int r = 0; r < 2; ++r)
+    for (const Instr& in : lower(p.graph, r).compute)
+      backwards += in.kind == NodeKind::BWD || in.kind == NodeKind::BWD_I || in.kind == NodeKind::BWD_W;
+  EXPECT_EQ(backwards, (p.model.units.size() + 2) * 2);  // a backward per unit, 2 for each of the 2 attention blocks; 2 mb
+}
+
+// ZeRO-3 for the embedding and the head only, at dp 2: their gradients reduce-scatter and their
+// parameters gather before each use; the blocks' gradients all-reduce; no bucket mixes the two.
+TEST(SubsetZero, BucketsHoldOneZeroStage) {
+  const config::Config cfg = subset_config("  - split: {microbatches: 2}\n  - replicate: {dp: 2, bucket_mb: 1}\n"
+                                           "  - replicate: {shard_optimizer: true, shard_grads: true, "
+                                           "shard_params: true, kind: [embed, head]}\n");
+  ASSERT_NO_THROW(ir::validate(cfg, 2));
+  const Plan p = compile(cfg, 2);
+  const int head = static_cast<int>(p.model.units.size()) - 1;
+  std::set<int> gathered, scattered, reduced;
+  for (const Node& n : p.graph.nodes()) {
+    if (n.kind == NodeKind::REDUCE_SCATTER) scattered.insert(n.units.begin(), n.units.end());
+    if (n.kind == NodeKind::ALLREDUCE && n.payload == Payload::PAYLOAD_WGRAD) reduced.insert(n.units.begin(), n.units.end());
+    if (n.kind == NodeKind::ALLGATHER) {
+      EXPECT_GE(n.tags.microbatch, 0) << "a gather after the updates: no unit is at ZeRO 1 or 2";
+      gathered.insert(n.units.begin(), n.units.end());
+    }
+  }
+  EXPECT_EQ(scattered, (std::set<int>{0, head}));
+  EXPECT_EQ(gathered, (std::set<int>{0, head}));
+  std::set<int> blocks;
+  for (int u = 1; u < head; ++u) blocks.insert(u);
+  EXPECT_EQ(reduced, blocks);
 }
 
 }  // namespace

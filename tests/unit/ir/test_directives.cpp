@@ -17,6 +17,7 @@
 #include "ir/strategy.hpp"
 #include "ir/validate.hpp"
 #include "ir/verify.hpp"
+#include "unit/ir/strategy_in_code.hpp"
 
 namespace piper::ir {
 namespace {
@@ -89,7 +90,7 @@ TEST(DirectivesYaml, ReadsBackToTheSameStrategy) {
     const config::Config cfg = config::parse(kModelYaml + train_yaml(p) + parallel_yaml(p), "orig.yaml");
     ASSERT_NO_THROW(ir::validate(cfg, world(p)));
     const Strategy s = expand(cfg, world(p));
-    const std::string text = directives_yaml(s);
+    const std::string text = directives_yaml(s, make_model_graph(cfg.model));
     // Read back under the same shorthand, and under a different one.
     for (const std::string& parallel : {parallel_yaml(p), kOtherParallel}) {
       const config::Config back = config::parse(kModelYaml + train_yaml(p) + parallel + text, "back.yaml");
@@ -98,6 +99,34 @@ TEST(DirectivesYaml, ReadsBackToTheSameStrategy) {
       const Strategy t = expand(back, world(p));
       EXPECT_TRUE(t == expanded(s)) << text;
       EXPECT_EQ(compile(back, world(p)).hash, compile(cfg, world(p)).hash) << text;
+    }
+  }
+}
+
+// Directives for subsets of the units print as a directive for most units and `unit:` filters
+// for the rest, and read back to the same Strategy under any shorthand.
+TEST(DirectivesYaml, SubsetsReadBackToTheSameStrategy) {
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"  - place: {pp: 2}\n  - split_backward: {kind: \"*\"}\n", 2},
+      {"  - split_backward: true\n  - place: {pp: 2}\n  - split_backward: {stage: 0}\n", 2},
+      {"  - replicate: {dp: 2}\n  - replicate: {shard_optimizer: true, shard_grads: true, shard_params: true, "
+       "kind: [embed, head]}\n", 2},
+      {"  - replicate: {dp: 2, shard_optimizer: true}\n  - replicate: {shard_grads: true, blocks: \"0-2\"}\n"
+       "  - replicate: {shard_optimizer: false, unit: head}\n  - place: {pp: 2}\n  - order: {schedule: zbh1}\n"
+       "  - split_backward: {kind: M}\n", 4},
+  };
+  for (const auto& [directives, world] : cases) {
+    SCOPED_TRACE(directives);
+    const config::Config cfg = config::parse(kModelYaml + "directives:\n" + directives, "orig.yaml");
+    ASSERT_NO_THROW(ir::validate(cfg, world));
+    const Strategy s = expand(cfg, world);
+    const std::string text = directives_yaml(s, make_model_graph(cfg.model));
+    std::printf("%s", text.c_str());
+    for (const std::string& parallel : {std::string(), kOtherParallel}) {
+      const config::Config back = config::parse(kModelYaml + parallel + text, "back.yaml");
+      ASSERT_NO_THROW(ir::validate(back, world)) << text;
+      EXPECT_TRUE(expand(back, world) == expanded(s)) << text;
+      EXPECT_EQ(compile(back, world).hash, compile(cfg, world).hash) << text;
     }
   }
 }
@@ -120,8 +149,8 @@ TEST(DirectivesYaml, CustomOrdersPrintTheirRanks) {
   EXPECT_EQ(s.order.chunks, 2);
   EXPECT_EQ(s.order.custom[0][4], (PipeOp{Pass::PASS_F, 0, 1}));
   EXPECT_EQ(s.order.custom[1][15], (PipeOp{Pass::PASS_B, 3, 0}));
-  EXPECT_FALSE(s.split_backward);
-  const std::string text = directives_yaml(s);
+  EXPECT_FALSE(s.any_split_backward());
+  const std::string text = directives_yaml(s, make_model_graph(cfg.model));
   std::printf("%s", text.c_str());
   EXPECT_NE(text.find("  - order:\n      ranks:\n        - [F0.0, F1.0, F2.0, F3.0, F0.1,"), std::string::npos) << text;
   EXPECT_EQ(text.find("schedule"), std::string::npos) << text;
@@ -152,11 +181,11 @@ TEST(CustomOrder, CopyOfAScheduleBuildsTheSameDag) {
     Strategy named;
     named.world_size = c.pp;
     named.split.microbatches = c.mb;
-    named.split_backward = c.split;
     named.place.pp = c.pp;
     named.place.virtual_stages = c.vs;
     named.order.schedule = parse_schedule(c.schedule);
     named.activation_bytes = 1024;
+    named = testing::with_units(named, mg, c.split);
     Strategy custom = named;
     custom.order.schedule = ScheduleKind::SCHEDULE_1F1B;
     custom.order.custom = make_schedule(named.order.schedule, c.pp, c.vs, c.mb, c.split).ops;
@@ -173,12 +202,11 @@ Strategy two_ranks(int mb, std::vector<std::vector<PipeOp>> ops, int chunks = 1,
   Strategy s;
   s.world_size = 2;
   s.split.microbatches = mb;
-  s.split_backward = split;
   s.place.pp = 2;
   s.place.virtual_stages = chunks;
   s.order.custom = std::move(ops);
   s.order.chunks = chunks;
-  return s;
+  return testing::with_units(s, make_model_graph(config::parse(kModelYaml, "m.yaml").model), split);
 }
 
 std::string build_error(const Strategy& s) {
@@ -275,6 +303,7 @@ TEST(Groups, OpsOfAGroupRunTheirSegmentsInTurn) {
   s.order.pairs = true;
   s.microbatch_rows = 64;
   s.activation_bytes = 64 * 64 * 4;
+  s = testing::with_units(s, mg, false);
   const Graph g = build(mg, s);
   ASSERT_NO_THROW(verify(g, mg));
   const std::vector<int> order = chain(g, 0);
@@ -316,6 +345,7 @@ TEST(Placement, NonLoopPlacementBuildsAndVerifies) {
   s.order.custom = {{{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}},
                     {{F, 0, 0}, {B, 0, 0}, {F, 1, 0}, {B, 1, 0}},
                     {{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}}};
+  s = testing::with_units(s, mg, false);
   const Graph g = build(mg, s);
   ASSERT_NO_THROW(verify(g, mg));
   const std::vector<int> rank_of_stage = {0, 2, 1};

@@ -21,6 +21,7 @@
 #include "ir/program.hpp"
 #include "ir/strategy.hpp"
 #include "ir/verify.hpp"
+#include "unit/ir/strategy_in_code.hpp"
 #include "unit/test_configs.hpp"
 #include "unit/ir/graph_checks.hpp"
 
@@ -49,16 +50,16 @@ config::Config small_config(const std::string& pattern = "M*-M-", int64_t mb = 2
 
 // A pipeline-only strategy: `world` pipeline ranks (pp = world, dp = tp = 1), one
 // stage per rank for the one-chunk schedules.
+// Every unit's values are those of the model "M*-M-" (7 units), stages balanced when none are given.
 Strategy strategy(int mb, bool split_backward, ScheduleKind sched = ScheduleKind::SCHEDULE_1F1B,
                   std::vector<int> stage_of_unit = {}, int world = 1) {
   Strategy s;
   s.world_size = world;
   s.place.pp = world;
   s.split.microbatches = mb;
-  s.split_backward = split_backward;
   s.place.stage_of_unit = std::move(stage_of_unit);
   s.order.schedule = sched;
-  return s;
+  return testing::with_units(s, make_model_graph(small_model("M*-M-")), split_backward);
 }
 
 std::map<NodeKind, int> count_kinds(const Graph& g) {
@@ -803,11 +804,12 @@ TEST(Compile, ProducesAVerifiedPlan) {
   EXPECT_EQ(p.model.units.size(), 7u);
   EXPECT_EQ(p.strategy.split.microbatches, 4);
   EXPECT_EQ(p.strategy.order.schedule, ScheduleKind::SCHEDULE_GPIPE);
-  EXPECT_FALSE(p.strategy.split_backward);
+  EXPECT_FALSE(p.strategy.any_split_backward());
   EXPECT_NO_THROW(verify(p.graph, p.model));
   // zero-bubble schedules imply the backward split
   cfg.parallel.schedule = "zbh1";
-  EXPECT_TRUE(compile(cfg, 1).strategy.split_backward);
+  const Plan zb = compile(cfg, 1);
+  EXPECT_EQ(zb.strategy.split_backward_of_unit, std::vector<bool>(7, true));
 }
 
 TEST(Compile, GridThatDoesNotMatchTheWorldIsABuildError) {
@@ -835,20 +837,23 @@ TEST(Compile, GridThatDoesNotMatchTheWorldIsABuildError) {
 }
 
 TEST(Printing, DirectivesYaml) {
+  const ModelGraph mg = make_model_graph(small_model("M*-M-"));
   Strategy s = strategy(4, true, ScheduleKind::SCHEDULE_GPIPE);
-  std::string y = directives_yaml(s);
+  std::string y = directives_yaml(s, mg);
   std::printf("%s", y.c_str());
   EXPECT_NE(y.find("directives:"), std::string::npos);
   EXPECT_NE(y.find("split: {microbatches: 4}"), std::string::npos) << y;
   EXPECT_NE(y.find("split_backward: true"), std::string::npos) << y;
   EXPECT_NE(y.find("order:  # gpipe, op by op\n      ranks:\n        - [F0, F1, F2, F3, BI0, BW0,"), std::string::npos)
       << y;
-  EXPECT_NE(y.find("place: {pp: 1, virtual_stages: 1, ranks: [0]}"), std::string::npos) << y;  // no stage_of_unit: balanced
+  EXPECT_NE(y.find("place: {pp: 1, virtual_stages: 1, stage_of_unit: [0, 0, 0, 0, 0, 0, 0], ranks: [0]}"),
+            std::string::npos)
+      << y;  // every unit's stage, balanced ones too
   EXPECT_NE(y.find("grid: {order: tp-dp-pp}"), std::string::npos) << y;
   Strategy t = strategy(3, false, ScheduleKind::SCHEDULE_1F1B, {0, 0, 0, 1, 1, 1, 1}, 4);
   t.replicate.dp = 2;
-  t.replicate.zero = 2;
-  y = directives_yaml(t);
+  t.replicate.zero_of_unit.assign(7, 2);
+  y = directives_yaml(t, mg);
   std::printf("%s", y.c_str());
   EXPECT_NE(y.find("microbatches: 3"), std::string::npos) << y;
   EXPECT_NE(y.find("split_backward: false"), std::string::npos) << y;  // every field, to read back alike

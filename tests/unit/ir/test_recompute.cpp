@@ -17,6 +17,7 @@
 #include "ir/strategy.hpp"
 #include "ir/validate.hpp"
 #include "ir/verify.hpp"
+#include "unit/ir/strategy_in_code.hpp"
 #include "unit/test_configs.hpp"
 
 namespace piper::ir {
@@ -72,9 +73,9 @@ TEST(Recompute, DirectiveReadsAndWritesBack) {
   const config::Directive& d = c.directives.list[0];
   EXPECT_EQ(d.kind, config::DirectiveKind::RECOMPUTE);
   EXPECT_EQ(d.mode, "full");
-  EXPECT_EQ(d.filter.units.blocks, (std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {2, 3}}));
-  EXPECT_EQ(d.filter.units.kinds, (std::vector<std::string>{"M", "*"}));
-  EXPECT_EQ(d.filter.stages, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(d.filter.blocks, (config::Filter::Ranges{{0, 0}, {2, 3}}));
+  EXPECT_EQ(d.filter.kinds, (std::vector<std::string>{"M", "*"}));
+  EXPECT_EQ(d.filter.stages, (config::Filter::Ranges{{0, 0}, {1, 1}}));
   // to_yaml writes it so that it reads back alike.
   const config::Config back = config::parse(config::to_yaml(c), "back.yaml");
   EXPECT_TRUE(back.same_settings(c)) << config::to_yaml(c);
@@ -241,6 +242,7 @@ TEST(RecomputeDag, BuilderRefusesRecomputingTheEmbeddingOrSelectiveMlp) {
   const ModelGraph model = make_model_graph(testing::small_model("M*-M-"));
   Strategy s;
   s.split.microbatches = 1;
+  s = testing::with_units(s, model, false);
   s.recompute.assign(model.units.size(), N);
   s.recompute[0] = F;
   EXPECT_THROW(build(model, s), BuildError);
@@ -282,7 +284,7 @@ TEST(RecomputeDirectivesYaml, ReadsBackToTheSameStrategy) {
     const config::Config c = parse(yaml);
     ir::validate(c, world);
     const Strategy s = expand(c, world);
-    const std::string text = directives_yaml(s);
+    const std::string text = directives_yaml(s, make_model_graph(c.model));
     std::printf("%s", text.c_str());
     // Under a shorthand that says otherwise.
     const config::Config back = parse("parallel:\n  recompute: selective\n" + text);

@@ -9,6 +9,8 @@
 
 #include "config/config.hpp"
 #include "unit/test_configs.hpp"
+#include "ir/filter.hpp"
+#include "ir/model_graph.hpp"
 #include "ir/pipeline_schedules.hpp"
 #include "ir/strategy.hpp"
 #include "ir/validate.hpp"
@@ -205,7 +207,7 @@ TEST(Placement, StageFiltersSelectUnitsByTags) {
 const std::vector<RuleCase> kPlacement = {
     {"UnitOnNoStage", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"3-4\", kind: \"*\"}]}\n",
      2,
-     {"d.yaml:10:46: directives[0].place.stages[1]: stage 1 selects no unit of the pattern \"M*-M-\"",
+     {"d.yaml:10:46: directives[0].place.stages[1]: the filter (block 3-4, kind '*') selects no unit: no unit of the pattern \"M*-M-\" passes all of its keys",
       "d.yaml:10:20: directives[0].place.stages: unit layers.3 (block 3, 'M') is on no stage",
       "unit layers.4 (block 4, '-') is on no stage", "every unit must be on exactly one"}},
     {"UnitOnTwoStages", "directives:\n  - place: {pp: 2, stages: [{blocks: \"0-2\"}, {blocks: \"2-4\"}]}\n", 2,
@@ -224,6 +226,97 @@ const std::vector<RuleCase> kPlacement = {
      {"d.yaml:10:20", "unit layers.2 (block 2, '-') is on stage 2 right after layers.1 on stage 0",
       "stage 1 holds no unit"}},
 };
+
+// ---- filters of split_backward and replicate: resolved after placement, over the units ----------
+
+const std::vector<RuleCase> kFilters = {
+    {"KindTheModelHasNot", "directives:\n  - split_backward: {kind: E}\n", 1,
+     {"d.yaml:10:22: directives[0].split_backward.filter: kind 'E' selects no unit: the pattern \"M*-M-\" has no "
+      "moe block"}},
+    {"UnitThatDoesNotExist", "directives:\n  - replicate: {dp: 2}\n  - replicate: {shard_optimizer: true, unit: layers.9}\n",
+     2,
+     {"d.yaml:11:40: directives[1].replicate.filter: unit 'layers.9' does not exist; the units are 0..6 (embed, "
+      "layers.0 .. layers.4, head"}},
+    {"StageThatDoesNotExist", "directives:\n  - place: {pp: 2}\n  - split_backward: {stage: 2}\n", 2,
+     {"d.yaml:11:22: directives[1].split_backward.filter: stage 2 does not exist; there are 2 stages (0..1)"}},
+    {"BlockThatDoesNotExist", "directives:\n  - split_backward: {blocks: \"3-5\"}\n", 1,
+     {"d.yaml:10:22: directives[0].split_backward.filter: block 5 does not exist; the pattern \"M*-M-\" has blocks "
+      "0..4"}},
+    {"KeysThatSelectNoUnitTogether", "directives:\n  - split_backward: {blocks: 0, kind: \"*\"}\n", 1,
+     {"d.yaml:10:22: directives[0].split_backward.filter: the filter (block 0, kind '*') selects no unit"}},
+};
+
+class FilterRules : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(FilterRules, ReportedAtTheFilter) {
+  const RuleCase& c = GetParam();
+  const std::string message = ir_problem(c);
+  std::printf("[ filter ] %s:\n%s\n", c.name, message.c_str());
+  ASSERT_FALSE(message.empty()) << "no ConfigError";
+  for (const std::string& s : c.needs) EXPECT_NE(message.find(s), std::string::npos) << "missing '" << s << "' in:\n" << message;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, FilterRules, ::testing::ValuesIn(kFilters),
+                         [](const ::testing::TestParamInfo<RuleCase>& i) { return std::string(i.param.name); });
+
+// A stage filter sees the stages the placement gives, balanced ones too.
+TEST(Filters, SelectUnitsAfterPlacement) {
+  const config::Config c = config::parse(kModel +
+                                             "directives:\n"
+                                             "  - place: {pp: 2, stages: [{blocks: \"0-1\"}, {blocks: \"2-4\"}]}\n"
+                                             "  - split_backward: {stage: 1}\n"
+                                             "  - split_backward: {unit: [0, layers.0]}\n"
+                                             "  - replicate: {dp: 2, shard_optimizer: true}\n"
+                                             "  - replicate: {shard_grads: true, shard_params: true, kind: [embed, head]}\n"
+                                             "  - replicate: {shard_optimizer: false, stage: 0, kind: \"*\"}\n",
+                                         "d.yaml");
+  ASSERT_NO_THROW(ir::validate(c, 4));
+  const Strategy s = expand(c, 4);
+  EXPECT_EQ(s.place.stage_of_unit, (std::vector<int>{0, 0, 0, 1, 1, 1, 1}));
+  EXPECT_EQ(s.split_backward_of_unit, (std::vector<bool>{true, true, false, true, true, true, true}));
+  EXPECT_EQ(s.replicate.zero_of_unit, (std::vector<int>{3, 1, 0, 1, 1, 1, 3}));
+  // Without a place directive the stages are balanced, and a stage filter selects by them.
+  const config::Config b = config::parse(kModel + "directives:\n  - place: {pp: 2}\n  - split_backward: {stage: 0}\n",
+                                         "d.yaml");
+  const Strategy t = expand(b, 2);
+  ASSERT_EQ(t.place.stage_of_unit.size(), 7u);
+  for (size_t u = 0; u < 7; ++u) EXPECT_EQ(t.split_backward(static_cast<int>(u)), t.place.stage_of_unit[u] == 0) << u;
+}
+
+// On a node's tags the microbatch and pass keys count too; on a unit they take no part.
+TEST(Filters, NodesMatchMicrobatchAndPass) {
+  const ModelGraph mg = make_model_graph(config::parse(kModel, "d.yaml").model);  // embed, M * - M -, head
+  config::Filter f;
+  f.kinds = {"*"};
+  f.microbatches = {{1, 2}};
+  f.passes = {"BI", "BW"};
+  Tags t;
+  t.unit = 2, t.stage = 0, t.microbatch = 1, t.pass = Pass::PASS_BW;
+  EXPECT_TRUE(selects(f, t, mg));
+  t.microbatch = 0;
+  EXPECT_FALSE(selects(f, t, mg)) << "microbatch 0 is outside 1-2";
+  t.microbatch = 2, t.pass = Pass::PASS_F;
+  EXPECT_FALSE(selects(f, t, mg)) << "a forward";
+  t.pass = Pass::PASS_BI, t.unit = 1;
+  EXPECT_FALSE(selects(f, t, mg)) << "layers.0 is a Mamba-2 block";
+  t.unit = -1;
+  EXPECT_FALSE(selects(f, t, mg)) << "a node of no unit";
+  EXPECT_TRUE(selects(f, mg.units[2], 0)) << "a unit passes the unit keys";
+  config::Filter by_name;
+  by_name.units = {"head", "1"};
+  EXPECT_EQ(selected_units(by_name, mg, {}), (std::vector<int>{1, 6}));
+}
+
+// zbh1 and dualpipev split every backward unless a filter splits some: the rest stay fused.
+TEST(Filters, ZeroBubbleSchedulesKeepAFilteredSplit) {
+  const config::Config all = config::parse(kModel + "parallel:\n  pp: 2\n  schedule: zbh1\n  microbatches: 2\n", "d.yaml");
+  EXPECT_EQ(expand(all, 2).split_backward_of_unit, std::vector<bool>(7, true));
+  const config::Config some = config::parse(
+      kModel + "parallel:\n  pp: 2\n  schedule: zbh1\n  microbatches: 2\ndirectives:\n  - split_backward: {kind: \"*\"}\n",
+      "d.yaml");
+  ASSERT_NO_THROW(ir::validate(some, 2));
+  EXPECT_EQ(expand(some, 2).split_backward_of_unit, (std::vector<bool>{false, false, true, false, false, false, false}));
+}
 
 class PlacementRules : public ::testing::TestWithParam<RuleCase> {};
 

@@ -112,7 +112,7 @@ void play_rank0(int tp, int dp, int pp, int zero) {
   for (const ir::Instr& in : program.compute)
     if (in.unit >= 0 && std::find(held.begin(), held.end(), in.unit) == held.end()) held.push_back(in.unit);
   std::sort(held.begin(), held.end());
-  model::Model m(cfg.model, plan.model, held, backend::cpu(), {0, dp, zero, 0, tp}, &t);
+  model::Model m(cfg.model, plan.model, held, backend::cpu(), {0, dp, plan.strategy.replicate.zero_of_unit, 0, tp}, &t);
   m.params().init(cfg.train.seed);
   Optimizer opt(m, cfg.train);
   Executor exec(m, opt, std::move(program), groups);
@@ -150,7 +150,7 @@ TEST(Groups, ACollectiveWithoutItsCommunicatorIsRefused) {
   ir::Program program = ir::lower(plan.graph, 0);
   Log log;
   RecordingComm w("world", 2, log);
-  model::Model m(cfg.model, plan.model, {}, backend::cpu(), {0, 1, 0, 0, 2}, nullptr);
+  model::Model m(cfg.model, plan.model, {}, backend::cpu(), {0, 1, {}, 0, 2}, nullptr);
   Optimizer opt(m, cfg.train);
   try {
     Executor exec(m, opt, std::move(program), Groups{&w, nullptr, nullptr});

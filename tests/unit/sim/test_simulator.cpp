@@ -286,6 +286,31 @@ TEST(SimulatorMemory, RecomputationLowersThePeakActivationsForItsTime) {
   EXPECT_LT(compute[1] - compute[0], 3 * 4 * 1.0);
 }
 
+// ZeRO for a subset of the units: the simulated model state is each unit's share at its own stage
+// (ZeRO-3 for the embedding and the head: 16 / 4 bytes per parameter at dp 4; ZeRO-0 elsewhere: 16).
+TEST(SimulatorMemory, ZeroPerUnitShardsEachUnitsState) {
+  config::Config cfg = small_config("M*-M-", 8, 8);
+  cfg.parallel.dp = 4;
+  const SimResult all = simulate(ir::compile(cfg, 4), cfg, abstract_costs());
+  config::Directive d;
+  d.kind = config::DirectiveKind::REPLICATE;
+  d.shard_optimizer = d.shard_grads = d.shard_params = true;
+  d.filter.kinds = {"embed", "head"};
+  cfg.directives.present = true;
+  cfg.directives.list.push_back(d);
+  const ir::Plan plan = ir::compile(cfg, 4);
+  const SimResult some = simulate(plan, cfg, abstract_costs());
+  double sharded = 0, total = 0;  // parameters of the units at ZeRO-3, of all
+  for (const ir::UnitSpec& u : plan.model.units) {
+    total += static_cast<double>(u.param_count());
+    if (plan.strategy.replicate.zero(u.index) == 3) sharded += static_cast<double>(u.param_count());
+  }
+  ASSERT_GT(sharded, 0);
+  const auto state = [](const SimResult& r) { return r.ranks[0].state[0] + r.ranks[0].state[1] + r.ranks[0].state[2]; };
+  const double expected = (total - sharded + sharded / 4) / total;
+  EXPECT_NEAR(state(some) / state(all), expected, 2e-3) << state(some) << " of " << state(all) << " bytes";
+}
+
 // A 1024-rank strategy (pp 8 x dp 64 x tp 2): every rank is played, ranks of one pipeline stage
 // finish together, and every stage holds its 1F1B count of microbatches. (How fast: printed, and
 // quoted in docs/simulator.md; not asserted.)

@@ -269,21 +269,23 @@ TEST(Layout, HeldMatchesParamStore) {
     SCOPED_TRACE(s.name());
     const LayoutParams lp = layout_of(s);
     const ir::ParallelDims& grid = lp.dims;
-    const bool params_sharded = ir::zero_shards(lp.zero, ir::ZeroState::ZERO_PARAMS);
-    const bool moments_sharded = ir::zero_shards(lp.zero, ir::ZeroState::ZERO_MOMENTS);
     for (int r = 0; r < grid.world_size(); ++r) {
       std::vector<int> units;
       for (size_t u = 0; u < lp.devices_of_unit.size(); ++u)
         for (int d : lp.devices_of_unit[u])
           if (d == r) units.push_back(static_cast<int>(u));
       model::ParamStore ps(graph(), units, backend::cpu(),
-                           {grid.coord(r, ir::Axis::DP), grid.degree(ir::Axis::DP), lp.zero,
+                           {grid.coord(r, ir::Axis::DP), grid.degree(ir::Axis::DP), lp.zero_of_unit,
                             grid.coord(r, ir::Axis::TP), grid.degree(ir::Axis::TP)});
       ps.init(seed);
+      // The store shards a unit's state as the layout says for that unit.
+      const auto sharded = [&](int u, ir::ZeroState z) { return ir::zero_shards(lp.zero_of_unit.at(u), z); };
       std::map<int, int64_t> param_elems;
       for (const Piece& p : held(graph(), lp, r)) {
         const model::ParamRef& ref = ps.find(p.param);
         ASSERT_EQ(ref.unit, p.unit);
+        const bool params_sharded = sharded(p.unit, ir::ZeroState::ZERO_PARAMS);
+        const bool moments_sharded = sharded(p.unit, ir::ZeroState::ZERO_MOMENTS);
         const int64_t buf_len = p.kind == StateKind::STATE_PARAM
                                     ? (params_sharded ? ps.shard_len(p.unit) : ps.padded_numel(p.unit))
                                     : (moments_sharded ? ps.shard_len(p.unit) : ps.padded_numel(p.unit));
@@ -309,16 +311,17 @@ TEST(Layout, HeldMatchesParamStore) {
         if (p.kind == StateKind::STATE_PARAM) continue;
         auto it = values.find(p.param);
         if (it == values.end()) {
-          EXPECT_TRUE(params_sharded) << p.param << ": moments without values";
+          EXPECT_TRUE(sharded(p.unit, ir::ZeroState::ZERO_PARAMS)) << p.param << ": moments without values";
           continue;
         }
-        const int64_t shift = moments_sharded && !params_sharded ? ps.shard_offset(p.unit) : 0;
+        const bool moments_only = sharded(p.unit, ir::ZeroState::ZERO_MOMENTS) && !sharded(p.unit, ir::ZeroState::ZERO_PARAMS);
+        const int64_t shift = moments_only ? ps.shard_offset(p.unit) : 0;
         std::vector<int64_t> expect = locate(*it->second, p.runs);
         for (auto& e : expect) e -= shift;
         EXPECT_EQ(expect, p.local_offsets) << "rank " << r << " " << dataset_name(p.kind, p.param);
       }
       for (int u : units) {
-        const int64_t expect = params_sharded ? std::max<int64_t>(0, std::min(ps.shard_len(u), ps.unit_numel(u) -
+        const int64_t expect = sharded(u, ir::ZeroState::ZERO_PARAMS) ? std::max<int64_t>(0, std::min(ps.shard_len(u), ps.unit_numel(u) -
                                                                                              ps.shard_offset(u)))
                                             : ps.unit_numel(u);
         EXPECT_EQ(param_elems[u], expect) << "rank " << r << " unit " << u;
