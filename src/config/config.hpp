@@ -141,6 +141,10 @@ struct OrderOp {
   bool operator==(const OrderOp&) const = default;
 };
 
+// One rank's ops as an order lists them, the ops of a group in brackets: `ops[i]` is an op's
+// name, `grouped[i]` says it runs with the one before. "F0, [F3, B1], B2".
+std::string order_text(const std::vector<std::string>& ops, const std::vector<bool>& grouped);
+
 enum class DirectiveKind : uint8_t { SPLIT, SPLIT_BACKWARD, PLACE, REPLICATE, SHARD, ORDER, GRID, RECOMPUTE };
 const char* directive_name(DirectiveKind k);  // "split", "split_backward", "place", ...
 

@@ -92,21 +92,19 @@ std::string emit_directive(const Directive& d) {
   i("microbatches", d.microbatches);
   i("pp", d.pp);
   i("virtual_stages", d.virtual_stages);
-  if (d.stage_of_unit) {
-    std::vector<std::string> v;
-    for (int64_t s : *d.stage_of_unit) v.push_back(std::to_string(s));
-    kv.push_back("stage_of_unit: [" + join(v, ", ") + "]");
-  }
+  auto ints = [&](const char* k, const std::optional<std::vector<int64_t>>& v) {
+    if (!v) return;
+    std::vector<std::string> items;
+    for (int64_t x : *v) items.push_back(std::to_string(x));
+    kv.push_back(std::string(k) + ": [" + join(items, ", ") + "]");
+  };
+  ints("stage_of_unit", d.stage_of_unit);
   if (d.stages) {
     std::vector<std::string> stages;
     for (const Filter& f : *d.stages) stages.push_back("{" + join(emit_filter(f), ", ") + "}");
     kv.push_back("stages: [" + join(stages, ", ") + "]");
   }
-  if (d.rank_of_stage) {
-    std::vector<std::string> v;
-    for (int64_t r : *d.rank_of_stage) v.push_back(std::to_string(r));
-    kv.push_back("ranks: [" + join(v, ", ") + "]");
-  }
+  ints("ranks", d.rank_of_stage);
   i("dp", d.dp);
   b("shard_optimizer", d.shard_optimizer);
   b("shard_grads", d.shard_grads);
@@ -121,13 +119,10 @@ std::string emit_directive(const Directive& d) {
       for (const OrderOp& op : r) chunks |= op.chunk != 0;
     std::vector<std::string> ranks;
     for (const auto& r : *d.ranks) {
-      std::string ops;
-      for (size_t q = 0; q < r.size(); ++q) {
-        const bool opens = q + 1 < r.size() && r[q + 1].grouped && !r[q].grouped;
-        const bool closes = r[q].grouped && (q + 1 == r.size() || !r[q + 1].grouped);
-        ops += (q ? ", " : "") + std::string(opens ? "[" : "") + r[q].name(chunks) + (closes ? "]" : "");
-      }
-      ranks.push_back("[" + ops + "]");
+      std::vector<std::string> ops;
+      std::vector<bool> grouped;
+      for (const OrderOp& op : r) ops.push_back(op.name(chunks)), grouped.push_back(op.grouped);
+      ranks.push_back("[" + order_text(ops, grouped) + "]");
     }
     kv.push_back("ranks: [" + join(ranks, ", ") + "]");
   }
@@ -239,6 +234,16 @@ EffectiveStrategy effective_strategy(const Config& cfg) {
 }
 
 const char* directive_name(DirectiveKind k) { return spec_of(k).name; }
+
+std::string order_text(const std::vector<std::string>& ops, const std::vector<bool>& grouped) {
+  std::string out;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const bool opens = i + 1 < ops.size() && grouped[i + 1] && !grouped[i];
+    const bool closes = grouped[i] && (i + 1 == ops.size() || !grouped[i + 1]);
+    out += (i ? ", " : "") + std::string(opens ? "[" : "") + ops[i] + (closes ? "]" : "");
+  }
+  return out;
+}
 
 std::string OrderOp::name(bool with_chunk) const {
   std::string s = pass + std::to_string(microbatch);

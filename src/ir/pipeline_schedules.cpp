@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "config/config.hpp"
+
 namespace piper::ir {
 
 int PipeSchedule::stage_of(int rank, int chunk) const {
@@ -65,13 +67,10 @@ std::string pipe_op_name(const PipeOp& op, int chunks) {
 }
 
 std::string pipe_ops_text(const std::vector<PipeOp>& ops, int chunks) {
-  std::string out;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const bool opens = i + 1 < ops.size() && ops[i + 1].grouped && !ops[i].grouped;
-    const bool closes = ops[i].grouped && (i + 1 == ops.size() || !ops[i + 1].grouped);
-    out += (i ? ", " : "") + std::string(opens ? "[" : "") + pipe_op_name(ops[i], chunks) + (closes ? "]" : "");
-  }
-  return out;
+  std::vector<std::string> names;
+  std::vector<bool> grouped;
+  for (const PipeOp& op : ops) names.push_back(pipe_op_name(op, chunks)), grouped.push_back(op.grouped);
+  return config::order_text(names, grouped);
 }
 
 namespace {
