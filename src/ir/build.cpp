@@ -469,11 +469,10 @@ struct Builder {
   // (or the unit range) each names, groups interleaved, chained with ordering
   // edges; the gradient norm and updates last.
   void order() {
-    std::vector<std::vector<int>> seqs(static_cast<size_t>(sched.ranks));
     for (int r = 0; r < sched.ranks; ++r) {
       std::vector<int> covered(g.nodes().size(), -1);
       const auto& ops = sched.ops[static_cast<size_t>(r)];
-      std::vector<int>& seq = seqs[static_cast<size_t>(r)];
+      std::vector<int> seq;
       for (size_t q = 0; q < ops.size();) {
         std::vector<int> group;
         std::vector<std::vector<int>> nodes;
@@ -486,9 +485,6 @@ struct Builder {
         seq.insert(seq.end(), run.begin(), run.end());
       }
       check_covered(r, covered);
-    }
-    for (int r = 0; r < sched.ranks; ++r) {
-      std::vector<int>& seq = seqs[static_cast<size_t>(r)];
       seq.push_back(norm_of_pp[static_cast<size_t>(r)]);
       for (int u = 0; u < n_units; ++u)
         if (sched.rank_of(stage_of_unit[static_cast<size_t>(u)]) == r) seq.push_back(upd[u]);
@@ -514,12 +510,7 @@ struct Builder {
         }
     }
   }
-
 };
-
-}  // namespace
-
-namespace {
 
 std::string order_where(int rank, int op) {
   return op < 0 ? "rank " + std::to_string(rank) : "op " + std::to_string(op) + " of rank " + std::to_string(rank);

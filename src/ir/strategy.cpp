@@ -313,9 +313,10 @@ std::string directives_yaml(const Strategy& s, const ModelGraph& model) {
     for (size_t i = 0; i < s.place.stage_of_unit.size(); ++i) o << (i ? ", " : "") << s.place.stage_of_unit[i];
     o << "]";
   }
-  const std::vector<int> ranks = schedule_of(s).rank_of_stage;
+  // The placement and the order written out in full, so that any schedule can be copied and edited.
+  const PipeSchedule sched = schedule_of(s);
   o << ", ranks: [";
-  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
+  for (size_t i = 0; i < sched.rank_of_stage.size(); ++i) o << (i ? ", " : "") << sched.rank_of_stage[i];
   o << "]}\n";
   o << "  - replicate: {dp: " << s.replicate.dp << ", " << zero_keys(zero_all)
     << ", bucket_mb: " << shortest(static_cast<double>(s.replicate.bucket_bytes) / (1 << 20)) << "}\n";
@@ -323,9 +324,7 @@ std::string directives_yaml(const Strategy& s, const ModelGraph& model) {
     if (zero != zero_all && std::count(s.replicate.zero_of_unit.begin(), s.replicate.zero_of_unit.end(), zero) > 0)
       o << "  - replicate: {" << zero_keys(zero) << ", " << units_with(names, s.replicate.zero_of_unit, zero) << "}\n";
   o << "  - shard: {tp: " << s.shard.tp << "}\n";
-  // The order written out op by op, so that any schedule can be copied and edited; one rank per
-  // line, like the schedule tables of docs/schedules.md.
-  const PipeSchedule sched = schedule_of(s);
+  // The order op by op, one rank per line, like the schedule tables of docs/schedules.md.
   o << "  - order:";
   if (s.order.custom.empty())
     o << "  # " << schedule_name(s.order.schedule) << (s.order.pairs ? " with pairs" : "") << ", op by op";
