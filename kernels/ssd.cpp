@@ -238,6 +238,65 @@ void ssd_fwd(const SsdShape& s, const T* x, const T* dt, const T* A_log, const T
 // ---------------------------------------------------------------------------------------------
 // Chunked backward
 // ---------------------------------------------------------------------------------------------
+namespace {
+
+// The backward's group-level products: dC = sum_h dCh + dCB B,  dB = sum_h dBh + dCB^T C, with
+// dCh, dBh and dCB the per-head pieces of ssd_bwd, summed over the heads of the group in head order.
+template <class T>
+void group_products(const Dims& d, const T* Bm, const T* Cm, const T* dcb, const T* dCh, const T* dBh, T* dBm,
+                    T* dCm) {
+  const int64_t L = d.L, N = d.N;
+  const int64_t tasks = d.B * d.G * d.nc;
+#pragma omp parallel if (d.par)
+  {
+    auto dcbs = scratch<T>(L * L);
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < tasks; ++k) {
+      const int64_t b = k / (d.G * d.nc), g = (k / d.nc) % d.G, c = k % d.nc;
+      const int64_t t0 = c * L, Lc = std::min(L, d.Tn - t0);
+      const int64_t bo = (b * d.Tn + t0) * d.bs + g * N;
+      const int64_t h0 = g * d.hpg;
+      for (int64_t i = 0; i < Lc; ++i) {
+        T* dCi = dCm + bo + i * d.bs;
+        T* dBi = dBm + bo + i * d.bs;
+        const T* cr = dCh + ((b * d.Tn + t0 + i) * d.Hm + h0) * N;
+        const T* br = dBh + ((b * d.Tn + t0 + i) * d.Hm + h0) * N;
+        std::copy(cr, cr + N, dCi);
+        std::copy(br, br + N, dBi);
+        for (int64_t hh = 1; hh < d.hpg; ++hh) {
+          const T* crh = cr + hh * N;
+          const T* brh = br + hh * N;
+#pragma omp simd
+          for (int64_t n = 0; n < N; ++n) {
+            dCi[n] += crh[n];
+            dBi[n] += brh[n];
+          }
+        }
+      }
+      const T* head0 = dcb + ((b * d.Hm + h0) * d.nc + c) * L * L;
+      const T* sum = head0;
+      if (d.hpg > 1) {
+        for (int64_t i = 0; i < Lc; ++i)
+          std::copy(head0 + i * L, head0 + i * L + Lc, dcbs.get() + i * L);
+        for (int64_t hh = 1; hh < d.hpg; ++hh) {
+          const T* o = dcb + ((b * d.Hm + h0 + hh) * d.nc + c) * L * L;
+          for (int64_t i = 0; i < Lc; ++i) {
+            T* si = dcbs.get() + i * L;
+            const T* oi = o + i * L;
+#pragma omp simd
+            for (int64_t j = 0; j <= i; ++j) si[j] += oi[j];
+          }
+        }
+        sum = dcbs.get();
+      }
+      gemm<T>(false, false, Lc, N, Lc, T(1), sum, L, Bm + bo, d.bs, T(1), dCm + bo, d.bs);
+      gemm<T>(true, false, Lc, N, Lc, T(1), sum, L, Cm + bo, d.bs, T(1), dBm + bo, d.bs);
+    }
+  }
+}
+
+}  // namespace
+
 template <class T>
 void ssd_bwd(const SsdShape& s, const T* dy, const T* x, const T* dt, const T* A_log,
              const T* Bm, const T* Cm, const T* D, const T* saved, T* dx, T* ddt, T* dA_log,
@@ -442,55 +501,7 @@ void ssd_bwd(const SsdShape& s, const T* dy, const T* x, const T* dt, const T* A
     }
   }
 
-  // Group-level products: dC = sum_h dCh + dCB B,  dB = sum_h dBh + dCB^T C, dCB summed over
-  // the heads of the group in head order.
-  const int64_t tasks = d.B * d.G * d.nc;
-#pragma omp parallel if (d.par)
-  {
-    auto dcbs = scratch<T>(L * L);
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < tasks; ++k) {
-      const int64_t b = k / (d.G * d.nc), g = (k / d.nc) % d.G, c = k % d.nc;
-      const int64_t t0 = c * L, Lc = std::min(L, d.Tn - t0);
-      const int64_t bo = (b * d.Tn + t0) * d.bs + g * N;
-      const int64_t h0 = g * d.hpg;
-      for (int64_t i = 0; i < Lc; ++i) {
-        T* dCi = dCm + bo + i * d.bs;
-        T* dBi = dBm + bo + i * d.bs;
-        const T* cr = dCh + ((b * d.Tn + t0 + i) * d.Hm + h0) * N;
-        const T* br = dBh + ((b * d.Tn + t0 + i) * d.Hm + h0) * N;
-        std::copy(cr, cr + N, dCi);
-        std::copy(br, br + N, dBi);
-        for (int64_t hh = 1; hh < d.hpg; ++hh) {
-          const T* crh = cr + hh * N;
-          const T* brh = br + hh * N;
-#pragma omp simd
-          for (int64_t n = 0; n < N; ++n) {
-            dCi[n] += crh[n];
-            dBi[n] += brh[n];
-          }
-        }
-      }
-      const T* head0 = dcb + ((b * d.Hm + h0) * d.nc + c) * L * L;
-      const T* sum = head0;
-      if (d.hpg > 1) {
-        for (int64_t i = 0; i < Lc; ++i)
-          std::copy(head0 + i * L, head0 + i * L + Lc, dcbs.get() + i * L);
-        for (int64_t hh = 1; hh < d.hpg; ++hh) {
-          const T* o = dcb + ((b * d.Hm + h0 + hh) * d.nc + c) * L * L;
-          for (int64_t i = 0; i < Lc; ++i) {
-            T* si = dcbs.get() + i * L;
-            const T* oi = o + i * L;
-#pragma omp simd
-            for (int64_t j = 0; j <= i; ++j) si[j] += oi[j];
-          }
-        }
-        sum = dcbs.get();
-      }
-      gemm<T>(false, false, Lc, N, Lc, T(1), sum, L, Bm + bo, d.bs, T(1), dCm + bo, d.bs);
-      gemm<T>(true, false, Lc, N, Lc, T(1), sum, L, Cm + bo, d.bs, T(1), dBm + bo, d.bs);
-    }
-  }
+  group_products(d, Bm, Cm, dcb, dCh, dBh, dBm, dCm);
 
   for (int64_t h = 0; h < d.Hm; ++h) {
     T sa = 0, sd = 0;
