@@ -21,6 +21,7 @@
 #include "rope.hpp"
 #include "attention.hpp"
 #include "swiglu.hpp"
+#include "moe.hpp"
 #include "silu.hpp"
 #include "conv1d.hpp"
 #include "dt_softplus.hpp"
