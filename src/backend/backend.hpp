@@ -145,6 +145,33 @@ struct Event {
   /* h = silu(gate) * up */                                                                      \
   X(swiglu_fwd, void, (V gate, V up, O h))                                                       \
   X(swiglu_bwd, void, (V dh, V gate, V up, O dgate, O dup))                                      \
+  /* MoE router: probs[M,E] = softmax over each row of logits[M,E]; i32 experts[M,K]: the K */   \
+  /* largest probs of each row in descending order (ties: lower expert index first);        */   \
+  /* weights[M,K] = those probs / their sum                                                 */   \
+  X(moe_route_fwd, void, (V logits, O probs, O experts, O weights))                              \
+  /* dlogits[M,E] (overwritten) = the gradient through the renormalisation and the softmax */    \
+  /* of dweights[M,K] plus dprobs[M,E] (the balance loss's gradient of probs, added before */    \
+  /* the softmax backward)                                                                  */   \
+  X(moe_route_bwd, void, (V dweights, V dprobs, V probs, V experts, V weights, O dlogits))       \
+  /* Sequence-wise balance loss over M/seq sequences of seq rows each: for sequence s,      */   \
+  /* f_e = (assignments of s's rows to e in experts[M,K]) / (seq*K), P_e = mean over s's    */   \
+  /* rows of probs[:,e]; returns sum over sequences of E * sum_e f_e * P_e (as double);     */   \
+  /* dprobs[M,E] (overwritten) = scale * E * f_e(s) / seq for every row of s                */   \
+  X(moe_balance, double, (V probs, V experts, int64_t seq, O dprobs, float scale))               \
+  /* Permutation into per-expert contiguous groups: counts[E] (i32) assignments per expert; */   \
+  /* rows[P] (i32): the token row of each permuted row, expert-major, rows ascending within */   \
+  /* an expert; pos[M,K] (i32): the permuted row of each (row, slot). (A stable counting    */   \
+  /* sort.)                                                                                 */   \
+  X(moe_permute_index, void, (V experts, O counts, O rows, O pos))                               \
+  /* dst[P,D]: dst[p] = src[rows[p]] (src[N,D], any N; rows i32[P])                         */   \
+  X(gather_rows, void, (V src, V rows, O dst))                                                   \
+  /* out[M,D] (overwritten) = sum over k of weights[m,k] * y[pos[m,k]] (y[P,D], pos i32[M,K]) */ \
+  X(moe_combine, void, (V y, V pos, V weights, O out))                                           \
+  /* dy[P,D] (overwritten): dy[pos[m,k]] = weights[m,k] * dout[m];                          */   \
+  /* dweights[M,K] (overwritten) = dot(dout[m], y[pos[m,k]])                                */   \
+  X(moe_combine_bwd, void, (V dout, V y, V pos, V weights, O dy, O dweights))                    \
+  /* dispatch backward: dx[M,D] += sum over k of dxp[pos[m,k]] (accumulated; dxp[P,D])      */   \
+  X(moe_dispatch_bwd, void, (V dxp, V pos, O dx))                                                \
   /* dt[M,Hm] = softplus(dt_raw + dt_bias[Hm]) */                                                \
   X(dt_softplus_fwd, void, (V dt_raw, V dt_bias, O dt))                                          \
   X(dt_softplus_bwd, void, (V ddt, V dt_raw, V dt_bias, O ddt_raw, O ddt_bias))                  \

@@ -3,6 +3,7 @@
 // by the kernels of kernels/ (the same calls the units made before it).
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <new>
 #include <stdexcept>
@@ -97,14 +98,15 @@ class Check {
   Check(const char* op, const Backend* self) : op_(op), self_(self) {}
   void f32(const char* name, const ConstTensorView& t) const { is(name, t, DType::DTYPE_F32); }
   void i32(const char* name, const ConstTensorView& t) const { is(name, t, DType::DTYPE_I32); }
-  void shape(const char* name, const ConstTensorView& t, const Shape& want) const {
-    f32(name, t);
+  void shape(const char* name, const ConstTensorView& t, const Shape& want,
+             DType dtype = DType::DTYPE_F32) const {
+    is(name, t, dtype);
     if (t.shape != want)
       fail(op_, std::string("tensor ") + name + " has shape " + t.shape.str() + ", expected " +
                     want.str());
   }
-  void rank(const char* name, const ConstTensorView& t, int r) const {
-    f32(name, t);
+  void rank(const char* name, const ConstTensorView& t, int r, DType dtype = DType::DTYPE_F32) const {
+    is(name, t, dtype);
     if (t.shape.rank() != r)
       fail(op_, std::string("tensor ") + name + " has shape " + t.shape.str() + ", expected rank " +
                     std::to_string(r));
@@ -119,6 +121,25 @@ class Check {
   void that(bool ok, const std::string& what) const {
     if (!ok) fail(op_, what);
   }
+  // Every value of the i32 tensor t in [0, bound), the range of `of`.
+  void indices(const char* name, const ConstTensorView& t, int64_t bound, const std::string& of) const {
+    i32(name, t);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (t.i32()[i] < 0 || t.i32()[i] >= bound)
+        fail(op_, std::string("tensor ") + name + " holds " + std::to_string(t.i32()[i]) +
+                      " at element " + std::to_string(i) + ", outside [0, " + std::to_string(bound) +
+                      ") (" + of + ")");
+  }
+  // The i32 tensor t holds each of 0 .. n-1 once.
+  void permutation(const char* name, const ConstTensorView& t, int64_t n) const {
+    indices(name, t, n, "the permuted rows");
+    std::vector<char> seen(static_cast<size_t>(n), 0);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (seen[static_cast<size_t>(t.i32()[i])]++)
+        fail(op_, std::string("tensor ") + name + " holds " + std::to_string(t.i32()[i]) +
+                      " twice (again at element " + std::to_string(i) + "), expected a permutation of [0, " +
+                      std::to_string(n) + ")");
+  }
 
  private:
   void is(const char* name, const ConstTensorView& t, DType want) const {
@@ -127,7 +148,8 @@ class Check {
                     (t.device ? t.device->name() : "no device") + ")");
     if (t.dtype != want)
       fail(op_, std::string("tensor ") + name + " has dtype " + dtype_name(t.dtype) + ", expected " +
-                    dtype_name(want) + " (the cpu backend computes in f32)");
+                    dtype_name(want) +
+                    (want == DType::DTYPE_I32 ? " (an index tensor)" : " (the cpu backend computes in f32)"));
     if (!t.ptr && t.numel() > 0) fail(op_, std::string("tensor ") + name + " has no data");
   }
   const char* op_;
@@ -345,6 +367,72 @@ class CpuBackend final : public Backend {
       c.shape(n, t, gate.shape);
     k::swiglu_bwd(dh.f32(), gate.f32(), up.f32(), dgate.f32(), dup.f32(), gate.numel());
   }
+  void moe_route_fwd(V logits, O probs, O experts, O weights) override {
+    const Check c("moe_route_fwd", this);
+    const auto [M, E, K] = moe_dims(c, "logits", logits, experts);
+    c.shape("probs", probs, {M, E}), c.shape("weights", weights, {M, K});
+    k::moe_route_fwd(logits.f32(), probs.f32(), experts.i32(), weights.f32(), M, E, K);
+  }
+  void moe_route_bwd(V dweights, V dprobs, V probs, V experts, V weights, O dlogits) override {
+    const Check c("moe_route_bwd", this);
+    const auto [M, E, K] = moe_dims(c, "probs", probs, experts);
+    c.indices("experts", experts, E, "the experts of probs " + probs.shape.str());
+    c.shape("dweights", dweights, {M, K}), c.shape("weights", weights, {M, K});
+    c.shape("dprobs", dprobs, {M, E}), c.shape("dlogits", dlogits, {M, E});
+    k::moe_route_bwd(dweights.f32(), dprobs.f32(), probs.f32(), experts.i32(), weights.f32(),
+                     dlogits.f32(), M, E, K);
+  }
+  double moe_balance(V probs, V experts, int64_t seq, O dprobs, float scale) override {
+    const Check c("moe_balance", this);
+    const auto [M, E, K] = moe_dims(c, "probs", probs, experts);
+    c.indices("experts", experts, E, "the experts of probs " + probs.shape.str());
+    c.that(seq >= 1 && M % seq == 0, "sequence length " + std::to_string(seq) +
+                                         " does not divide the " + std::to_string(M) +
+                                         " rows of probs " + probs.shape.str());
+    c.shape("dprobs", dprobs, {M, E});
+    return k::moe_balance(probs.f32(), experts.i32(), dprobs.f32(), M, E, K, seq, scale);
+  }
+  void moe_permute_index(V experts, O counts, O rows, O pos) override {
+    const Check c("moe_permute_index", this);
+    c.rank("counts", counts, 1, DType::DTYPE_I32);
+    const auto [M, E, K] = moe_dims(c, counts.shape[0], "counts " + counts.shape.str(), experts);
+    c.indices("experts", experts, E, "the experts of counts " + counts.shape.str());
+    c.that(M * K <= std::numeric_limits<int32_t>::max(),
+           std::to_string(M * K) + " permuted rows exceed the i32 range of rows and pos");
+    c.shape("rows", rows, {M * K}, DType::DTYPE_I32), c.shape("pos", pos, {M, K}, DType::DTYPE_I32);
+    k::moe_permute_index(experts.i32(), counts.i32(), rows.i32(), pos.i32(), M, E, K);
+  }
+  void gather_rows(V src, V rows, O dst) override {
+    const Check c("gather_rows", this);
+    c.rank("src", src, 2);
+    const int64_t D = src.shape[1], P = rows.numel();
+    c.indices("rows", rows, src.shape[0], "the rows of src " + src.shape.str());
+    c.shape("dst", dst, {P, D});
+    k::gather_rows(src.f32(), rows.i32(), dst.f32(), P, D);
+  }
+  void moe_combine(V y, V pos, V weights, O out) override {
+    const Check c("moe_combine", this);
+    const auto [M, K, D] = permuted_dims(c, "y", y, pos);
+    c.indices("pos", pos, M * K, "the rows of y " + y.shape.str());
+    c.shape("weights", weights, {M, K}), c.shape("out", out, {M, D});
+    k::moe_combine(y.f32(), pos.i32(), weights.f32(), out.f32(), M, K, D);
+  }
+  void moe_combine_bwd(V dout, V y, V pos, V weights, O dy, O dweights) override {
+    const Check c("moe_combine_bwd", this);
+    const auto [M, K, D] = permuted_dims(c, "y", y, pos);
+    c.permutation("pos", pos, M * K);
+    c.shape("dout", dout, {M, D}), c.shape("weights", weights, {M, K});
+    c.shape("dy", dy, y.shape), c.shape("dweights", dweights, {M, K});
+    k::moe_combine_bwd(dout.f32(), y.f32(), pos.i32(), weights.f32(), dy.f32(), dweights.f32(), M, K,
+                       D);
+  }
+  void moe_dispatch_bwd(V dxp, V pos, O dx) override {
+    const Check c("moe_dispatch_bwd", this);
+    const auto [M, K, D] = permuted_dims(c, "dxp", dxp, pos);
+    c.indices("pos", pos, M * K, "the rows of dxp " + dxp.shape.str());
+    c.shape("dx", dx, {M, D});
+    k::moe_dispatch_bwd(dxp.f32(), pos.i32(), dx.f32(), M, K, D);
+  }
   void dt_softplus_fwd(V dt_raw, V dt_bias, O dt) override {
     const Check c("dt_softplus_fwd", this);
     c.rank("dt_raw", dt_raw, 2);
@@ -453,6 +541,35 @@ class CpuBackend final : public Backend {
     c.that(KV > 0 && H % KV == 0, "query heads " + std::to_string(H) + " are not a multiple of kv heads " +
                                       std::to_string(KV));
     return {B, T, H, KV, hd};
+  }
+  struct MoeDims {
+    int64_t M, E, K;
+  };
+  // [M,E] from `name` (f32 probs or logits), [M,K] from the i32 experts, 1 <= K <= E.
+  static MoeDims moe_dims(const Check& c, const char* name, V per_expert, V experts) {
+    c.rank(name, per_expert, 2);
+    const MoeDims d = moe_dims(c, per_expert.shape[1], std::string(name) + " " + per_expert.shape.str(),
+                               experts);
+    c.shape(name, per_expert, {d.M, d.E});
+    return d;
+  }
+  // E experts, counted by `of`; [M,K] from the i32 experts, 1 <= K <= E.
+  static MoeDims moe_dims(const Check& c, int64_t E, const std::string& of, V experts) {
+    c.rank("experts", experts, 2, DType::DTYPE_I32);
+    const int64_t M = experts.shape[0], K = experts.shape[1];
+    c.that(K >= 1 && K <= E, "top-k " + std::to_string(K) + " (experts " + experts.shape.str() +
+                                 ") must be in [1, " + std::to_string(E) + "], the experts of " + of);
+    return {M, E, K};
+  }
+  struct PermutedDims {
+    int64_t M, K, D;
+  };
+  // pos i32 [M,K] and the permuted rows [M*K, D] of `name`.
+  static PermutedDims permuted_dims(const Check& c, const char* name, V permuted, V pos) {
+    c.rank("pos", pos, 2, DType::DTYPE_I32), c.rank(name, permuted, 2);
+    const int64_t M = pos.shape[0], K = pos.shape[1], D = permuted.shape[1];
+    c.shape(name, permuted, {M * K, D});
+    return {M, K, D};
   }
   static k::SsdShape ssd_dims(const Check& c, V x, V dt, V A_log, V Bm, V Cm, V D, int64_t chunk) {
     c.rank("x", x, 4), c.rank("Bm", Bm, 4);
