@@ -3,7 +3,8 @@
 // random shapes. One line per op and output with the error seen and the tolerance; an op of the
 // table without a case here is a failure. The references are the kernels' double instantiations
 // (whose own correctness, against finite differences and naive forms, kernel_tests checks), the
-// plain SSD recurrence, and a double AdamW written out here.
+// plain SSD recurrence, and a double AdamW written out here; the integer permutation of the MoE
+// ops is compared with the kernel's own.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,7 +45,11 @@ class Device {
     return t;
   }
   Tensor put_ids(const std::vector<int32_t>& host) {
-    Tensor t(be_, Shape{static_cast<int64_t>(host.size())}, MemCategory::MEM_BUFFERS, DType::DTYPE_I32);
+    return put_ids(host, Shape{static_cast<int64_t>(host.size())});
+  }
+  Tensor put_ids(const std::vector<int32_t>& host, Shape s) {
+    EXPECT_EQ(static_cast<int64_t>(host.size()), s.numel()) << "test ids for shape " << s.str();
+    Tensor t(be_, s, MemCategory::MEM_BUFFERS, DType::DTYPE_I32);
     be_.to_device(t.view().ptr, host.data(), t.bytes());
     return t;
   }
@@ -52,6 +57,11 @@ class Device {
     std::vector<float> f(static_cast<size_t>(t.numel()));
     be_.to_host(f.data(), t.view().ptr, t.bytes());
     return Vec(f.begin(), f.end());
+  }
+  std::vector<int32_t> get_ids(const Tensor& t) {
+    std::vector<int32_t> ids(static_cast<size_t>(t.numel()));
+    be_.to_host(ids.data(), t.view().ptr, t.bytes());
+    return ids;
   }
 
  private:
@@ -466,6 +476,132 @@ Errors add_inplace(Device& d) {
   return {{"y", normwise_err(d.get(ty), y)}};
 }
 
+// MoE routing: MM token rows in sequences of SEQ, ME experts, MK = top_k, D = Kd.
+constexpr int64_t MM = 12, SEQ = 4, ME = 6, MK = 2, MP = MM * MK;
+using Ids = std::vector<int32_t>;
+
+// Entries of two index lists that differ (any is an error: the tolerance cannot pass it).
+double mismatches(const Ids& a, const Ids& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+// The double router on float-exact logits, its outputs rounded to float.
+struct MoeRoute {
+  Vec logits = random_f(MM * ME, 90, -3, 3), probs = filled(MM * ME, 0), weights = filled(MM * MK, 0);
+  Ids experts = Ids(MP);
+  MoeRoute() {
+    k::moe_route_fwd<double>(logits.data(), probs.data(), experts.data(), weights.data(), MM, ME, MK);
+    probs = rounded(probs), weights = rounded(weights);
+  }
+};
+
+// The expert-major permutation of a route.
+struct MoePerm {
+  Ids counts = Ids(ME), rows = Ids(MP), pos = Ids(MP);
+  explicit MoePerm(const Ids& experts) {
+    k::moe_permute_index(experts.data(), counts.data(), rows.data(), pos.data(), MM, ME, MK);
+  }
+};
+
+Errors moe_route_fwd(Device& d) {
+  const MoeRoute r;
+  Tensor tl = d.put(r.logits, {MM, ME}), tp = d.put(filled(MM * ME, kNaN), {MM, ME});
+  Tensor te = d.put_ids(Ids(MP, -1), {MM, MK}), tw = d.put(filled(MM * MK, kNaN), {MM, MK});
+  d.be().moe_route_fwd(tl.view(), tp.view(), te.view(), tw.view());
+  return {{"probs", normwise_err(d.get(tp), r.probs)},
+          {"experts (mismatches)", mismatches(d.get_ids(te), r.experts)},
+          {"weights", normwise_err(d.get(tw), r.weights)}};
+}
+
+Errors moe_route_bwd(Device& d) {
+  const MoeRoute r;
+  const Vec dw = random_f(MM * MK, 91), dp = random_f(MM * ME, 92, -0.1, 0.1);
+  Vec dl = filled(MM * ME, 0);
+  k::moe_route_bwd<double>(dw.data(), dp.data(), r.probs.data(), r.experts.data(), r.weights.data(),
+                           dl.data(), MM, ME, MK);
+  Tensor tdw = d.put(dw, {MM, MK}), tdp = d.put(dp, {MM, ME}), tp = d.put(r.probs, {MM, ME});
+  Tensor te = d.put_ids(r.experts, {MM, MK}), tw = d.put(r.weights, {MM, MK});
+  Tensor tdl = d.put(filled(MM * ME, kNaN), {MM, ME});
+  d.be().moe_route_bwd(tdw.view(), tdp.view(), tp.view(), te.view(), tw.view(), tdl.view());
+  return {{"dlogits", normwise_err(d.get(tdl), dl)}};
+}
+
+Errors moe_balance(Device& d) {
+  const MoeRoute r;
+  Vec dp = filled(MM * ME, 0);
+  const double loss = k::moe_balance<double>(r.probs.data(), r.experts.data(), dp.data(), MM, ME, MK,
+                                             SEQ, kScale);
+  Tensor tp = d.put(r.probs, {MM, ME}), te = d.put_ids(r.experts, {MM, MK});
+  Tensor tdp = d.put(filled(MM * ME, kNaN), {MM, ME});
+  const double got = d.be().moe_balance(tp.view(), te.view(), SEQ, tdp.view(), kScale);
+  return {{"loss", std::fabs(got - loss) / std::fabs(loss)}, {"dprobs", normwise_err(d.get(tdp), dp)}};
+}
+
+Errors moe_permute_index(Device& d) {
+  const MoeRoute r;
+  const MoePerm want(r.experts);
+  Tensor te = d.put_ids(r.experts, {MM, MK}), tc = d.put_ids(Ids(ME, -1), {ME});
+  Tensor trows = d.put_ids(Ids(MP, -1), {MP}), tpos = d.put_ids(Ids(MP, -1), {MM, MK});
+  d.be().moe_permute_index(te.view(), tc.view(), trows.view(), tpos.view());
+  return {{"counts (mismatches)", mismatches(d.get_ids(tc), want.counts)},
+          {"rows (mismatches)", mismatches(d.get_ids(trows), want.rows)},
+          {"pos (mismatches)", mismatches(d.get_ids(tpos), want.pos)}};
+}
+
+Errors gather_rows(Device& d) {
+  constexpr int64_t Nsrc = 5;
+  const Vec src = random_f(Nsrc * Kd, 93);
+  const Ids rows = {4, 0, 4, 2, 2, 2, 1, 3, 0};  // more rows than src has, repeated
+  const auto Pg = static_cast<int64_t>(rows.size());
+  Vec dst = filled(Pg * Kd, 0);
+  k::gather_rows<double>(src.data(), rows.data(), dst.data(), Pg, Kd);
+  Tensor ts = d.put(src, {Nsrc, Kd}), tr = d.put_ids(rows), td = d.put(filled(Pg * Kd, kNaN), {Pg, Kd});
+  d.be().gather_rows(ts.view(), tr.view(), td.view());
+  Tensor tr0 = d.put_ids({}), td0(d.be(), Shape{0, Kd}, MemCategory::MEM_BUFFERS);
+  d.be().gather_rows(ts.view(), tr0.view(), td0.view());
+  return {{"dst", normwise_err(d.get(td), dst)}, {"dst (no rows)", normwise_err(d.get(td0), Vec{})}};
+}
+
+Errors moe_combine(Device& d) {
+  const MoeRoute r;
+  const MoePerm pm(r.experts);
+  const Vec y = random_f(MP * Kd, 94);
+  Vec out = filled(MM * Kd, 0);
+  k::moe_combine<double>(y.data(), pm.pos.data(), r.weights.data(), out.data(), MM, MK, Kd);
+  Tensor ty = d.put(y, {MP, Kd}), tpos = d.put_ids(pm.pos, {MM, MK}), tw = d.put(r.weights, {MM, MK});
+  Tensor to = d.put(filled(MM * Kd, kNaN), {MM, Kd});
+  d.be().moe_combine(ty.view(), tpos.view(), tw.view(), to.view());
+  return {{"out", normwise_err(d.get(to), out)}};
+}
+
+Errors moe_combine_bwd(Device& d) {
+  const MoeRoute r;
+  const MoePerm pm(r.experts);
+  const Vec dout = random_f(MM * Kd, 95), y = random_f(MP * Kd, 96);
+  Vec dy = filled(MP * Kd, 0), dw = filled(MM * MK, 0);
+  k::moe_combine_bwd<double>(dout.data(), y.data(), pm.pos.data(), r.weights.data(), dy.data(),
+                             dw.data(), MM, MK, Kd);
+  Tensor tdo = d.put(dout, {MM, Kd}), ty = d.put(y, {MP, Kd}), tpos = d.put_ids(pm.pos, {MM, MK});
+  Tensor tw = d.put(r.weights, {MM, MK});
+  Tensor tdy = d.put(filled(MP * Kd, kNaN), {MP, Kd}), tdw = d.put(filled(MM * MK, kNaN), {MM, MK});
+  d.be().moe_combine_bwd(tdo.view(), ty.view(), tpos.view(), tw.view(), tdy.view(), tdw.view());
+  return {{"dy", normwise_err(d.get(tdy), dy)}, {"dweights", normwise_err(d.get(tdw), dw)}};
+}
+
+Errors moe_dispatch_bwd(Device& d) {
+  const MoeRoute r;
+  const MoePerm pm(r.experts);
+  const Vec dxp = random_f(MP * Kd, 97);
+  Vec dx = random_f(MM * Kd, 98);
+  Tensor tdxp = d.put(dxp, {MP, Kd}), tpos = d.put_ids(pm.pos, {MM, MK}), tdx = d.put(dx, {MM, Kd});
+  k::moe_dispatch_bwd<double>(dxp.data(), pm.pos.data(), dx.data(), MM, MK, Kd);
+  d.be().moe_dispatch_bwd(tdxp.view(), tpos.view(), tdx.view());
+  return {{"dx (accumulated)", normwise_err(d.get(tdx), dx)}};
+}
+
 // torch.optim.AdamW, single-tensor path, in double.
 void ref_adamw(Vec& p, const Vec& g, Vec& m, Vec& v, const AdamWStep& s) {
   const double bc1 = 1.0 - std::pow(s.beta1, double(s.t)), bc2 = 1.0 - std::pow(s.beta2, double(s.t));
@@ -520,6 +656,14 @@ std::map<Op, Case> cases() {
       {Op::OP_silu_bwd, {1e-6, silu_bwd}},
       {Op::OP_swiglu_fwd, {1e-6, swiglu_fwd}},
       {Op::OP_swiglu_bwd, {1e-6, swiglu_bwd}},
+      {Op::OP_moe_route_fwd, {1e-6, moe_route_fwd}},
+      {Op::OP_moe_route_bwd, {1e-6, moe_route_bwd}},
+      {Op::OP_moe_balance, {1e-6, moe_balance}},
+      {Op::OP_moe_permute_index, {0.0, moe_permute_index}},
+      {Op::OP_gather_rows, {0.0, gather_rows}},
+      {Op::OP_moe_combine, {1e-6, moe_combine}},
+      {Op::OP_moe_combine_bwd, {1e-6, moe_combine_bwd}},
+      {Op::OP_moe_dispatch_bwd, {1e-6, moe_dispatch_bwd}},
       {Op::OP_dt_softplus_fwd, {1e-6, dt_softplus_fwd}},
       {Op::OP_dt_softplus_bwd, {1e-6, dt_softplus_bwd}},
       {Op::OP_embedding_fwd, {1e-7, [](Device& d) { return embedding(d, false); }}},
@@ -590,6 +734,48 @@ TEST(BackendOps, MisshapenTensorsAreRefusedWithTheOpAndTensorNamed) {
         << e.what();
   }
   EXPECT_THROW(be.set_stream(1), std::invalid_argument);
+}
+
+// The MoE ops refuse an index outside its range, a top-k above the expert count, a sequence
+// length that does not divide the rows and a pos that is not a permutation, naming the op.
+TEST(BackendOps, MoeIndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
+  Backend& be = cpu();
+  Device d(be);
+  auto refused = [](const std::function<void()>& call, const std::string& want) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted: " << want;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  Tensor src = d.put(filled(5 * 3, 1.0), {5, 3}), dst(be, Shape{3, 3}, MemCategory::MEM_BUFFERS);
+  Tensor rows = d.put_ids({0, 5, 1});
+  refused([&] { be.gather_rows(src.view(), rows.view(), dst.view()); },
+          "backend cpu, op gather_rows: tensor rows holds 5 at element 1, outside [0, 5) (the rows of "
+          "src [5,3])");
+  Tensor logits = d.put(filled(4 * 3, 0.0), {4, 3}), probs = d.put(filled(4 * 3, 0.0), {4, 3});
+  Tensor experts = d.put_ids(Ids(16, 0), {4, 4}), w = d.put(filled(16, 0.0), {4, 4});
+  refused([&] { be.moe_route_fwd(logits.view(), probs.view(), experts.view(), w.view()); },
+          "op moe_route_fwd: top-k 4 (experts [4,4]) must be in [1, 3], the experts of logits [4,3]");
+  Tensor picked = d.put_ids({0, 1, 2, 0, 1, 3, 2, 1}, {4, 2}), dp = d.put(filled(12, 0.0), {4, 3});
+  refused([&] { be.moe_balance(probs.view(), picked.view(), 2, dp.view(), 1.0f); },
+          "op moe_balance: tensor experts holds 3 at element 5, outside [0, 3) (the experts of probs [4,3])");
+  Tensor two = d.put_ids({0, 1, 2, 0, 1, 2, 2, 1}, {4, 2});
+  refused([&] { be.moe_balance(probs.view(), two.view(), 3, dp.view(), 1.0f); },
+          "op moe_balance: sequence length 3 does not divide the 4 rows of probs [4,3]");
+  Tensor f32_experts = d.put(filled(8, 0.0), {4, 2});
+  refused([&] { be.moe_balance(probs.view(), f32_experts.view(), 2, dp.view(), 1.0f); },
+          "tensor experts has dtype f32, expected i32 (an index tensor)");
+  Tensor y = d.put(filled(8 * 3, 1.0), {8, 3}), dout = d.put(filled(4 * 3, 1.0), {4, 3});
+  Tensor pos = d.put_ids({0, 1, 2, 3, 4, 5, 6, 6}, {4, 2}), dy(be, Shape{8, 3}, MemCategory::MEM_BUFFERS);
+  Tensor dw(be, Shape{4, 2}, MemCategory::MEM_BUFFERS), cw = d.put(filled(8, 0.5), {4, 2});
+  refused([&] { be.moe_combine_bwd(dout.view(), y.view(), pos.view(), cw.view(), dy.view(), dw.view()); },
+          "op moe_combine_bwd: tensor pos holds 6 twice (again at element 7), expected a permutation of "
+          "[0, 8)");
+  Tensor far = d.put_ids({0, 1, 2, 3, 4, 5, 6, 8}, {4, 2}), dx = d.put(filled(12, 0.0), {4, 3});
+  refused([&] { be.moe_dispatch_bwd(y.view(), far.view(), dx.view()); },
+          "op moe_dispatch_bwd: tensor pos holds 8 at element 7, outside [0, 8) (the rows of dxp [8,3])");
 }
 
 // Kernel workspaces are backend allocations: the scan's scratch shows in the buffer category
