@@ -158,6 +158,7 @@ void moe_permute_index(const int32_t* experts, int32_t* counts, int32_t* rows, i
 
 template <class T>
 void gather_rows(const T* src, const int32_t* rows, T* dst, int64_t P, int64_t D) {
+  if (P <= 0 || D <= 0) return;
   const size_t bytes = static_cast<size_t>(D) * sizeof(T);
 #pragma omp parallel for schedule(static) if (P * D > kParallelMin)
   for (int64_t p = 0; p < P; ++p) std::memcpy(dst + p * D, src + static_cast<int64_t>(rows[p]) * D, bytes);
