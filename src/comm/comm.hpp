@@ -108,6 +108,13 @@ class Communicator {
   virtual Request iallgather(const float* in, float* out, size_t n_per_rank) = 0;
   // block j of rank i's in (size() * n_per_rank) lands at block i of rank j's out.
   virtual Request ialltoall(const float* in, float* out, size_t n_per_rank) = 0;
+  // Variable sizes: rank i sends send_counts[j] floats to rank j, taken from
+  // `in` in rank order (block j after blocks 0..j-1), and receives
+  // recv_counts[j] floats from rank j into `out` in rank order. Each count
+  // list has size() entries; recv_counts[j] on rank i must equal
+  // send_counts[i] on rank j (MoE dispatch and combine).
+  virtual Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                             const std::vector<int64_t>& recv_counts) = 0;
 
   // Blocking versions: the i* call, then wait().
   void send(const float* buf, size_t n, int peer, int tag) { isend(buf, n, peer, tag).wait(); }
@@ -118,6 +125,10 @@ class Communicator {
   }
   void allgather(const float* in, float* out, size_t n_per_rank) { iallgather(in, out, n_per_rank).wait(); }
   void alltoall(const float* in, float* out, size_t n_per_rank) { ialltoall(in, out, n_per_rank).wait(); }
+  void alltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                 const std::vector<int64_t>& recv_counts) {
+    ialltoallv(in, send_counts, out, recv_counts).wait();
+  }
 
   // buf (n doubles) <- sum over ranks of buf, in place (norms, losses).
   virtual Request iallreduce_double(double* buf, size_t n) = 0;

@@ -91,6 +91,7 @@ struct OpState {
   std::atomic<bool> done{false};
   std::atomic<bool> cancel{false};  // asks the engine to MPI_Cancel it (an abandoned receive)
   std::string failure;              // set before done when the operation failed
+  std::shared_ptr<const std::vector<int>> counts;  // alltoallv's counts and displacements, which MPI reads until completion
 };
 
 // ---- the progress engine ----------------------------------------------------------
@@ -465,6 +466,30 @@ class MpiCommunicator final : public Communicator {
                 });
   }
 
+  Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                     const std::vector<int64_t>& recv_counts) override {
+    const size_t n = static_cast<size_t>(size());
+    if (send_counts.size() != n || recv_counts.size() != n)
+      throw std::invalid_argument("piper comm: alltoallv on " + name_ + " needs " + std::to_string(n) +
+                                  " send and receive counts, got " + std::to_string(send_counts.size()) + " and " +
+                                  std::to_string(recv_counts.size()));
+    // [send counts | send displacements | receive counts | receive displacements]
+    auto counts = std::make_shared<std::vector<int>>(4 * n);
+    std::vector<int>& c = *counts;
+    size_t sent = 0, received = 0;
+    for (size_t j = 0; j < n; ++j) {
+      c[j] = checked_count(static_cast<size_t>(send_counts[j]), "alltoallv send");
+      c[n + j] = checked_count(sent, "alltoallv send offset");
+      c[2 * n + j] = checked_count(static_cast<size_t>(recv_counts[j]), "alltoallv receive");
+      c[3 * n + j] = checked_count(received, "alltoallv receive offset");
+      sent += static_cast<size_t>(send_counts[j]), received += static_cast<size_t>(recv_counts[j]);
+    }
+    return post(coll_info(OpKind::OP_ALLTOALL, received * sizeof(float)), [&](MPI_Request* r) {
+      return MPI_Ialltoallv(in, c.data(), c.data() + n, MPI_FLOAT, out, c.data() + 2 * n, c.data() + 3 * n,
+                            MPI_FLOAT, comm_, r);
+    }, counts);
+  }
+
   Request iallreduce_double(double* buf, size_t n) override {
     int count = checked_count(n, "allreduce_double");
     return post(coll_info(OpKind::OP_ALLREDUCE, n * sizeof(double)), [&](MPI_Request* r) {
@@ -505,9 +530,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Starts an operation through `start`, then hands it to the engine (if any).
-  Request post(OpInfo info, const std::function<int(MPI_Request*)>& start) {
+  // `counts`: arrays `start` hands MPI, kept alive until the operation completes (alltoallv's).
+  Request post(OpInfo info, const std::function<int(MPI_Request*)>& start,
+               std::shared_ptr<const std::vector<int>> counts = nullptr) {
     auto op = std::make_shared<OpState>();
     op->info = std::move(info);
+    op->counts = std::move(counts);
     int rc = start(&op->req);
     if (rc != MPI_SUCCESS)
       throw CommError("piper comm: MPI error on " + where() + " starting " + op->info.describe() + ": " +

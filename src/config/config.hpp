@@ -30,6 +30,11 @@ struct ModelConfig {
   int64_t d_conv = 4;                // K (mamba2 conv width)
   double rope_theta = 10000.0;
   int64_t ssd_chunk = 32;            // chunk length of the SSD scan (speed only, not numerics)
+  // MoE blocks ('E'); a pattern with E needs the first three (0: not given).
+  int64_t n_experts = 0;             // E
+  int64_t top_k = 0;                 // K experts per token, <= n_experts
+  int64_t moe_ffn_hidden = 0;        // F of each expert
+  double moe_aux_coef = 0.01;        // weight of the sequence-wise balance loss
 
   int64_t n_blocks() const { return static_cast<int64_t>(pattern.size()); }
   int64_t attn_head_dim() const { return d_model / n_heads; }       // hd
@@ -86,6 +91,7 @@ struct ParallelConfig {
   int64_t dp = 1;
   int64_t tp = 1;
   int64_t pp = 1;
+  int64_t ep = 1;                   // expert parallelism, carved out of dp (ep divides dp)
   int64_t zero = 0;                 // 0..3
   std::string schedule = "1f1b";    // a pipeline schedule of ir::schedule_names() (docs/schedules.md)
   int64_t microbatches = 1;         // split of the per-replica batch (gradient accumulation)
@@ -161,7 +167,7 @@ struct Directive {
   std::optional<int64_t> dp;                                // replicate
   std::optional<bool> shard_optimizer, shard_grads, shard_params;  // replicate: ZeRO 1, 2, 3
   std::optional<double> bucket_mb;                          // replicate
-  std::optional<int64_t> tp;                                // shard
+  std::optional<int64_t> tp, ep;                            // shard
   std::optional<std::string> schedule;                      // order: a named schedule
   std::optional<bool> pairs;                                // order: the named schedule's F&B pairs interleave
   std::optional<std::vector<std::vector<OrderOp>>> ranks;   // order: ops of pipeline rank 0, 1, ...

@@ -359,6 +359,7 @@ bool Reader::read_directive_key(Directive& d, const std::string& name, const YAM
   else if (name == "virtual_stages") err = read_int(v, d.virtual_stages);
   else if (name == "dp") err = read_int(v, d.dp);
   else if (name == "tp") err = read_int(v, d.tp);
+  else if (name == "ep") err = read_int(v, d.ep);
   else if (name == "shard_optimizer") err = read_bool(v, d.shard_optimizer);
   else if (name == "shard_grads") err = read_bool(v, d.shard_grads);
   else if (name == "shard_params") err = read_bool(v, d.shard_params);

@@ -17,7 +17,7 @@ const std::vector<DirectiveSpec>& directive_specs() {
       {DirectiveKind::PLACE, "place", {"pp", "virtual_stages", "stage_of_unit", "stages", "ranks"}, {}},
       {DirectiveKind::REPLICATE, "replicate", {"dp", "shard_optimizer", "shard_grads", "shard_params", "bucket_mb"},
        units},
-      {DirectiveKind::SHARD, "shard", {"tp"}, {}},
+      {DirectiveKind::SHARD, "shard", {"tp", "ep"}, {}},
       {DirectiveKind::ORDER, "order", {"schedule", "pairs", "ranks"}, {}},
       {DirectiveKind::GRID, "grid", {"order"}, {}},
       {DirectiveKind::RECOMPUTE, "recompute", {"mode"}, units},
@@ -31,7 +31,7 @@ const std::vector<std::string>& filter_keys() {
 }
 
 const std::vector<std::string>& degree_keys() {
-  static const std::vector<std::string> keys = {"dp", "tp", "pp", "virtual_stages", "microbatches", "bucket_mb",
+  static const std::vector<std::string> keys = {"dp", "tp", "ep", "pp", "virtual_stages", "microbatches", "bucket_mb",
                                                 "schedule"};
   return keys;
 }
@@ -111,6 +111,7 @@ std::string emit_directive(const Directive& d) {
   b("shard_params", d.shard_params);
   if (d.bucket_mb) kv.push_back("bucket_mb: " + format_double(*d.bucket_mb));
   i("tp", d.tp);
+  i("ep", d.ep);
   str("schedule", d.schedule);
   b("pairs", d.pairs);
   if (d.ranks) {
@@ -186,7 +187,10 @@ Applied apply_directives(const Config& c) {
           from("parallel.zero", base + ".zero", base + "." + key);
         }
         break;
-      case DirectiveKind::SHARD: take(d.tp, p.tp, "tp", "tp"); break;
+      case DirectiveKind::SHARD:
+        take(d.tp, p.tp, "tp", "tp");
+        take(d.ep, p.ep, "ep", "ep");
+        break;
       case DirectiveKind::ORDER:
         if (d.schedule) a.order_from = -1;
         take(d.schedule, p.schedule, "schedule", "schedule");

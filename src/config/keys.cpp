@@ -18,7 +18,7 @@ namespace detail {
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
-      PIPER_FIELD(model, pattern, "one symbol per block: M mamba2, * attention, - mlp"),
+      PIPER_FIELD(model, pattern, "one symbol per block: M mamba2, * attention, - mlp, E moe"),
       PIPER_FIELD(model, vocab_size, "V"),
       PIPER_FIELD(model, d_model, "D"),
       PIPER_FIELD(model, n_heads, "attention heads H"),
@@ -31,6 +31,10 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(model, d_conv, "Mamba-2 conv width K"),
       PIPER_FIELD(model, rope_theta, "RoPE base"),
       PIPER_FIELD(model, ssd_chunk, "SSD scan chunk length (speed only)"),
+      PIPER_FIELD(model, n_experts, "MoE experts E per block"),
+      PIPER_FIELD(model, top_k, "MoE experts per token K, <= n_experts"),
+      PIPER_FIELD(model, moe_ffn_hidden, "MoE expert hidden size F"),
+      PIPER_FIELD(model, moe_aux_coef, "weight of the MoE sequence-wise balance loss"),
       PIPER_FIELD(train, steps, "optimiser steps"),
       PIPER_FIELD(train, global_batch, "sequences per step, all ranks and microbatches"),
       PIPER_FIELD(train, seq_len, "tokens per sequence T"),
@@ -57,6 +61,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(parallel, dp, "data-parallel replicas"),
       PIPER_FIELD(parallel, tp, "tensor-parallel ranks"),
       PIPER_FIELD(parallel, pp, "pipeline stages"),
+      PIPER_FIELD(parallel, ep, "expert-parallel ranks, carved out of dp (ep divides dp)"),
       PIPER_FIELD(parallel, zero, "ZeRO stage 0..3"),
       PIPER_FIELD(parallel, schedule, "gpipe | 1f1b | interleaved | zbh1 | dualpipev"),
       PIPER_FIELD(parallel, microbatches, "microbatches per replica and step"),

@@ -93,7 +93,7 @@ std::string divisors_hint(int64_t n, int64_t v) {
 }
 
 bool pattern_ok(const std::string& pattern) {
-  return !pattern.empty() && pattern.find_first_not_of("M*-") == std::string::npos;
+  return !pattern.empty() && pattern.find_first_not_of("M*-E") == std::string::npos;
 }
 
 // Upper bounds of the sizes (docs/config.md, "Bounds"): far above any model
@@ -103,7 +103,7 @@ bool pattern_ok(const std::string& pattern) {
 constexpr int64_t kMaxVocab = 2147483647;            // 2^31 - 1: token ids are 32-bit
 constexpr int64_t kMaxWidth = int64_t{1} << 20;      // d_model
 constexpr int64_t kMaxFfn = int64_t{1} << 24;        // ffn_hidden
-constexpr int64_t kMaxSmall = int64_t{1} << 16;      // heads, groups
+constexpr int64_t kMaxSmall = int64_t{1} << 16;      // heads, groups, experts
 constexpr int64_t kMaxState = 4096;                  // d_state, head_dim: a P x N state per Mamba-2 head
 constexpr int64_t kMaxExpand = 1024;
 constexpr int64_t kMaxConv = 1024;
@@ -123,6 +123,34 @@ constexpr int64_t kMaxVirtualStages = 4096;
 constexpr int64_t kMaxUnitPasses = int64_t{1} << 20;  // (blocks + 2) x microbatches
 constexpr double kMaxBucketMb = 1048576.0;           // 1 TiB
 constexpr double kMaxCommTimeout = 1e9;              // seconds (~31 years): fits a nanosecond clock
+
+// The MoE keys, when the pattern has an E block: given, in bounds, top_k <= n_experts.
+bool check_moe(const ModelConfig& m, Checker& ck) {
+  const size_t first = m.pattern.find('E');
+  ck.real("model.moe_aux_coef", m.moe_aux_coef, 0, false, HUGE_VAL, false, ">= 0 (0 = no balance loss; typical 0.01)");
+  if (first == std::string::npos) return true;
+  const std::string why = "the pattern \"" + m.pattern + "\" has MoE blocks (block " + std::to_string(first) + " is E)";
+  bool ok = true;
+  const std::tuple<const char*, int64_t, int64_t, const char*, const char*> keys[] = {
+      {"model.n_experts", m.n_experts, kMaxSmall, "2^16 experts per block", "8"},
+      {"model.top_k", m.top_k, kMaxSmall, "2^16 experts per token", "2"},
+      {"model.moe_ffn_hidden", m.moe_ffn_hidden, kMaxFfn, "2^24, the largest expert width", "the MLP's ffn_hidden"}};
+  for (auto [key, v, hi, bound, example] : keys) {
+    if (v == 0) {
+      ck.fail(ck.head("model.pattern", key) + ": not given; " + why + ", which need it: set " + key + " (e.g. " +
+              example + ")");
+      ok = false;
+      continue;
+    }
+    ok &= ck.within(key, v, 1, hi, bound);
+  }
+  if (ok && m.top_k > m.n_experts) {
+    ck.fail(ck.head("model.top_k") + ": " + std::to_string(m.top_k) + " experts per token, but " +
+            ck.ref("model.n_experts") + " is " + std::to_string(m.n_experts) + "; use top_k <= n_experts");
+    ok = false;
+  }
+  return ok;
+}
 
 void check_model(const ModelConfig& m, Checker& ck) {
   bool sizes_ok = true;
@@ -148,22 +176,18 @@ void check_model(const ModelConfig& m, Checker& ck) {
     sizes_ok = false;
   }
 
-  const std::string symbols = "M (Mamba-2), * (attention) or - (MLP)";
+  const std::string symbols = "M (Mamba-2), * (attention), - (MLP) or E (MoE)";
   if (m.pattern.empty())
     ck.fail(ck.head("model.pattern") + ": the pattern is empty; it needs one symbol per block: " + symbols);
   for (size_t i = 0; i < m.pattern.size(); ++i) {
     char s = m.pattern[i];
-    if (s == 'E') {
-      ck.fail(ck.head("model.pattern", "model.pattern") + ": MoE blocks ('E') are not supported yet (pattern \"" +
-              m.pattern + "\", block " + std::to_string(i) + "); use " + symbols);
-      break;
-    }
-    if (s != 'M' && s != '*' && s != '-') {
+    if (s != 'M' && s != '*' && s != '-' && s != 'E') {
       ck.fail(ck.head("model.pattern") + ": '" + std::string(1, s) + "' (block " + std::to_string(i) +
               ") is not a block symbol; use " + symbols);
       break;
     }
   }
+  sizes_ok &= check_moe(m, ck);
   if (!sizes_ok) return;
 
   // Weight matrices, in checked arithmetic (the sizes above keep d_inner, the
@@ -174,6 +198,12 @@ void check_model(const ModelConfig& m, Checker& ck) {
   if (m.pattern.find('-') != std::string::npos)
     sizes_ok &= ck.product_within("model.ffn_hidden", {"model.d_model"}, "the MLP gate/up matrix",
                                   {{"ffn_hidden", m.ffn_hidden}, {"d_model", m.d_model}}, kMaxMatrix, kMaxMatrixText);
+  if (m.pattern.find('E') != std::string::npos)
+    sizes_ok &= ck.product_within("model.n_experts", {"model.moe_ffn_hidden", "model.d_model"},
+                                  "the stacked expert gate/up tensor",
+                                  {{"n_experts", m.n_experts}, {"moe_ffn_hidden", m.moe_ffn_hidden},
+                                   {"d_model", m.d_model}},
+                                  kMaxMatrix, kMaxMatrixText);
   if (mamba)
     sizes_ok &= ck.product_within(
         "model.d_model", {"model.expand", "model.n_groups", "model.d_state", "model.head_dim"},
@@ -241,6 +271,26 @@ void check_train(const TrainConfig& t, Checker& ck) {
   ck.within("train.threads", t.threads, 0, kMaxThreads, "OpenMP threads per rank");
 }
 
+// ep: carved out of dp (it divides dp), and whole experts per ep rank; only for a model with MoE blocks.
+void check_expert_parallel(const Config& c, Checker& ck) {
+  const ParallelConfig& p = c.parallel;
+  const ModelConfig& m = c.model;
+  if (p.ep == 1) return;
+  if (m.pattern.find('E') == std::string::npos) {
+    ck.fail(ck.head("parallel.ep") + ": " + std::to_string(p.ep) + " expert-parallel ranks, but the pattern \"" +
+            m.pattern + "\" has no MoE block (E) whose experts they would split; use ep 1 or add E blocks");
+    return;
+  }
+  if (p.dp % p.ep != 0)
+    ck.fail(ck.head("parallel.ep") + ": " + std::to_string(p.ep) + " does not divide " + ck.ref("parallel.dp") +
+            " = " + std::to_string(p.dp) + "; expert parallelism is carved out of the data-parallel ranks (groups of ep "
+            "consecutive dp ranks): use ep " + divisors_hint(p.dp, p.ep) + ", or dp " + multiples_hint(p.dp, p.ep));
+  if (m.n_experts > 0 && m.n_experts % p.ep != 0)
+    ck.fail(ck.head("parallel.ep") + ": " + ck.ref("model.n_experts") + " = " + std::to_string(m.n_experts) +
+            " does not split into " + std::to_string(p.ep) + " equal groups of whole experts; use ep " +
+            divisors_hint(m.n_experts, p.ep));
+}
+
 void check_parallel(const Applied& a, int world_size, Checker& ck) {
   const Config& c = a.cfg;
   const ParallelConfig& p = c.parallel;
@@ -248,6 +298,7 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
   bool dims_ok = ck.within("parallel.dp", p.dp, 1, kMaxRanks, ranks_why);
   dims_ok &= ck.within("parallel.tp", p.tp, 1, kMaxRanks, ranks_why);
   dims_ok &= ck.within("parallel.pp", p.pp, 1, kMaxRanks, ranks_why);
+  dims_ok &= ck.within("parallel.ep", p.ep, 1, kMaxRanks, ranks_why);
   bool mb_ok = ck.within("parallel.microbatches", p.microbatches, 1, kMaxMicrobatches, "2^16 microbatches per step");
   ck.within("parallel.virtual_stages", p.virtual_stages, 1, kMaxVirtualStages, "model chunks per rank");
   bool zero_ok = p.zero >= 0 && p.zero <= 3;
@@ -280,6 +331,7 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
             " so that their product is " + std::to_string(world_size));
   }
 
+  if (dims_ok) check_expert_parallel(c, ck);
   if (dims_ok && p.tp > 1) {
     // Megatron's rules: whole heads, kv heads, groups and vocabulary rows per tp rank.
     const ModelConfig& m = c.model;
@@ -293,6 +345,9 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
     if (attn) need("the attention heads", m.n_heads, "model.n_heads");
     if (attn) need("the key/value heads", m.n_kv_heads, "model.n_kv_heads");
     if (m.pattern.find('-') != std::string::npos) need("the MLP hidden size", m.ffn_hidden, "model.ffn_hidden");
+    // Experts are tensor-parallel inside (each expert's hidden size split over tp, as the MLP's).
+    if (m.pattern.find('E') != std::string::npos && m.moe_ffn_hidden > 0)
+      need("the expert hidden size (experts are split over tp inside)", m.moe_ffn_hidden, "model.moe_ffn_hidden");
     if (mamba && m.head_dim > 0) need("the Mamba-2 heads", m.mamba_heads(), "d_inner / head_dim");
     if (mamba) need("the Mamba-2 groups", m.n_groups, "model.n_groups");
   }

@@ -105,26 +105,24 @@ struct Builder {
     return grid.rank_of(coords);
   }
 
-  int64_t d_model() const { return strategy.activation_bytes / std::max<int64_t>(1, 4 * strategy.microbatch_rows); }
-
-  // A collective over the unit's tp group at communication point k of a pass.
-  Node tp_collective(const CommPoint& point, const Node& segment, int k) const {
+  // A collective over the unit's tp or ep group at communication point k of a pass.
+  Node unit_collective(const CommPoint& point, const Node& segment, int k) const {
     Node n = segment;
     n.kind = point.kind;
     n.tags.segment = k;
     n.stream = Stream::STREAM_COMM;
-    n.group = GroupDim::GROUP_TP;
+    n.group = point.group;
     n.payload = Payload::PAYLOAD_UNIT;
     // As every collective node: the whole buffer each member holds afterwards.
-    n.bytes = point.floats_per_row * strategy.microbatch_rows * 4 *
+    n.bytes = (point.floats_per_row * strategy.microbatch_rows + point.floats_fixed) * 4 *
               (point.kind == NodeKind::ALLGATHER ? strategy.shard.tp : 1);
     return n;
   }
 
   // One unit pass: its segments chained through the collectives between them.
   PassNodes add_pass(NodeKind kind, Pass pass, int u, int mb) {
-    const PassShape shape =
-        pass_shape(model.units[static_cast<size_t>(u)].kind, kind, strategy.shard.tp, d_model());
+    const PassShape shape = pass_shape(model.units[static_cast<size_t>(u)].kind, kind,
+                                       pass_dims(model, strategy.shard.tp, strategy.shard.ep));
     PassNodes p;
     for (int k = 0; k < shape.segments; ++k) {
       Node seg = compute_node(kind, pass, u, mb);
@@ -134,7 +132,7 @@ struct Builder {
       p.segments.push_back(c);
       p.out = c;
       if (static_cast<size_t>(k) < shape.points.size()) {
-        const int x = g.add_node(tp_collective(shape.points[static_cast<size_t>(k)], seg, k));
+        const int x = g.add_node(unit_collective(shape.points[static_cast<size_t>(k)], seg, k));
         g.add_edge(c, x, EdgeKind::EDGE_DATA);
         p.out = x;
       }
@@ -183,6 +181,9 @@ struct Builder {
       if (mode != Recompute::RECOMPUTE_NONE && us.block < 0)
         throw BuildError("recompute: unit " + unit_description(us) + " has recompute " + recompute_name(mode) +
                          ", but the embedding and the head are never recomputed; give it none");
+      if (mode != Recompute::RECOMPUTE_NONE && us.kind == UnitKind::UNIT_MOE)
+        throw BuildError("recompute: unit " + unit_description(us) + " is an MoE block, which is never recomputed " +
+                         "(its forward dispatches tokens over the ep group); give it none");
       if (mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(us.kind))
         throw BuildError("recompute: unit " + unit_description(us) +
                          " is selectively recomputed, but its mixer has no inner activations; use full or none");

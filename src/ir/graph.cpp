@@ -104,6 +104,7 @@ const char* group_name(GroupDim g) {
     case GroupDim::GROUP_DP: return "dp";
     case GroupDim::GROUP_TP: return "tp";
     case GroupDim::GROUP_WORLD: return "world";
+    case GroupDim::GROUP_EP: return "ep";
   }
   return "?";
 }

@@ -73,8 +73,9 @@ enum class Payload : uint8_t {
 
 // The process-group dimension a collective runs over, within each group of
 // the rank grid that the node's devices contain.
-enum class GroupDim : uint8_t { GROUP_NONE, GROUP_DP, GROUP_TP, GROUP_WORLD };
-const char* group_name(GroupDim g);  // "", "dp", "tp", "world"
+// GROUP_EP: the ep group (ParallelDims), an MoE block's dispatch and combine.
+enum class GroupDim : uint8_t { GROUP_NONE, GROUP_DP, GROUP_TP, GROUP_WORLD, GROUP_EP };
+const char* group_name(GroupDim g);  // "", "dp", "tp", "world", "ep"
 
 struct Node {
   int id = -1;

@@ -76,6 +76,12 @@ ParamSpec split(ParamSpec p, int dim, std::vector<int64_t> parts = {}) {
   return p;
 }
 
+// Stacked experts [E, ...]: whole experts over ep, and each expert's matrix split over tp at `tp_dim`.
+ParamSpec experts(std::string name, std::vector<int64_t> shape, double std_dev, int tp_dim) {
+  return {std::move(name), std::move(shape), true, InitKind::INIT_NORMAL, std_dev,
+          {{0, Axis::EP, {}}, {tp_dim, Axis::TP, {}}}};
+}
+
 }  // namespace
 
 ModelGraph make_model_graph(const config::ModelConfig& m) {
@@ -83,6 +89,8 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
   // Residual-output projections are scaled down by depth (GPT-2 / Megatron).
   const double out_std = kInitStd / std::sqrt(2.0 * static_cast<double>(m.n_blocks()));
   ModelGraph g;
+  g.d_model = D;
+  if (m.pattern.find('E') != std::string::npos) g.n_experts = m.n_experts, g.top_k = m.top_k;
   g.units.push_back({0, UnitKind::UNIT_EMBED, -1, "embed", {split(matrix("embed.weight", V, D, kInitStd), 0)}});
   for (int i = 0; i < m.n_blocks(); ++i) {
     const std::string pre = "layers." + std::to_string(i) + ".";
@@ -127,10 +135,20 @@ ModelGraph make_model_graph(const config::ModelConfig& m) {
         u.params.push_back(split(matrix(mix + "down_proj.weight", D, m.ffn_hidden, out_std), 1));
         break;
       }
+      case 'E': {
+        // The router is replicated (every rank routes its own tokens); experts go whole to ep ranks.
+        const int64_t E = m.n_experts, F = m.moe_ffn_hidden;
+        u.kind = UnitKind::UNIT_MOE;
+        u.params.push_back(matrix(mix + "router.weight", E, D, kInitStd));
+        u.params.push_back(experts(mix + "experts.gate_proj", {E, F, D}, kInitStd, 1));
+        u.params.push_back(experts(mix + "experts.up_proj", {E, F, D}, kInitStd, 1));
+        u.params.push_back(experts(mix + "experts.down_proj", {E, D, F}, out_std, 2));
+        break;
+      }
       default:
         throw std::invalid_argument("model.pattern: block " + std::to_string(i) + " is '" +
                                     m.pattern[static_cast<size_t>(i)] +
-                                    "', which this build cannot construct (M, * and - are supported)");
+                                    "', which this build cannot construct (M, *, - and E are supported)");
     }
     g.units.push_back(std::move(u));
   }

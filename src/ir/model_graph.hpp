@@ -89,12 +89,34 @@ struct FlatShard {
 };
 FlatShard flat_shard(int64_t numel, int dp, int dp_rank);
 
+// A unit's flat local buffer in parts: each run of consecutive parameters that
+// the same data-parallel ranks hold. A dense parameter is held by all dp ranks;
+// an expert parameter (split along ep) by the dp / ep ranks of its
+// expert-data-parallel group (ParallelDims::expert_data_group), which hold
+// the same experts. Each part is padded and ZeRO-sharded over its own group:
+// the unit's full buffer is the parts' padded buffers one after the other, its
+// shard buffer their shards one after the other. A unit without experts is one
+// part, its buffer as flat_shard gives it.
+struct FlatPart {
+  size_t first = 0, count = 0;  // its parameters, spec order
+  int64_t numel = 0;            // local elements of those parameters
+  bool experts = false;         // replicated over the expert-data-parallel group, not all of dp
+  FlatShard zero;               // this rank's ZeRO shard of the part's padded buffer
+  int64_t full_offset = 0;      // where the part starts in the unit's full buffer
+  int64_t shard_offset = 0;     // where its shard starts in the unit's shard buffer
+};
+// `at`: the rank's coordinates (at.dp, with n.ep, places it in both groups).
+std::vector<FlatPart> flat_parts(const UnitSpec& unit, const Degrees& n, const Coords& at);
+// The part's replica group: its size and this rank's place in it.
+int replica_degree(bool experts, const Degrees& n);
+int replica_coord(bool experts, const Degrees& n, const Coords& at);
+
 enum class UnitKind : uint8_t {
   UNIT_EMBED,      // token embedding
   UNIT_MAMBA,      // 'M'
   UNIT_ATTENTION,  // '*'
   UNIT_MLP,        // '-'
-  UNIT_MOE,        // 'E' (not built yet)
+  UNIT_MOE,        // 'E'  
   UNIT_HEAD,       // final norm + lm_head + cross-entropy
 };
 
@@ -110,6 +132,9 @@ struct UnitSpec {
 
 struct ModelGraph {
   std::vector<UnitSpec> units;
+  // What the passes of a unit communicate depends on (ir::pass_shape).
+  int64_t d_model = 0;
+  int64_t top_k = 0, n_experts = 0;  // 0 without MoE blocks
   int64_t param_count() const;
 };
 

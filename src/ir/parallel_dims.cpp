@@ -33,7 +33,6 @@ std::vector<Axis> parse_order(const std::string& order) {
 const char* missing_capability(Axis a) {
   switch (a) {
     case Axis::CP: return "context parallelism (a sequence split over ranks)";
-    case Axis::EP: return "expert parallelism (mixture-of-experts blocks)";
     default: return "";
   }
 }
@@ -48,9 +47,21 @@ ParallelDims::ParallelDims(int world_size, const std::string& order, const Degre
     if (degrees[a] < 1)
       throw std::invalid_argument(std::string("rank grid: ") + axis_name(a) + " size must be >= 1, got " +
                                   std::to_string(degrees[a]));
-  const std::vector<Axis> axes = parse_order(order);
+  std::vector<Axis> axes = parse_order(order);
+  // ep is carved out of dp: an order may name it only right before dp (as Megatron's "tp-cp-ep-dp-pp" does).
+  if (auto e = std::find(axes.begin(), axes.end(), Axis::EP); e != axes.end()) {
+    if (e + 1 == axes.end() || *(e + 1) != Axis::DP)
+      throw std::invalid_argument("rank grid order '" + order +
+                                  "' puts ep elsewhere than right before dp; expert parallelism is carved out of dp "
+                                  "(its groups are ep consecutive data-parallel ranks): write ep-dp, or leave ep out");
+    axes.erase(e);
+  }
+  if (degrees.dp % degrees.ep != 0)
+    throw std::invalid_argument("ep = " + std::to_string(degrees.ep) + " does not divide dp = " +
+                                std::to_string(degrees.dp) + ": expert parallelism splits the data-parallel ranks " +
+                                "into groups of ep; use an ep that divides dp");
   for (Axis a : kAxes)
-    if (degrees[a] > 1 && std::find(axes.begin(), axes.end(), a) == axes.end())
+    if (a != Axis::EP && degrees[a] > 1 && std::find(axes.begin(), axes.end(), a) == axes.end())
       throw std::invalid_argument("rank grid order '" + order + "' does not name " + axis_name(a) +
                                   ", whose size is " + std::to_string(degrees[a]) + "; add it, e.g. tp-cp-ep-dp-pp");
   for (Axis a : kAxes)
@@ -69,6 +80,61 @@ ParallelDims::ParallelDims(int world_size, const std::string& order, const Degre
     throw std::invalid_argument("world size " + std::to_string(world_size) + " != " + factors + " = " +
                                 (product ? std::to_string(*product) : std::string("more than 2^63")));
   grid_ = RankGrid(axes, degrees);
+}
+
+}  // namespace piper::ir
+
+namespace piper::ir {
+
+int ParallelDims::coord(int rank, Axis a) const {
+  if (a == Axis::EP) return grid_.coord(rank, Axis::DP) % degrees_.ep;
+  return grid_.coord(rank, a);
+}
+
+int ParallelDims::rank_of(const Coords& c) const {
+  Coords grid = c;
+  grid.ep = 0;  // derived from dp, not an axis of the grid
+  return grid_.rank_of(grid);
+}
+
+Coords ParallelDims::coords(int rank) const {
+  Coords c = grid_.coords(rank);
+  c.ep = c.dp % degrees_.ep;
+  return c;
+}
+
+std::vector<int> ParallelDims::group(int rank, Axis a) const {
+  if (a != Axis::EP) return grid_.group(rank, a);
+  Coords c = grid_.coords(rank);
+  const int first = c.dp - c.dp % degrees_.ep;
+  std::vector<int> g;
+  for (int i = 0; i < degrees_.ep; ++i) {
+    c.dp = first + i;
+    g.push_back(grid_.rank_of(c));
+  }
+  std::sort(g.begin(), g.end());
+  return g;
+}
+
+std::vector<int> ParallelDims::expert_data_group(int rank) const {
+  Coords c = grid_.coords(rank);
+  const int ep = c.dp % degrees_.ep;
+  std::vector<int> g;
+  for (int i = 0; i < expert_data_degree(); ++i) {
+    c.dp = i * degrees_.ep + ep;
+    g.push_back(grid_.rank_of(c));
+  }
+  std::sort(g.begin(), g.end());
+  return g;
+}
+
+std::vector<std::vector<int>> ParallelDims::groups(Axis a) const {
+  if (a != Axis::EP) return grid_.groups(a);
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < world_; ++r)
+    if (coord(r, Axis::EP) == 0) out.push_back(group(r, a));
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace piper::ir

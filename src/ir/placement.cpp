@@ -175,12 +175,15 @@ std::vector<Recompute> resolve_recompute(const ModelGraph& model, const config::
   const size_t n_units = model.units.size(), before = errors.size();
   const config::Positions& at = e.positions;
   std::vector<Recompute> out(n_units, Recompute::RECOMPUTE_NONE);
-  // A mode over the blocks `chosen` selects: selective only where a mixer has inner activations.
+  // A mode over the blocks `chosen` selects: selective only where a mixer has inner activations,
+  // and never an MoE block (its forward would dispatch its tokens again).
   auto apply = [&](Recompute mode, const std::vector<size_t>& chosen) {
-    for (size_t u : chosen)
-      out[u] = mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(model.units[u].kind)
+    for (size_t u : chosen) {
+      const UnitKind k = model.units[u].kind;
+      out[u] = k == UnitKind::UNIT_MOE || (mode == Recompute::RECOMPUTE_SELECTIVE && !has_inner_activations(k))
                    ? Recompute::RECOMPUTE_NONE
                    : mode;
+    }
   };
   std::vector<size_t> blocks;
   for (size_t u = 0; u < n_units; ++u)

@@ -151,6 +151,27 @@ bool zero_shards(int zero, ZeroState s) {
   return false;
 }
 
+int replica_degree(bool experts, const Degrees& n) { return experts ? n.dp / n.ep : n.dp; }
+int replica_coord(bool experts, const Degrees& n, const Coords& at) { return experts ? at.dp / n.ep : at.dp; }
+
+std::vector<FlatPart> flat_parts(const UnitSpec& unit, const Degrees& n, const Coords& at) {
+  std::vector<FlatPart> parts;
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const bool experts = split_along(unit.params[i], Axis::EP);
+    if (parts.empty() || parts.back().experts != experts) parts.push_back({i, 0, 0, experts, {}, 0, 0});
+    ++parts.back().count;
+    parts.back().numel += local_numel(unit.params[i], n);
+  }
+  if (parts.empty()) parts.push_back({});
+  int64_t full = 0, shard = 0;
+  for (FlatPart& p : parts) {
+    p.zero = flat_shard(p.numel, replica_degree(p.experts, n), replica_coord(p.experts, n, at));
+    p.full_offset = full, p.shard_offset = shard;
+    full += p.zero.padded, shard += p.zero.len;
+  }
+  return parts;
+}
+
 FlatShard flat_shard(int64_t numel, int dp, int dp_rank) {
   const int64_t n = std::max(1, dp);
   const int64_t len = (numel + n - 1) / n;

@@ -127,6 +127,7 @@ Strategy expand(const config::Config& cfg, int world_size) {
   // printed for the plan (bucket_mb: 0) would be refused.
   s.replicate.bucket_bytes = std::max<int64_t>(1, std::llround(p.bucket_mb * (1 << 20)));
   s.shard.tp = static_cast<int>(p.tp);
+  s.shard.ep = static_cast<int>(p.ep);
   if (custom) {
     for (const auto& rank : e.order_ranks) {
       std::vector<PipeOp>& ops = s.order.custom.emplace_back();
@@ -323,7 +324,7 @@ std::string directives_yaml(const Strategy& s, const ModelGraph& model) {
   for (int zero = 0; zero <= 3; ++zero)
     if (zero != zero_all && std::count(s.replicate.zero_of_unit.begin(), s.replicate.zero_of_unit.end(), zero) > 0)
       o << "  - replicate: {" << zero_keys(zero) << ", " << units_with(names, s.replicate.zero_of_unit, zero) << "}\n";
-  o << "  - shard: {tp: " << s.shard.tp << "}\n";
+  o << "  - shard: {tp: " << s.shard.tp << ", ep: " << s.shard.ep << "}\n";
   // The order op by op, one rank per line, like the schedule tables of docs/schedules.md.
   o << "  - order:";
   if (s.order.custom.empty())

@@ -47,9 +47,11 @@ struct ReplicateDirective {
   bool operator==(const ReplicateDirective&) const = default;
 };
 
-// shard: tensor parallelism over `tp` ranks (Megatron style).
+// shard: tensor parallelism over `tp` ranks (Megatron style), and the experts of
+// MoE blocks over `ep` ranks carved out of the data-parallel ones (ParallelDims).
 struct ShardDirective {
   int tp = 1;
+  int ep = 1;
   bool operator==(const ShardDirective&) const = default;
 };
 
@@ -96,7 +98,7 @@ struct Strategy {
   // The degrees and the rank grid of these directives; throws
   // std::invalid_argument when they do not form one (ParallelDims).
   ParallelDims dims() const {
-    return ParallelDims(world_size, grid_order, {.tp = shard.tp, .dp = replicate.dp, .pp = place.pp});
+    return ParallelDims(world_size, grid_order, {.tp = shard.tp, .ep = shard.ep, .dp = replicate.dp, .pp = place.pp});
   }
 };
 

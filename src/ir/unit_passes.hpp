@@ -15,10 +15,24 @@
 
 namespace piper::ir {
 
-// A collective between two segments of a pass, over the unit's tp group.
+// A collective between two segments of a pass, over the unit's tp group or
+// (an MoE block's dispatch and combine) its ep group.
 struct CommPoint {
-  NodeKind kind = NodeKind::ALLREDUCE;  // ALLREDUCE (sum, in place) or ALLGATHER
-  int64_t floats_per_row = 0;           // what each rank contributes, per microbatch row
+  NodeKind kind = NodeKind::ALLREDUCE;  // ALLREDUCE (sum, in place), ALLGATHER or ALLTOALL
+  GroupDim group = GroupDim::GROUP_TP;  // GROUP_TP or GROUP_EP
+  // What each rank contributes: per microbatch row, plus a fixed part. An
+  // all-to-all's sizes follow the routing; these are its balanced-routing
+  // sizes (each token's top_k rows spread evenly over the experts), what the
+  // simulator predicts with.
+  int64_t floats_per_row = 0;
+  int64_t floats_fixed = 0;
+};
+
+// What the points of a pass depend on.
+struct PassDims {
+  int tp = 1, ep = 1;
+  int64_t d_model = 0;
+  int64_t top_k = 0, n_experts = 0;  // MoE blocks
 };
 
 // A pass (FWD, BWD_I, BWD_W or BWD) of one unit kind: `segments` compute
@@ -30,8 +44,8 @@ struct PassShape {
   bool ends_with_point() const { return static_cast<int>(points.size()) == segments; }
 };
 
-// The shape of `pass` of a unit of `kind` at tensor-parallel degree `tp`
-// (d_model: the activation width). tp 1: one segment, no points.
-PassShape pass_shape(UnitKind kind, NodeKind pass, int tp, int64_t d_model);
+// The shape of `pass` of a unit of `kind`. tp 1 (and ep 1): one segment, no points.
+PassShape pass_shape(UnitKind kind, NodeKind pass, const PassDims& d);
+PassDims pass_dims(const ModelGraph& model, int tp, int ep);
 
 }  // namespace piper::ir

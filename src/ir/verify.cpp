@@ -266,7 +266,6 @@ std::string ranks_of(const std::vector<int>& ranks) {
 
 // The collectives of each group in the order every member issues them, checked against its first member's.
 void check_collective_order(const WorldPlay& w, const Graph& g, const std::vector<std::string>& names) {
-  constexpr GroupDim kDims[] = {GroupDim::GROUP_DP, GroupDim::GROUP_TP, GroupDim::GROUP_WORLD};
   auto sequence = [&](int r, GroupDim d) {
     std::vector<int> seq;
     for (const Instr& c : w.program(r).comm)
@@ -281,7 +280,7 @@ void check_collective_order(const WorldPlay& w, const Graph& g, const std::vecto
     return it == seq.end() ? std::string("never issues it")
                            : "issues it at position " + std::to_string(it - seq.begin());
   };
-  for (GroupDim d : kDims)
+  for (GroupDim d : kCollectiveGroups)
     for (int r = 0; r < w.world(); ++r) {
       const std::vector<int>& members = w.members(r, d);
       if (members.front() != r) continue;

@@ -8,12 +8,13 @@ namespace piper::ir {
 
 namespace {
 
-// The slot of a collective's group in WorldPlay's tables: dp, tp, world.
+// The slot of a collective's group in WorldPlay's tables: dp, tp, world, ep.
 size_t slot(GroupDim g) {
   switch (g) {
     case GroupDim::GROUP_DP: return 0;
     case GroupDim::GROUP_TP: return 1;
     case GroupDim::GROUP_WORLD: return 2;
+    case GroupDim::GROUP_EP: return 3;
     case GroupDim::GROUP_NONE: break;
   }
   throw std::logic_error("a collective without a group");
@@ -30,6 +31,7 @@ std::vector<int> group_members(const ParallelDims& dims, int rank, GroupDim g) {
   switch (slot(g)) {
     case 0: return dims.group(rank, Axis::DP);
     case 1: return dims.group(rank, Axis::TP);
+    case 3: return dims.group(rank, Axis::EP);
     default: break;
   }
   std::vector<int> all(static_cast<size_t>(dims.world_size()));
@@ -38,12 +40,12 @@ std::vector<int> group_members(const ParallelDims& dims, int rank, GroupDim g) {
 }
 
 WorldPlay::WorldPlay(const std::vector<Program>& programs, const ParallelDims& dims)
-    : programs_(programs), group_of_(3) {
+    : programs_(programs), group_of_(kCollectiveGroups.size()) {
   const int world = static_cast<int>(programs.size());
   if (world != dims.world_size())
     throw std::logic_error(std::to_string(world) + " programs for a world of " + std::to_string(dims.world_size()));
   // Each group once (a group of n ranks is n ints, not n^2): the first member lists it.
-  for (GroupDim g : {GroupDim::GROUP_DP, GroupDim::GROUP_TP, GroupDim::GROUP_WORLD}) {
+  for (GroupDim g : kCollectiveGroups) {
     auto& of = group_of_[slot(g)];
     of.assign(static_cast<size_t>(world), 0);
     for (int r = 0; r < world; ++r) {

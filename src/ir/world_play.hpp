@@ -6,6 +6,7 @@
 // the simulator on a cost model.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -24,6 +25,9 @@ namespace piper::ir {
 // or every rank. The executor's communicators and the simulator's groups are
 // these.
 std::vector<int> group_members(const ParallelDims& dims, int rank, GroupDim g);
+// Every group dimension a collective runs over.
+inline constexpr std::array<GroupDim, 4> kCollectiveGroups = {GroupDim::GROUP_DP, GroupDim::GROUP_TP,
+                                                              GroupDim::GROUP_WORLD, GroupDim::GROUP_EP};
 
 // One side of a communication instruction: a rank and an index into its
 // Program::comm.

@@ -5,7 +5,7 @@ namespace piper::model {
 
 using backend::view;
 
-LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp) {
+LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInfo& ep) {
   const int64_t t = tp.size;
   heads = c.n_heads / t;
   kv_heads = c.n_kv_heads / t;
@@ -17,6 +17,9 @@ LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp) {
   in_proj_rows = 2 * d_inner + 2 * groups * c.d_state + mamba_heads;
   vocab = c.vocab_size / t;
   vocab_offset = vocab * tp.rank;
+  moe_ffn = c.moe_ffn_hidden / t;
+  experts = c.n_experts / ep.size;
+  first_expert = experts * ep.rank;
 }
 
 // tp 1: one segment per pass. tp > 1 (ir::pass_shape): the forward's
@@ -31,12 +34,13 @@ double Block::forward(int k, int slot, const PassArgs& a) {
     be_.rmsnorm_fwd(view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
     mixer_forward(slot, *a.mb, s.xn.data(), a.y);
     saved_[slot] = std::move(s);
+  } else {
+    mixer_forward_segment(k, slot);
   }
-  if (last(ir::NodeKind::FWD, k)) {
-    const int64_t M = saved_.at(slot).rows;
-    be_.add_inplace(view(be_, a.y, {M, D}), view(be_, a.x, {M, D}));  // residual
-  }
-  return 0.0;
+  if (!last(ir::NodeKind::FWD, k)) return 0.0;
+  const int64_t M = saved_.at(slot).rows;
+  be_.add_inplace(view(be_, a.y, {M, D}), view(be_, a.x, {M, D}));  // residual
+  return mixer_loss(slot);
 }
 
 void Block::backward_input(int k, int slot, const PassArgs& a) {
@@ -45,6 +49,8 @@ void Block::backward_input(int k, int slot, const PassArgs& a) {
   if (k == 0) {
     s.dxn = scratch(M * D);
     mixer_backward_input(slot, s.xn.data(), a.dy, s.dxn.data());
+  } else {
+    mixer_backward_segment(k, slot);
   }
   if (last(ir::NodeKind::BWD_I, k)) {
     be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),
@@ -57,7 +63,7 @@ void Block::backward_input(int k, int slot, const PassArgs& a) {
 CommBuffer Block::point(ir::NodeKind pass, int /*k*/, int slot) {
   Saved& s = saved_.at(slot);
   float* buf = pass == ir::NodeKind::FWD ? s.out : s.dxn.data();
-  return {buf, buf, s.rows * cfg_.d_model};
+  return {buf, buf, s.rows * cfg_.d_model, {}, {}};
 }
 
 void Block::weight_grads(int slot, const PassArgs& /*a*/) { mixer_backward_weight(slot, saved_.at(slot).xn.data()); }

@@ -27,7 +27,7 @@ double EmbedUnit::forward(int /*k*/, int slot, const PassArgs& a) {
 
 CommBuffer EmbedUnit::point(ir::NodeKind /*pass*/, int /*k*/, int slot) {
   Saved& s = saved_.at(slot);
-  return {s.out, s.out, static_cast<int64_t>(s.ids.size()) * cfg_.d_model};
+  return {s.out, s.out, static_cast<int64_t>(s.ids.size()) * cfg_.d_model, {}, {}};
 }
 
 void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
@@ -74,9 +74,9 @@ double HeadUnit::forward(int k, int slot, const PassArgs& a) {
 
 CommBuffer HeadUnit::point(ir::NodeKind pass, int k, int slot) {
   Saved& s = saved_.at(slot);
-  if (pass != ir::NodeKind::FWD) return {s.dxn.data(), s.dxn.data(), s.rows * cfg_.d_model};
-  if (k == 0) return {s.local_max.data(), s.all_max.data(), s.rows};
-  return {s.sums.data(), s.sums.data(), s.sums.numel()};
+  if (pass != ir::NodeKind::FWD) return {s.dxn.data(), s.dxn.data(), s.rows * cfg_.d_model, {}, {}};
+  if (k == 0) return {s.local_max.data(), s.all_max.data(), s.rows, {}, {}};
+  return {s.sums.data(), s.sums.data(), s.sums.numel(), {}, {}};
 }
 
 void HeadUnit::backward_input(int k, int slot, const PassArgs& a) {
@@ -146,17 +146,16 @@ const float* HeadUnit::logits(int slot) const {
 }
 
 std::unique_ptr<Unit> make_unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg,
-                                ParamStore& params, backend::Backend& be, TpInfo tp) {
+                                ParamStore& params, backend::Backend& be, TpInfo tp, EpInfo ep) {
   switch (spec.kind) {
     case ir::UnitKind::UNIT_EMBED: return std::make_unique<EmbedUnit>(spec, cfg, params, be, tp);
     case ir::UnitKind::UNIT_HEAD: return std::make_unique<HeadUnit>(spec, cfg, params, be, tp);
     case ir::UnitKind::UNIT_MLP: return std::make_unique<MlpBlock>(spec, cfg, params, be, tp);
     case ir::UnitKind::UNIT_ATTENTION: return std::make_unique<AttentionBlock>(spec, cfg, params, be, tp);
     case ir::UnitKind::UNIT_MAMBA: return std::make_unique<MambaBlock>(spec, cfg, params, be, tp);
-    case ir::UnitKind::UNIT_MOE: break;
+    case ir::UnitKind::UNIT_MOE: return std::make_unique<MoeBlock>(spec, cfg, params, be, tp, ep);
   }
-  throw std::invalid_argument("unit " + spec.name + ": " + ir::unit_kind_name(spec.kind) +
-                              " blocks are not supported in this build");
+  throw std::logic_error("unit " + spec.name + ": unknown unit kind");
 }
 
 }  // namespace piper::model

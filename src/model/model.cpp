@@ -15,12 +15,13 @@ std::vector<int> Model::all_units(const ir::ModelGraph& g, std::vector<int> unit
 }
 
 Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
-             backend::Backend& be, Sharding sharding, comm::Communicator* tp)
+             backend::Backend& be, Sharding sharding, comm::Communicator* tp, comm::Communicator* ep)
     : cfg_(cfg), graph_(graph), be_(be), params_(graph, all_units(graph, units), be, sharding) {
   units_.resize(graph.units.size());
   for (int u : all_units(graph, std::move(units)))
     units_[static_cast<size_t>(u)] = make_unit(graph.units[static_cast<size_t>(u)], cfg_, params_, be,
-                                               {sharding.tp_rank, sharding.tp_size, sharding.tp_size > 1 ? tp : nullptr});
+                                               {sharding.tp_rank, sharding.tp_size, sharding.tp_size > 1 ? tp : nullptr},
+                                               {sharding.ep_rank, sharding.ep_size, sharding.ep_size > 1 ? ep : nullptr});
 }
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
@@ -38,12 +39,12 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
     MicroBatch mb{ctx.data(), nullptr, 1, static_cast<int64_t>(ctx.size()), 1.0f};
     Tensor a(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
     Tensor b(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
-    play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, nullptr, nullptr, a.data(), nullptr}, nullptr);
+    play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, nullptr, nullptr, a.data(), nullptr});
     for (size_t u = 1; u + 1 < units_.size(); ++u) {
-      play_pass(*units_[u], ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, b.data(), nullptr}, nullptr);
+      play_pass(*units_[u], ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, b.data(), nullptr});
       std::swap(a, b);
     }
-    play_pass(*units_.back(), ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, nullptr, nullptr}, nullptr);
+    play_pass(*units_.back(), ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, nullptr, nullptr});
     const float* last = units_.back()->logits(kSlot) + (mb.rows() - 1) * V;
     int32_t next = 0;
     if (temperature <= 0.0f) {

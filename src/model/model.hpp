@@ -17,7 +17,8 @@ class Model {
  public:
   // Holds `units` (indices into graph.units); all of them when empty.
   Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
-        backend::Backend& be, Sharding sharding = {}, comm::Communicator* tp = nullptr);
+        backend::Backend& be, Sharding sharding = {}, comm::Communicator* tp = nullptr,
+        comm::Communicator* ep = nullptr);
 
   const config::ModelConfig& config() const { return cfg_; }
   const ir::ModelGraph& graph() const { return graph_; }

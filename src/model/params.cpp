@@ -26,27 +26,33 @@ ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& unit
     Slot& s = slots_[u];
     s.first = refs_.size();
     s.count = spec.params.size();
-    const int64_t total = ir::local_numel(spec, degrees);  // throws when a piece or the sum is out of bounds
-    for (const auto& p : spec.params) {
-      const int64_t n = ir::local_numel(p, degrees);
-      by_name_[p.name] = refs_.size();
-      refs_.push_back({&p, u, s.numel, n});
-      s.numel += n;
+    s.numel = ir::local_numel(spec, degrees);  // throws when a piece or the sum is out of bounds
+    s.parts = ir::flat_parts(spec, degrees, sharding_.coords());
+    for (size_t k = 0; k < s.parts.size(); ++k) {
+      const ir::FlatPart& part = s.parts[k];
+      int64_t offset = part.full_offset;
+      for (size_t i = part.first; i < part.first + part.count; ++i) {
+        const ir::ParamSpec& p = spec.params[i];
+        const int64_t n = ir::local_numel(p, degrees);
+        by_name_[p.name] = refs_.size();
+        refs_.push_back({&p, u, offset, k, n});
+        offset += n;
+      }
+      s.padded += part.zero.padded;
+      s.shard += part.zero.len;
     }
-    s.numel = total;
-    s.zero = ir::flat_shard(s.numel, sharding_.dp_size, sharding_.dp_rank);
     if (sharding_.shards(u, kParams)) {
-      s.shard_values_t = Tensor(be, s.zero.len, MemCategory::MEM_PARAMS);
+      s.shard_values_t = Tensor(be, s.shard, MemCategory::MEM_PARAMS);
       s.shard_values_t.zero();
     } else {
-      s.values = Tensor(be, s.zero.padded, MemCategory::MEM_PARAMS);
+      s.values = Tensor(be, s.padded, MemCategory::MEM_PARAMS);
       s.values.zero();
     }
     if (sharding_.shards(u, kGrads)) {
-      s.shard_grads_t = Tensor(be, s.zero.len, MemCategory::MEM_GRADS);
+      s.shard_grads_t = Tensor(be, s.shard, MemCategory::MEM_GRADS);
       s.shard_grads_t.zero();
     } else {
-      s.grads = Tensor(be, s.zero.padded, MemCategory::MEM_GRADS);
+      s.grads = Tensor(be, s.padded, MemCategory::MEM_GRADS);
       s.grads.zero();
     }
   }
@@ -71,9 +77,11 @@ void ParamStore::init(uint64_t seed) {
     if (!sharded) {
       dst = s.values.data() + r.offset;
     } else {
-      lo = std::max<int64_t>(0, s.zero.offset - r.offset);
-      hi = std::min(r.numel, s.zero.offset + s.zero.len - r.offset);
-      dst = s.shard_values_t.data() + (r.offset + lo - s.zero.offset);
+      const ir::FlatPart& part = s.parts[r.part];
+      const int64_t in_part = r.offset - part.full_offset;  // the parameter's start within its part
+      lo = std::max<int64_t>(0, part.zero.offset - in_part);
+      hi = std::min(r.numel, part.zero.offset + part.zero.len - in_part);
+      dst = s.shard_values_t.data() + part.shard_offset + (in_part + lo - part.zero.offset);
     }
     // Stretch by stretch of globally contiguous elements (one per row of a column split):
     // one long stretch draws in parallel inside init_range, many short ones in parallel here.
@@ -120,8 +128,16 @@ float* ParamStore::values(int unit) {
 float* ParamStore::value(int unit, size_t i) { return values(unit) + params(unit)[i].offset; }
 
 float* ParamStore::shard_values(int unit) {
+  if (!sharding_.shards(unit, kParams))
+    throw std::logic_error(graph_.units[static_cast<size_t>(unit)].name +
+                           ": the shard buffer of the values exists at ZeRO-3 only; ask for a part's shard");
+  return slot(unit).shard_values_t.data();
+}
+
+float* ParamStore::shard_values(int unit, const ir::FlatPart& p) {
   Slot& s = slot(unit);
-  return sharding_.shards(unit, kParams) ? s.shard_values_t.data() : s.values.data() + shard_offset(unit);
+  return sharding_.shards(unit, kParams) ? s.shard_values_t.data() + p.shard_offset
+                                         : s.values.data() + p.full_offset + p.zero.offset;
 }
 
 void ParamStore::bind_full_values(int unit, float* full) { slot(unit).bound = full; }
@@ -130,7 +146,7 @@ void ParamStore::unbind_full_values(int unit) { slot(unit).bound = nullptr; }
 float* ParamStore::grads(int unit) {
   Slot& s = slot(unit);
   if (s.grads.empty()) {
-    s.grads = Tensor(be_, s.zero.padded, MemCategory::MEM_GRADS);
+    s.grads = Tensor(be_, s.padded, MemCategory::MEM_GRADS);
     s.grads.zero();
   }
   return s.grads.data();
@@ -138,9 +154,10 @@ float* ParamStore::grads(int unit) {
 
 float* ParamStore::grad(int unit, size_t i) { return grads(unit) + params(unit)[i].offset; }
 
-float* ParamStore::shard_grads(int unit) {
+float* ParamStore::shard_grads(int unit, const ir::FlatPart& p) {
   Slot& s = slot(unit);
-  return sharding_.shards(unit, kGrads) ? s.shard_grads_t.data() : grads(unit) + shard_offset(unit);
+  return sharding_.shards(unit, kGrads) ? s.shard_grads_t.data() + p.shard_offset
+                                        : grads(unit) + p.full_offset + p.zero.offset;
 }
 
 void ParamStore::release_full_grads(int unit) {

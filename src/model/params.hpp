@@ -1,7 +1,9 @@
 // params.hpp — parameter values and gradients of the units a rank holds, one
 // contiguous buffer per unit, located by name, optionally sharded over the
-// data-parallel group (ZeRO): each unit's buffer, padded to a multiple of the
-// group size, splits into equal shards, one per data-parallel rank.
+// data-parallel group (ZeRO). A unit's buffer is its parts (ir::flat_parts):
+// the dense parameters, and an MoE block's experts, which only the ranks of an
+// expert-data-parallel group share. Each part, padded to a multiple of its
+// group's size, splits into equal shards, one per rank of that group.
 #pragma once
 
 #include <map>
@@ -18,7 +20,8 @@ namespace piper::model {
 struct ParamRef {
   const ir::ParamSpec* spec = nullptr;
   int unit = -1;
-  int64_t offset = 0;  // into the unit's (full) buffer
+  int64_t offset = 0;  // into the unit's full buffer
+  size_t part = 0;     // the unit's part (ir::flat_parts) that holds it
   int64_t numel = 0;   // this rank's piece (ir::local_numel)
 };
 
@@ -31,9 +34,11 @@ struct Sharding {
   std::vector<int> zero_of_unit;
   int tp_rank = 0;  // tensor parallelism: each parameter is this rank's piece (ir::local_shape)
   int tp_size = 1;
+  int ep_rank = 0;  // expert parallelism: an MoE block's experts are this rank's ep piece
+  int ep_size = 1;
   // The degrees and this rank's coordinates the parameters' pieces depend on (ParamSpec::shards).
-  ir::Degrees degrees() const { return {.tp = tp_size, .dp = dp_size}; }
-  ir::Coords coords() const { return {.tp = tp_rank, .dp = dp_rank}; }
+  ir::Degrees degrees() const { return {.tp = tp_size, .ep = ep_size, .dp = dp_size}; }
+  ir::Coords coords() const { return {.tp = tp_rank, .ep = ep_rank, .dp = dp_rank}; }
   int zero(int unit) const { return zero_of_unit.empty() ? 0 : zero_of_unit.at(static_cast<size_t>(unit)); }
   bool shards(int unit, ir::ZeroState s) const { return ir::zero_shards(zero(unit), s); }
 };
@@ -54,17 +59,19 @@ class ParamStore {
   std::span<const ParamRef> params(int unit) const;
   const ParamRef& find(const std::string& name) const;  // throws std::out_of_range
 
-  int64_t unit_numel(int unit) const { return slot(unit).numel; }
-  int64_t padded_numel(int unit) const { return slot(unit).zero.padded; }
-  int64_t shard_len(int unit) const { return slot(unit).zero.len; }
-  int64_t shard_offset(int unit) const { return slot(unit).zero.offset; }
+  int64_t unit_numel(int unit) const { return slot(unit).numel; }    // local elements, without padding
+  int64_t padded_numel(int unit) const { return slot(unit).padded; }  // the full buffer
+  int64_t shard_len(int unit) const { return slot(unit).shard; }      // the shard buffer
+  const std::vector<ir::FlatPart>& parts(int unit) const { return slot(unit).parts; }
 
   // Full parameter values [padded_numel]. With ZeRO-3 only while gathered
   // values are bound (bind_full_values); throws otherwise.
   float* values(int unit);
   float* value(int unit, size_t i);  // parameter i (spec order) of a unit, for the unit itself
-  // This rank's shard of the values [shard_len].
+  // ZeRO-3: this rank's shards of the values [shard_len], part after part.
   float* shard_values(int unit);
+  // This rank's shard of part `p`'s values [p.zero.len] (in the full buffer below ZeRO-3).
+  float* shard_values(int unit, const ir::FlatPart& p);
   // ZeRO-3: lends gathered full values to the unit's computation (not owned).
   void bind_full_values(int unit, float* full);
   void unbind_full_values(int unit);
@@ -74,8 +81,8 @@ class ParamStore {
   // reduce-scatter (release_full_grads).
   float* grads(int unit);
   float* grad(int unit, size_t i);
-  // This rank's shard of the gradients [shard_len] (after the reduction).
-  float* shard_grads(int unit);
+  // This rank's shard of part `p`'s gradients [p.zero.len] (after the reduction).
+  float* shard_grads(int unit, const ir::FlatPart& p);
   void release_full_grads(int unit);
   // Zeroes the gradients this rank keeps between steps (of one unit, or all).
   void zero_grads(int unit);
@@ -83,8 +90,8 @@ class ParamStore {
 
  private:
   struct Slot {
-    int64_t numel = 0;
-    ir::FlatShard zero;           // this rank's shard of the padded buffer
+    int64_t numel = 0, padded = 0, shard = 0;
+    std::vector<ir::FlatPart> parts;
     size_t first = 0, count = 0;  // the unit's parameters in refs_
     backend::Tensor values, grads;   // full (padded), when this rank keeps them
     backend::Tensor shard_values_t;  // ZeRO-3: the persistent shard

@@ -24,10 +24,10 @@ int pass_slot(ir::NodeKind pass) {
 }  // namespace
 
 Unit::Unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params, backend::Backend& be,
-           TpInfo tp)
-    : spec_(spec), cfg_(cfg), params_(params), be_(be), tp_(tp), dims_(cfg, tp) {
+           TpInfo tp, EpInfo ep)
+    : spec_(spec), cfg_(cfg), params_(params), be_(be), tp_(tp), ep_(ep), dims_(cfg, tp, ep) {
   for (ir::NodeKind p : {ir::NodeKind::FWD, ir::NodeKind::BWD_I, ir::NodeKind::BWD_W, ir::NodeKind::BWD})
-    shapes_[pass_slot(p)] = ir::pass_shape(spec.kind, p, tp.size, cfg.d_model);
+    shapes_[pass_slot(p)] = ir::pass_shape(spec.kind, p, {tp.size, ep.size, cfg.d_model, cfg.top_k, cfg.n_experts});
 }
 
 const ir::PassShape& Unit::shape(ir::NodeKind pass) const { return shapes_[pass_slot(pass)]; }
@@ -47,9 +47,9 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
       weight_grads(slot, a);
       release(slot);
       return 0.0;
-    default:  // BWD: the weight gradients with the first segment, so that the later ones stay small
+    default:  // BWD: the weight gradients as soon as they can run, so that the later segments stay small
       backward_input(k, slot, a);
-      if (k == 0) weight_grads(slot, a);
+      if (k == weight_segment()) weight_grads(slot, a);
       if (last(pass, k)) release(slot);
       return 0.0;
   }
@@ -65,8 +65,7 @@ void Unit::recompute(int /*slot*/, const MicroBatch& /*mb*/, const float* /*x*/,
                          " recomputation");
 }
 
-double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, comm::Communicator* tp,
-                 double* compute_ms) {
+double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, double* compute_ms) {
   using Clock = std::chrono::steady_clock;
   const ir::PassShape& shape = unit.shape(pass);
   double result = 0.0;
@@ -75,12 +74,21 @@ double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, com
     result += unit.run(pass, k, slot, a);
     if (compute_ms) *compute_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (static_cast<size_t>(k) >= shape.points.size()) continue;
-    if (!tp) throw std::logic_error("unit " + unit.spec().name + ": a tensor-parallel pass without its tp group");
+    const ir::CommPoint& point = shape.points[static_cast<size_t>(k)];
+    comm::Communicator* group = unit.group(point.group);
+    if (!group)
+      throw std::logic_error("unit " + unit.spec().name + ": a pass with a " + ir::group_name(point.group) +
+                             " collective, but the unit has no " + ir::group_name(point.group) + " group");
     const CommBuffer b = unit.point(pass, k, slot);
-    if (shape.points[static_cast<size_t>(k)].kind == ir::NodeKind::ALLGATHER)
-      tp->allgather(b.send, b.recv, static_cast<size_t>(b.count));
+    const auto n = static_cast<size_t>(b.count);
+    if (point.kind == ir::NodeKind::ALLGATHER)
+      group->allgather(b.send, b.recv, n);
+    else if (point.kind == ir::NodeKind::ALLTOALL && b.send_counts.empty())
+      group->alltoall(b.send, b.recv, n / static_cast<size_t>(group->size()));
+    else if (point.kind == ir::NodeKind::ALLTOALL)
+      group->alltoallv(b.send, b.send_counts, b.recv, b.recv_counts);
     else
-      tp->allreduce(b.send, static_cast<size_t>(b.count));
+      group->allreduce(b.send, n);
   }
   return result;
 }

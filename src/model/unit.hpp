@@ -34,18 +34,23 @@ struct MicroBatch {
 
 using backend::Tensor;
 
-// Tensor parallelism: this rank's place in its tp group (Megatron style).
-struct TpInfo {
+// This rank's place in a process group of the unit's passes: tp (Megatron
+// style) or ep (an MoE block's experts).
+struct GroupInfo {
   int rank = 0;
   int size = 1;
-  comm::Communicator* comm = nullptr;  // null when size is 1
+  comm::Communicator* comm = nullptr;  // null when size is 1, or where the DAG's nodes run the collectives
 };
+using TpInfo = GroupInfo;
+using EpInfo = GroupInfo;
 
-// The sizes a tp rank computes with: heads, groups, hidden and vocabulary split.
+// The sizes a tp (and ep) rank computes with: heads, groups, hidden and vocabulary
+// split; an MoE block's experts [first_expert, first_expert + experts) of n_experts.
 struct LocalDims {
   int64_t heads, kv_heads, ffn, d_inner, mamba_heads, groups, conv_channels, in_proj_rows;
   int64_t vocab, vocab_offset;
-  LocalDims(const config::ModelConfig& c, const TpInfo& tp);
+  int64_t moe_ffn, experts, first_expert;
+  LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInfo& ep);
 };
 
 // What a segment of a pass reads and writes. Each segment of one pass gets
@@ -58,24 +63,29 @@ struct PassArgs {
   float* dx = nullptr;             // BWD_I, BWD: the input gradient (not the embedding's), written by the last segment
 };
 
-// The buffer a communication point moves over the tp group: an all-reduce
+// The buffer a communication point moves over its group: an all-reduce
 // sums `send` in place (recv == send); an all-gather puts every rank's
-// `count` floats of `send` into `recv`, rank order.
+// `count` floats of `send` into `recv`, rank order; an all-to-all sends
+// send_counts[j] floats of `send` to group rank j and receives recv_counts[j]
+// from it (empty counts: count / group size each way).
 struct CommBuffer {
   float* send = nullptr;
   float* recv = nullptr;
   int64_t count = 0;  // floats this rank contributes
+  std::vector<int64_t> send_counts, recv_counts;
 };
 
 class Unit {
  public:
   Unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params,
-       backend::Backend& be, TpInfo tp = {});
+       backend::Backend& be, TpInfo tp = {}, EpInfo ep = {});
   virtual ~Unit() = default;
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
 
   const ir::UnitSpec& spec() const { return spec_; }
+  // The communicator of the unit's collectives over `g` (GROUP_TP or GROUP_EP); null when not given.
+  comm::Communicator* group(ir::GroupDim g) const { return g == ir::GroupDim::GROUP_EP ? ep_.comm : tp_.comm; }
   // Segments and communication points of a pass (ir::pass_shape for this unit).
   const ir::PassShape& shape(ir::NodeKind pass) const;
 
@@ -101,6 +111,15 @@ class Unit {
   virtual void recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode);
   // The head keeps logits [rows, V] of an inference forward; nullptr elsewhere.
   virtual const float* logits(int /*slot*/) const { return nullptr; }
+  // An MoE block's routing since the last take: the sum over this rank's
+  // sequences of the balance loss aux(s), and the rows routed to each expert
+  // (n_experts entries). Counted on tp rank 0 only (the tp group routes the
+  // same tokens). Other units: empty.
+  struct Routing {
+    double aux_sum = 0;
+    std::vector<double> tokens;
+  };
+  virtual Routing take_routing() { return {}; }
 
  protected:
   virtual double forward(int k, int slot, const PassArgs& a) = 0;
@@ -108,6 +127,9 @@ class Unit {
   // Accumulates the matrix weight gradients; the slot stays until release.
   virtual void weight_grads(int slot, const PassArgs& a) = 0;
   bool last(ir::NodeKind pass, int k) const { return k + 1 == shape(pass).segments; }
+  // The segment of a fused BWD after which the weight gradients can run (the first, unless the
+  // mixer's backward spans segments).
+  virtual int weight_segment() const { return 0; }
 
   float* w(size_t i) { return params_.value(spec_.index, i); }
   float* g(size_t i) { return params_.grad(spec_.index, i); }
@@ -119,24 +141,25 @@ class Unit {
   ParamStore& params_;
   backend::Backend& be_;
   TpInfo tp_;
+  EpInfo ep_;
   LocalDims dims_;
   ir::PassShape shapes_[4];  // FWD, BWD_I, BWD_W, BWD
 };
 
 // Plays one pass of `unit` alone: its segments in order, each communication
-// point as a blocking collective over `tp` (null without tensor parallelism).
-// Adds the time in the segments, not in the collectives, to *compute_ms when
-// given. Returns what the pass returns (the head's forward: the loss sum).
-// For inference, calibration and tests; training plays DAG nodes instead.
-double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, comm::Communicator* tp,
-                 double* compute_ms = nullptr);
+// point as a blocking collective over the unit's group (Unit::group). Adds the
+// time in the segments, not in the collectives, to *compute_ms when given.
+// Returns what the pass returns (the head's forward: the loss sum). For
+// inference, calibration and tests; training plays DAG nodes instead.
+double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, double* compute_ms = nullptr);
 
 // A residual pre-norm block: y = x + mixer(rmsnorm(x, norm.weight)).
 // Parameter 0 is norm.weight; the mixer's follow in spec order.
 class Block : public Unit {
  public:
   using Unit::Unit;
-  CommBuffer point(ir::NodeKind pass, int k, int slot) final;
+  // The sum over the tp group of the mixer's output (forward) or input gradient (backward).
+  CommBuffer point(ir::NodeKind pass, int k, int slot) override;
   void release(int slot) final;
   void drop(int slot, ir::Recompute mode) final;
   void recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode) final;
@@ -151,6 +174,15 @@ class Block : public Unit {
   virtual void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) = 0;
   virtual void mixer_backward_weight(int slot, const float* xn) = 0;
   virtual void mixer_release(int slot) = 0;
+  // A mixer with communication inside (an MoE block's all-to-alls) runs the
+  // rest of its forward and input-gradient backward as segments k > 0 of the
+  // pass, between its points; the others do all in segment 0. The mixer's
+  // output `out` and `dxn` are final after the segment before the block's
+  // own sum over tp (or the last one).
+  virtual void mixer_forward_segment(int /*k*/, int /*slot*/) {}
+  virtual void mixer_backward_segment(int /*k*/, int /*slot*/) {}
+  // What the mixer adds to the loss sum for `slot` (the MoE balance loss), once its forward is done.
+  virtual double mixer_loss(int /*slot*/) const { return 0.0; }
 
  private:
   struct Saved {
@@ -164,6 +196,6 @@ class Block : public Unit {
 
 // Builds the unit for `spec` (its parameters must be in `params`).
 std::unique_ptr<Unit> make_unit(const ir::UnitSpec& spec, const config::ModelConfig& cfg,
-                                ParamStore& params, backend::Backend& be, TpInfo tp = {});
+                                ParamStore& params, backend::Backend& be, TpInfo tp = {}, EpInfo ep = {});
 
 }  // namespace piper::model

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernels.hpp"
+#include "model/moe_dispatch.hpp"
 #include "model/unit.hpp"
 
 namespace piper::model {
@@ -73,6 +74,70 @@ class MlpBlock final : public Block {
     Tensor dout, dgate, dup;    // weight-gradient stash
   };
   std::map<int, Saved> saved_;
+};
+
+// The MoE block ('E'): softmax router, top-k, the tokens permuted into
+// per-expert groups, SwiGLU experts (this rank's E / ep, each split over tp),
+// the weighted combine, and the sequence-wise balance loss (docs/model.md).
+// With ep > 1 the rows travel to their experts' ranks and back by all-to-all
+// points of the pass (ir::pass_shape); with tp > 1 the combined output and
+// the routing weights' gradient are tp-partial sums, summed at points.
+class MoeBlock final : public Block {
+ public:
+  MoeBlock(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params, backend::Backend& be,
+           TpInfo tp, EpInfo ep);
+  CommBuffer point(ir::NodeKind pass, int k, int slot) override;
+  Routing take_routing() override;
+
+ protected:
+  void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) override;
+  void mixer_forward_segment(int k, int slot) override;
+  void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
+  void mixer_backward_segment(int k, int slot) override;
+  void mixer_backward_weight(int slot, const float* xn) override;
+  void mixer_release(int slot) override;
+  double mixer_loss(int slot) const override;
+  // The router's gradient comes from the backward's dispatch step, so the weight half waits for it.
+  int weight_segment() const override { return static_cast<int>(backward_steps_.size()) - 1; }
+
+ private:
+  // The steps of the passes, segment by segment (the points between segments follow ir::pass_shape).
+  enum class Step : uint8_t {
+    ROUTE,         // router, top-k, balance loss, permutation
+    SIZE,          // the receive buffer from the exchanged counts
+    EXPERTS,       // sorted expert-major, through the experts, unsorted
+    COMBINE,       // the returned rows weighted into the output
+    COMBINE_BWD,   // the routing weights' and the returned rows' gradients
+    EXPERTS_BWD,   // sorted, the experts' input-gradient backward, unsorted
+    DISPATCH_BWD,  // the rows' gradients into dxn, and the router's backward
+  };
+  // What a point moves: the block's own tp sum, or one of the mixer's.
+  enum class Move : uint8_t { SUM, COUNTS, DISPATCH, GIVE_BACK, DWEIGHTS, DISPATCH_GRAD, RETURN_GRAD };
+  struct Saved {
+    int64_t rows = 0, seq = 0;
+    float loss_scale = 0;
+    const float* xn = nullptr;
+    float* out = nullptr;
+    const float* dout = nullptr;
+    float* dxn = nullptr;
+    std::unique_ptr<Dispatcher> dispatch;
+    Tensor probs, experts, weights, dprobs;  // [M,E], i32 [M,K], [M,K], [M,E]
+    Tensor gate, up, h;                      // the experts' [R,F] x3
+    double aux = 0;                          // sum over the microbatch's sequences of aux(s)
+    Tensor dweights, dlogits;                // backward: [M,K], [M,E]
+    Tensor dgate, dup;                       // weight-gradient stash [R,F] x2
+  };
+  void run(Step step, Saved& s);
+  void experts_forward(Saved& s);
+  void experts_backward(Saved& s);
+  void router_backward(Saved& s);
+  // Local expert l's matrix of a stacked [L, rows, cols] parameter (values or gradients).
+  float* expert(float* stacked, int64_t l, int64_t rows, int64_t cols) const { return stacked + l * rows * cols; }
+
+  std::vector<std::vector<Step>> forward_steps_, backward_steps_;  // by segment
+  std::vector<Move> forward_moves_, backward_moves_;                // by point
+  std::map<int, Saved> saved_;
+  Routing routing_;
 };
 
 class AttentionBlock final : public Block {

@@ -275,7 +275,7 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
         const model::PassArgs args{&mb, xin, p == ir::NodeKind::FWD ? nullptr : dyin,
                                    p == ir::NodeKind::FWD ? yout : nullptr,
                                    p == ir::NodeKind::FWD || p == ir::NodeKind::BWD_W ? nullptr : dxout};
-        model::play_pass(*unit, p, 0, args, tp.comm, ms);
+        model::play_pass(*unit, p, 0, args, ms);
       };
       // The embedding has no input-gradient half: its BWD_W is its whole backward.
       const ir::NodeKind bi = embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I;
@@ -545,11 +545,10 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
     const auto t0 = Clock::now();
     for (size_t i = 0; i < made.size(); ++i)
       model::play_pass(*made[i], ir::NodeKind::FWD, 0,
-                       {&mb, i ? x.data() : nullptr, nullptr, i < last ? y.data() : nullptr, nullptr}, nullptr);
+                       {&mb, i ? x.data() : nullptr, nullptr, i < last ? y.data() : nullptr, nullptr});
     for (size_t i = made.size(); i-- > 0;)
       model::play_pass(*made[i], ir::NodeKind::BWD, 0,
-                       {nullptr, i ? x.data() : nullptr, i < last ? dy.data() : nullptr, nullptr, i ? dx.data() : nullptr},
-                       nullptr);
+                       {nullptr, i ? x.data() : nullptr, i < last ? dy.data() : nullptr, nullptr, i ? dx.data() : nullptr});
     return ms_since(t0);
   };
   double reps_d = std::clamp(std::ceil((quick ? 60.0 : 300.0) / std::max(1e-3, (once(), once()))), 3.0, 15.0);

@@ -38,6 +38,7 @@ comm::Communicator* Groups::of(ir::GroupDim g) const {
   switch (g) {
     case ir::GroupDim::GROUP_DP: return dp;
     case ir::GroupDim::GROUP_TP: return tp;
+    case ir::GroupDim::GROUP_EP: return ep;
     case ir::GroupDim::GROUP_WORLD: return world;
     case ir::GroupDim::GROUP_NONE: break;
   }
@@ -201,9 +202,16 @@ void Executor::issue(size_t k) {
   if (c.payload == Payload::PAYLOAD_UNIT) {  // a tensor-parallel collective between two segments of a pass
     const model::CommBuffer b = model_.unit(c.unit).point(pass_kind(c.pass), c.segment, c.microbatch);
     const auto n = static_cast<size_t>(b.count);
-    reqs.push_back(c.kind == NodeKind::ALLGATHER ? group.iallgather(b.send, b.recv, n) : group.iallreduce(b.send, n));
+    if (c.kind == NodeKind::ALLTOALL)
+      reqs.push_back(b.send_counts.empty() ? group.ialltoall(b.send, b.recv, n / static_cast<size_t>(group.size()))
+                                           : group.ialltoallv(b.send, b.send_counts, b.recv, b.recv_counts));
+    else
+      reqs.push_back(c.kind == NodeKind::ALLGATHER ? group.iallgather(b.send, b.recv, n) : group.iallreduce(b.send, n));
     return;
   }
+  // A data-parallel collective moves each unit's parts over their own groups:
+  // dense parameters over dp, an MoE block's experts over their expert-data group.
+  auto part_group = [&](const ir::FlatPart& p) -> comm::Communicator& { return p.experts ? *groups_.edp : group; };
   switch (c.kind) {
     case NodeKind::SEND: {
       Tensor t = take(values_map, key);
@@ -227,23 +235,31 @@ void Executor::issue(size_t k) {
         reqs.push_back(group.iallreduce_double(&norm_sq_, 1));
         break;
       }
-      for (int u : c.units) reqs.push_back(group.iallreduce(ps.grads(u), static_cast<size_t>(ps.padded_numel(u))));
+      for (int u : c.units)
+        for (const ir::FlatPart& p : ps.parts(u))
+          reqs.push_back(part_group(p).iallreduce(ps.grads(u) + p.full_offset, static_cast<size_t>(p.zero.padded)));
       break;
     case NodeKind::REDUCE_SCATTER:
       for (int u : c.units)
-        reqs.push_back(group.ireduce_scatter(ps.grads(u), ps.shard_grads(u), static_cast<size_t>(ps.shard_len(u))));
+        for (const ir::FlatPart& p : ps.parts(u))
+          reqs.push_back(part_group(p).ireduce_scatter(ps.grads(u) + p.full_offset, ps.shard_grads(u, p),
+                                                       static_cast<size_t>(p.zero.len)));
       break;
     case NodeKind::ALLGATHER:
       for (int u : c.units) {
-        const auto n = static_cast<size_t>(ps.shard_len(u));
         if (ir::is_zero3_gather(c)) {  // into a fresh full buffer the unit borrows
           Tensor full = buffer(ps.padded_numel(u), MemCategory::MEM_PARAMS);
-          reqs.push_back(group.iallgather(ps.shard_values(u), full.data(), n));
+          for (const ir::FlatPart& p : ps.parts(u))
+            reqs.push_back(part_group(p).iallgather(ps.shard_values(u, p), full.data() + p.full_offset,
+                                                    static_cast<size_t>(p.zero.len)));
           held.push_back(std::move(full));
         } else {  // updated shards back into every replica's full values
           Tensor mine = buffer(ps.shard_len(u), MemCategory::MEM_BUFFERS);
-          model_.backend().copy(mine.data(), ps.shard_values(u), n * sizeof(float));
-          reqs.push_back(group.iallgather(mine.data(), ps.values(u), n));
+          for (const ir::FlatPart& p : ps.parts(u)) {
+            const auto n = static_cast<size_t>(p.zero.len);
+            model_.backend().copy(mine.data() + p.shard_offset, ps.shard_values(u, p), n * sizeof(float));
+            reqs.push_back(part_group(p).iallgather(mine.data() + p.shard_offset, ps.values(u) + p.full_offset, n));
+          }
           held.push_back(std::move(mine));
         }
       }

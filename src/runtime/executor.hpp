@@ -29,6 +29,8 @@ struct Groups {
   comm::Communicator* world = nullptr;  // point-to-point, the gradient norm, step totals
   comm::Communicator* dp = nullptr;     // data-parallel collectives
   comm::Communicator* tp = nullptr;     // tensor-parallel collectives
+  comm::Communicator* ep = nullptr;     // expert-parallel all-to-alls (MoE dispatch and combine)
+  comm::Communicator* edp = nullptr;    // expert-data-parallel collectives of the experts' parameters
   // The communicator of a collective over `g` (null where this rank has none).
   comm::Communicator* of(ir::GroupDim g) const;
 };

@@ -27,18 +27,21 @@ float* Optimizer::moment(int unit, int which) {
   return which == 0 ? mv.first.data() : mv.second.data();
 }
 
-// Calls fn(param index, lo, hi, base) for each parameter's part [lo, hi) of the
-// unit's buffer in this rank's data-parallel shard (or in all of it), where
-// base is the buffer offset of the range's first element.
+// Calls fn(param index, part, o, n) for each parameter's n elements in this
+// rank's shard of each part of the unit (or in all of the part), starting o
+// elements after the part's shard start (or after the part's start).
 template <class Fn>
 void Optimizer::for_each_owned_range(int unit, bool shard, Fn&& fn) {
   model::ParamStore& ps = model_.params();
-  const int64_t base = shard ? ps.shard_offset(unit) : 0;
-  const int64_t end = shard ? std::min(base + ps.shard_len(unit), ps.unit_numel(unit)) : ps.unit_numel(unit);
   const std::span<const model::ParamRef> refs = ps.params(unit);
-  for (size_t p = 0; p < refs.size(); ++p) {
-    const int64_t lo = std::max(refs[p].offset, base), hi = std::min(refs[p].offset + refs[p].numel, end);
-    if (lo < hi) fn(p, lo, hi, base);
+  for (const ir::FlatPart& part : ps.parts(unit)) {
+    const int64_t begin = shard ? part.zero.offset : 0;
+    const int64_t end = shard ? std::min(part.zero.offset + part.zero.len, part.numel) : part.numel;
+    for (size_t p = part.first; p < part.first + part.count; ++p) {
+      const int64_t at = refs[p].offset - part.full_offset;  // the parameter's start within the part
+      const int64_t lo = std::max(at, begin), hi = std::min(at + refs[p].numel, end);
+      if (lo < hi) fn(p, part, lo - begin, hi - lo);
+    }
   }
 }
 
@@ -47,10 +50,10 @@ double Optimizer::local_grad_sq() {
   double sq = 0.0;
   const bool tp_lead = ps.sharding().tp_rank == 0;
   for (int u : ps.units())
-    for_each_owned_range(u, true, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
-      // Each data-parallel rank adds its shard; a parameter replicated over the tp group counts once.
+    for_each_owned_range(u, true, [&](size_t p, const ir::FlatPart& part, int64_t o, int64_t n) {
+      // Each rank adds its shard of each part; a parameter replicated over the tp group counts once.
       if (!ir::split_along(model_.graph().units[static_cast<size_t>(u)].params[p], ir::Axis::TP) && !tp_lead) return;
-      sq += model_.backend().sum_squares(backend::view(model_.backend(), ps.shard_grads(u) + (lo - base), {hi - lo}));
+      sq += model_.backend().sum_squares(backend::view(model_.backend(), ps.shard_grads(u, part) + o, {n}));
     });
   return sq;
 }
@@ -68,14 +71,16 @@ void Optimizer::update(int unit) {
   backend::AdamWStep st{lr_, train_.beta1, train_.beta2, train_.eps, train_.weight_decay, steps_, true, clip_scale_};
   auto& [m, v] = moments_.at(unit);
   const auto& spec = model_.graph().units[static_cast<size_t>(unit)];
-  const bool sharded = ps.sharding().zero(unit) >= 1;  // each rank updates its shard, else everything
-  float* values = sharded ? ps.shard_values(unit) : ps.values(unit);
-  float* grads = sharded ? ps.shard_grads(unit) : ps.grads(unit);
-  for_each_owned_range(unit, sharded, [&](size_t p, int64_t lo, int64_t hi, int64_t base) {
-    const backend::Shape n{hi - lo};
+  const bool sharded = ps.sharding().zero(unit) >= 1;  // each rank updates its shards, else everything
+  for_each_owned_range(unit, sharded, [&](size_t p, const ir::FlatPart& part, int64_t o, int64_t len) {
+    const backend::Shape n{len};
+    // The moments are shard buffers when sharded, full buffers otherwise.
+    const int64_t mo = (sharded ? part.shard_offset : part.full_offset) + o;
+    float* values = sharded ? ps.shard_values(unit, part) + o : ps.values(unit) + part.full_offset + o;
+    float* grads = sharded ? ps.shard_grads(unit, part) + o : ps.grads(unit) + part.full_offset + o;
     st.decay = spec.params[p].weight_decay;
-    be.adamw_update(backend::view(be, values + (lo - base), n), backend::view(be, grads + (lo - base), n),
-                    backend::view(be, m.data() + (lo - base), n), backend::view(be, v.data() + (lo - base), n), st);
+    be.adamw_update(backend::view(be, values, n), backend::view(be, grads, n), backend::view(be, m.data() + mo, n),
+                    backend::view(be, v.data() + mo, n), st);
   });
   ps.zero_grads(unit);
 }

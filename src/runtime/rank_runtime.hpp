@@ -52,7 +52,11 @@ class RankRuntime {
   int replica() const { return grid_.coord(rank_, ir::Axis::DP); }
   int replicas() const { return grid_.degree(ir::Axis::DP); }
   // Whether every unit is on this rank (generating text needs the whole model).
-  bool holds_whole_model() const { return held_units_.size() == plan_.model.units.size(); }
+  // Every unit, each parameter whole (no tp or ep pieces): what sampling needs.
+  bool holds_whole_model() const {
+    return held_units_.size() == plan_.model.units.size() && grid_.degree(ir::Axis::TP) == 1 &&
+           grid_.degree(ir::Axis::EP) == 1;
+  }
   // Instructions of this rank's program per step, both streams.
   size_t instructions_per_step() const { return instructions_per_step_; }
 
@@ -90,7 +94,7 @@ class RankRuntime {
   const ir::Plan plan_;
   const int rank_;
   const ir::ParallelDims grid_;
-  std::unique_ptr<comm::Communicator> dp_, tp_;
+  std::unique_ptr<comm::Communicator> dp_, tp_, ep_, edp_;
   const Groups groups_;
   const std::vector<int> held_units_;
   model::Model model_;

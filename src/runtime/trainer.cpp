@@ -63,41 +63,53 @@ void write_params(const std::string& path, const ir::ModelGraph& g,
   }
 }
 
+// This rank's pieces of a unit's parameters, one after the other without the
+// parts' padding: ZeRO-3 shards gathered over each part's group.
+std::vector<float> local_values(model::ParamStore& ps, const Groups& groups, int u) {
+  std::vector<float> full(static_cast<size_t>(ps.padded_numel(u)));
+  if (ps.sharding().zero(u) >= 3) {
+    for (const ir::FlatPart& p : ps.parts(u))
+      (p.experts ? groups.edp : groups.dp)
+          ->allgather(ps.shard_values(u, p), full.data() + p.full_offset, static_cast<size_t>(p.zero.len));
+  } else {
+    std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), full.begin());
+  }
+  std::vector<float> local;
+  for (const ir::FlatPart& p : ps.parts(u))
+    local.insert(local.end(), full.begin() + p.full_offset, full.begin() + p.full_offset + p.numel);
+  return local;
+}
+
 // Collects every unit's full values on rank 0 — gathering ZeRO-3 shards over
-// the data-parallel group and tensor-parallel pieces into their global
-// places — and writes them. Collective: every rank calls it.
+// the data-parallel group and tensor- and expert-parallel pieces into their
+// global places — and writes them. Collective: every rank calls it.
 void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
   const ir::Plan& plan = rt.plan();
   const ir::ParallelDims& grid = rt.grid();
   const Groups& groups = rt.groups();
   model::ParamStore& ps = rt.model().params();
   const ir::Degrees degrees = grid.degrees();
-  const int tp = degrees.tp;
+  const int tp = degrees.tp, ep = degrees.ep;
   std::map<int, std::vector<float>> values;
   for (const auto& unit : plan.model.units) {
     const int u = unit.index;
-    std::vector<float> local;  // this rank's tp piece of the unit, all dp shards together
-    if (ps.holds(u)) {
-      local.resize(static_cast<size_t>(ps.padded_numel(u)));
-      if (ps.sharding().zero(u) >= 3)
-        groups.dp->allgather(ps.shard_values(u), local.data(), static_cast<size_t>(ps.shard_len(u)));
-      else
-        std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), local.begin());
-    }
+    const std::vector<float> local = ps.holds(u) ? local_values(ps, groups, u) : std::vector<float>{};
     std::vector<float> global(env.rank() == 0 ? static_cast<size_t>(unit.param_count()) : 0);
-    ir::Coords coords = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
-    // Local sizes of tp rank t are those of every tp rank.
+    ir::Coords first = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
+    // Local sizes of tp rank t and ep rank e are those of every rank.
     const int64_t n_local = ir::local_numel(unit, degrees);
-    for (int t = 0; t < tp; ++t) {
-      coords.tp = t;
-      const int src = grid.rank_of(coords);
+    for (int piece_index = 0; piece_index < tp * ep; ++piece_index) {
+      first.tp = piece_index % tp, first.dp = piece_index / tp;  // dp coordinates 0..ep-1: ep coordinates 0..ep-1
+      const int src = grid.rank_of(first);
+      const ir::Coords coords = grid.coords(src);
+      const int tag = u * tp * ep + piece_index;
       std::vector<float> piece;
       if (env.rank() == src) piece.assign(local.begin(), local.begin() + n_local);
       if (src != 0) {
-        if (env.rank() == src) groups.world->send(piece.data(), static_cast<size_t>(n_local), 0, u * tp + t);
+        if (env.rank() == src) groups.world->send(piece.data(), static_cast<size_t>(n_local), 0, tag);
         if (env.rank() == 0) {
           piece.resize(static_cast<size_t>(n_local));
-          groups.world->recv(piece.data(), static_cast<size_t>(n_local), src, u * tp + t);
+          groups.world->recv(piece.data(), static_cast<size_t>(n_local), src, tag);
         }
       }
       if (env.rank() != 0) continue;

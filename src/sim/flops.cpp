@@ -55,6 +55,8 @@ constexpr double kDtSoftplus = 4;
 constexpr double kGatedNormFwd = 9, kGatedNormBwd = 16;   // y silu(z), then the group rmsnorm
 constexpr double kCrossEntropy = 6;                       // per logit: max, exp, sum, scale (fused gradient)
 constexpr double kIdBytes = 4;                            // token ids and targets are int32
+constexpr double kRouteFwd = 8, kRouteBwd = 8;            // per router logit: softmax, top-k, renormalisation
+constexpr double kBalance = 3;                            // per router probability: P_e sums and dprobs
 
 // The sizes one tp rank computes with (model::LocalDims), as doubles: counts
 // reach 1e15 and more, and rows may be any positive number in a fit.
@@ -64,6 +66,7 @@ struct Dims {
   double H, KV, hd, Q, KVD;        // local heads, kv heads, head dim, H hd, KV hd
   double F;                        // local MLP hidden
   double di, Hm, G, N, P, C, R, K; // Mamba-2: local d_inner, heads, groups; N, P; conv channels, in_proj rows, d_conv
+  double E, top_k, Fe;             // MoE: experts, experts per token, local expert hidden
   int64_t T_int = 1, chunk = 1;
 };
 
@@ -90,12 +93,13 @@ Dims dims_of(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_
       need_divisible(kind, tp, "n_groups", m.n_groups);
       break;
     case 'E':
-      throw std::invalid_argument(
-          "sim: unit 'E' (MoE): docs/model.md defines it, but ModelConfig has no n_experts, top_k or expert "
-          "hidden size yet, so its cost cannot be computed (the runtime refuses it too)");
+      if (m.n_experts < 1 || m.top_k < 1 || m.moe_ffn_hidden < 1)
+        throw std::invalid_argument("sim: unit 'E' (MoE) needs model.n_experts, model.top_k and model.moe_ffn_hidden");
+      need_divisible(kind, tp, "moe_ffn_hidden", m.moe_ffn_hidden);
+      break;
     default:
       throw std::invalid_argument(std::string("sim: unknown unit kind '") + kind +
-                                  "'; expected e (embedding), M, *, -, h (head)");
+                                  "'; expected e (embedding), M, *, -, E, h (head)");
   }
   const double t = tp;
   Dims d{};
@@ -120,6 +124,9 @@ Dims dims_of(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_
   d.R = 2 * d.di + 2 * d.G * d.N + d.Hm;
   d.K = static_cast<double>(m.d_conv);
   d.chunk = m.ssd_chunk > 0 ? m.ssd_chunk : seq_len;  // chunk <= 0: one chunk (kernels/ssd.cpp)
+  d.E = static_cast<double>(m.n_experts);
+  d.top_k = static_cast<double>(m.top_k);
+  d.Fe = static_cast<double>(m.moe_ffn_hidden) / t;
   return d;
 }
 
@@ -188,6 +195,53 @@ void mlp_bwd_weight(Ops& o, const Dims& d) {
   o.weight_grad("down_proj_dw", d.M, d.D, d.F);
   o.weight_grad("gate_proj_dw", d.M, d.F, d.D);
   o.weight_grad("up_proj_dw", d.M, d.F, d.D);
+}
+
+// ---- MoE (model/moe_unit.cpp, model/moe_dispatch.cpp, kernels/moe.cpp) ------------------------
+
+// Balanced routing: each of the M top_k (row, expert) assignments is one row through one expert, so a
+// rank's experts see M top_k rows whatever ep is. The experts' weights are read once per call (all
+// E of them: at ep > 1 a rank holds E / ep, so the traffic is an upper bound).
+void expert_gemm(Ops& o, const char* name, const Dims& d, double n, double k) {
+  const double rows = d.M * d.top_k;
+  o.add(name, 2 * rows * n * k, 0, rows * k + d.E * n * k + rows * n);
+}
+
+void expert_weight_grad(Ops& o, const char* name, const Dims& d, double n, double k) {
+  const double rows = d.M * d.top_k;
+  o.add(name, 2 * rows * n * k, 0, rows * n + rows * k + 2 * d.E * n * k);
+}
+
+void moe_fwd(Ops& o, const Dims& d) {
+  const double M = d.M, MK = d.M * d.top_k;
+  o.gemm("router", M, d.E, d.D);
+  o.pointwise("route", kRouteFwd * M * d.E, 2 * M * d.E + 2 * MK);
+  o.pointwise("balance", kBalance * M * d.E, 2 * M * d.E + MK);
+  o.pointwise("dispatch", 0, M * d.D + MK * d.D, 2 * kIdBytes * MK);  // the rows gathered expert-major
+  expert_gemm(o, "experts_gate", d, d.Fe, d.D);
+  expert_gemm(o, "experts_up", d, d.Fe, d.D);
+  o.pointwise("experts_swiglu", kSwigluFwd * MK * d.Fe, 3 * MK * d.Fe);
+  expert_gemm(o, "experts_down", d, d.D, d.Fe);
+  o.pointwise("combine", 2 * MK * d.D, MK * d.D + M * d.D + MK, kIdBytes * MK);
+}
+
+void moe_bwd_input(Ops& o, const Dims& d) {
+  const double M = d.M, MK = d.M * d.top_k;
+  o.pointwise("combine_bwd", 4 * MK * d.D, M * d.D + 2 * MK * d.D + 2 * MK, kIdBytes * MK);
+  expert_gemm(o, "experts_down_dx", d, d.Fe, d.D);
+  o.pointwise("experts_swiglu_bwd", kSwigluBwd * MK * d.Fe, 5 * MK * d.Fe);
+  expert_gemm(o, "experts_gate_dx", d, d.D, d.Fe);
+  expert_gemm(o, "experts_up_dx", d, d.D, d.Fe);
+  o.pointwise("dispatch_bwd", MK * d.D, MK * d.D + 2 * M * d.D, kIdBytes * MK);
+  o.pointwise("route_bwd", kRouteBwd * M * d.E, 4 * M * d.E + 3 * MK);
+  o.gemm("router_dx", M, d.D, d.E, true);
+}
+
+void moe_bwd_weight(Ops& o, const Dims& d) {
+  o.weight_grad("router_dw", d.M, d.E, d.D);
+  expert_weight_grad(o, "experts_down_dw", d, d.D, d.Fe);
+  expert_weight_grad(o, "experts_gate_dw", d, d.Fe, d.D);
+  expert_weight_grad(o, "experts_up_dw", d, d.Fe, d.D);
 }
 
 // ---- attention (model/attention_unit.cpp, kernels/attention.cpp) ------------------------------
@@ -342,6 +396,7 @@ void block_pass(Ops& o, const Dims& d, char kind, ir::Pass pass, int tp) {
     if (kind == '-') mlp_fwd(o, d);
     if (kind == '*') attention_fwd(o, d);
     if (kind == 'M') mamba_fwd(o, d);
+    if (kind == 'E') moe_fwd(o, d);
     tp_allreduce_rows(o, d, tp);  // row-parallel output projection: partial sums
     residual(o, d);
     return;
@@ -350,6 +405,10 @@ void block_pass(Ops& o, const Dims& d, char kind, ir::Pass pass, int tp) {
     if (kind == '-') mlp_bwd_input(o, d);
     if (kind == '*') attention_bwd_input(o, d);
     if (kind == 'M') mamba_bwd_input(o, d);
+    if (kind == 'E') {
+      moe_bwd_input(o, d);
+      if (tp > 1) o.comm(CommOp::COMM_ALLREDUCE, d.M * d.top_k * o.elem_bytes());  // the routing weights' gradient
+    }
     tp_allreduce_rows(o, d, tp);  // column-parallel input projections: partial input gradients
     norm_bwd(o, d, "rmsnorm_bwd");
     residual(o, d);
@@ -358,6 +417,7 @@ void block_pass(Ops& o, const Dims& d, char kind, ir::Pass pass, int tp) {
     if (kind == '-') mlp_bwd_weight(o, d);
     if (kind == '*') attention_bwd_weight(o, d);
     if (kind == 'M') mamba_bwd_weight(o, d);
+    if (kind == 'E') moe_bwd_weight(o, d);
   }
 }
 
@@ -410,6 +470,14 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       saved += M * (2 * d.Q + 2 * d.KVD + d.H); // q, k, v after RoPE, att, lse
       stash = M * (d.D + d.Q + 2 * d.KVD);      // dout, dq, dk, dv
       transient = dxn + stash + M * d.Q;        // + datt
+    } else if (kind == 'E') {
+      const double MK = M * d.top_k;
+      // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out;
+      // gate, up, h
+      saved += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D + 3 * MK * d.Fe;
+      stash = M * d.E + MK * d.D + 2 * MK * d.Fe;  // dlogits, the rows' gradients, dgate, dup
+      // the rows on their way (a send and a receive buffer), the gradients' too
+      transient = std::max(2 * MK * d.D, dxn + stash + 2 * MK * d.D + d.Fe * MK);
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states

@@ -60,13 +60,13 @@ struct Work {
 };
 
 // The work of one call of unit kind `kind` ('e' embedding, 'M' Mamba-2,
-// '*' attention, '-' MLP, 'h' head: final norm, lm_head, cross-entropy) in
+// '*' attention, '-' MLP, 'E' MoE under balanced routing, 'h' head: final
+// norm, lm_head, cross-entropy) in
 // pass `pass` (F forward; BI input gradients and the scan's backward; BW
 // weight-gradient products; B = BI then BW) over `rows` rows of sequences of
 // `seq_len` tokens, on one of `tp` tensor-parallel ranks, at `elem_bytes`
 // bytes per tensor element (4: piper's fp32; 2: bf16).
-// Throws std::invalid_argument for 'E' (the spec defines MoE but ModelConfig
-// has no expert sizes), an unknown kind, pass U or C, rows, seq_len or tp < 1,
+// Throws std::invalid_argument for 'E' without its sizes, an unknown kind, pass U or C, rows, seq_len or tp < 1,
 // and a size the kind splits over tp that does not divide by it.
 Work unit_work(const config::ModelConfig& m, char kind, ir::Pass pass, int64_t rows, int64_t seq_len,
                int tp = 1, int elem_bytes = 4);

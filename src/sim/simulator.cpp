@@ -107,16 +107,15 @@ class Sim {
     for (const auto& u : plan.model.units) {
       UnitSize us;
       us.numel = ir::local_numel(u, dims_.degrees());
-      const ir::FlatShard z = ir::flat_shard(us.numel, dp_, 0);
-      us.shard = z.len;
-      us.padded = z.padded;
-      for (int c = 0; c < 3; ++c) us.kept[c] = ir::zero_shards(s.replicate.zero(u.index), kept[c]) ? z.len : z.padded;
+      for (const ir::FlatPart& p : ir::flat_parts(u, dims_.degrees(), {})) us.shard += p.zero.len, us.padded += p.zero.padded;
+      for (int c = 0; c < 3; ++c)
+        us.kept[c] = ir::zero_shards(s.replicate.zero(u.index), kept[c]) ? us.shard : us.padded;
       sizes_.push_back(us);
       kind_.push_back(ir::unit_symbol(u.kind));
       names_.push_back(u.name);
       std::array<int, 4> segs{};
       for (NodeKind k : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD})
-        segs[pass_slot(k)] = ir::pass_shape(u.kind, k, tp_, cfg.model.d_model).segments;
+        segs[pass_slot(k)] = ir::pass_shape(u.kind, k, ir::pass_dims(plan.model, tp_, dims_.degree(ir::Axis::EP))).segments;
       segments_.push_back(segs);
       const ir::Recompute mode = s.recompute_of(static_cast<int>(sizes_.size()) - 1);
       recompute_.push_back(mode == ir::Recompute::RECOMPUTE_NONE

@@ -126,10 +126,12 @@ ir::ZeroState zero_state_of(StateKind k) {
 
 // Whether `rank` writes the elements its piece of `p` holds as far as the
 // grid goes: along every axis the parameter is replicated over, coordinate 0
-// writes (the data-parallel shard rule picks among dp replicas).
+// writes (the data-parallel shard rule picks among dp replicas, the ep
+// coordinate of a dense parameter among them).
 bool writes_replica(const ir::ParamSpec& p, const ir::Coords& at) {
   for (ir::Axis a : ir::kAxes)
-    if (a != ir::Axis::DP && a != ir::Axis::PP && !ir::split_along(p, a) && at[a] != 0) return false;
+    if (a != ir::Axis::DP && a != ir::Axis::PP && a != ir::Axis::EP && !ir::split_along(p, a) && at[a] != 0)
+      return false;
   return true;
 }
 
@@ -137,32 +139,37 @@ bool writes_replica(const ir::ParamSpec& p, const ir::Coords& at) {
 void unit_pieces(const ir::UnitSpec& spec, const LayoutParams& lp, const ir::Coords& at, bool owned,
                  std::vector<Piece>& out) {
   const ir::Degrees n = lp.dims.degrees();
-  const ir::FlatShard z = ir::flat_shard(ir::local_numel(spec, n), n.dp, at.dp);
+  const int zero = lp.zero_of_unit.at(static_cast<size_t>(spec.index));
   std::vector<Run> runs;
   std::vector<int64_t> starts;
-  int64_t offset = 0;  // of the parameter's piece in the unit's flat local buffer
-  for (const ir::ParamSpec& p : spec.params) {
-    const int64_t numel = ir::local_numel(p, n);
-    const int64_t at_offset = offset;
-    offset += numel;
-    if (owned && !writes_replica(p, at)) continue;
-    for (StateKind kind : kKinds) {
-      const bool sharded = ir::zero_shards(lp.zero_of_unit.at(static_cast<size_t>(spec.index)), zero_state_of(kind));
-      // The range of the unit's flat local buffer concerned, then of this param's piece.
-      int64_t b_lo = sharded ? z.offset : 0, b_hi = sharded ? z.offset + z.len : z.padded;
-      if (owned) b_lo = std::max(b_lo, z.offset), b_hi = std::min(b_hi, z.offset + z.len);
-      const int64_t lo = std::max<int64_t>(0, b_lo - at_offset), hi = std::min(numel, b_hi - at_offset);
-      if (lo >= hi) continue;
-      local_to_global_runs(p, n, at, lo, hi, runs, starts);
-      Piece pc;
-      pc.kind = kind;
-      pc.param = p.name;
-      pc.unit = spec.index;
-      pc.runs = runs;
-      const int64_t base = sharded ? z.offset : 0;
-      pc.local_offsets.reserve(starts.size());
-      for (int64_t s : starts) pc.local_offsets.push_back(at_offset + s - base);
-      out.push_back(std::move(pc));
+  for (const ir::FlatPart& part : ir::flat_parts(spec, n, at)) {
+    const ir::FlatShard& z = part.zero;
+    int64_t offset = 0;  // of the parameter's piece in the part
+    for (size_t i = part.first; i < part.first + part.count; ++i) {
+      const ir::ParamSpec& p = spec.params[i];
+      const int64_t numel = ir::local_numel(p, n);
+      const int64_t at_offset = offset;
+      offset += numel;
+      if (owned && !writes_replica(p, at)) continue;
+      for (StateKind kind : kKinds) {
+        const bool sharded = ir::zero_shards(zero, zero_state_of(kind));
+        // The range of the part concerned, then of this param's piece.
+        int64_t b_lo = sharded ? z.offset : 0, b_hi = sharded ? z.offset + z.len : z.padded;
+        if (owned) b_lo = std::max(b_lo, z.offset), b_hi = std::min(b_hi, z.offset + z.len);
+        const int64_t lo = std::max<int64_t>(0, b_lo - at_offset), hi = std::min(numel, b_hi - at_offset);
+        if (lo >= hi) continue;
+        local_to_global_runs(p, n, at, lo, hi, runs, starts);
+        Piece pc;
+        pc.kind = kind;
+        pc.param = p.name;
+        pc.unit = spec.index;
+        pc.runs = runs;
+        // Where the part's elements start in the buffer the rank stores: its shard buffer, or its full buffer.
+        const int64_t base = sharded ? part.shard_offset - z.offset : part.full_offset;
+        pc.local_offsets.reserve(starts.size());
+        for (int64_t s : starts) pc.local_offsets.push_back(base + at_offset + s);
+        out.push_back(std::move(pc));
+      }
     }
   }
 }

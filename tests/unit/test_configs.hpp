@@ -11,8 +11,9 @@
 namespace piper::testing {
 
 // A small model with every block kind cheap to build and run: D 16, H 4 (attention hd 4), KV 2,
-// F 24, N 8, P 8, expand 2 (d_inner 32, Hm 4), G 2, K 4, V 32. Every other field (rope_theta,
-// ssd_chunk, ...) keeps its config::ModelConfig default.
+// F 24, N 8, P 8, expand 2 (d_inner 32, Hm 4), G 2, K 4, V 32, and for E blocks 4 experts, top 2,
+// expert F 12. Every other field (rope_theta, ssd_chunk, moe_aux_coef, ...) keeps its
+// config::ModelConfig default.
 inline config::ModelConfig small_model(const std::string& pattern) {
   config::ModelConfig m;
   m.pattern = pattern;
@@ -26,6 +27,9 @@ inline config::ModelConfig small_model(const std::string& pattern) {
   m.expand = 2;
   m.n_groups = 2;
   m.d_conv = 4;
+  m.n_experts = 4;
+  m.top_k = 2;
+  m.moe_ffn_hidden = 12;
   return m;
 }
 

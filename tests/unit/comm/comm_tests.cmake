@@ -1,9 +1,10 @@
-# comm_tests.cmake — the MPI tests of src/comm: test_comm_mpi under mpirun on 2, 3 and 4 ranks.
+# comm_tests.cmake — the MPI tests of src/comm, and of the MoE token dispatcher over real ep groups:
+# test_comm_mpi under mpirun on 2, 3 and 4 ranks.
 # Included from the top-level CMakeLists.txt after piper_comm is defined:
 #   include(tests/unit/comm/comm_tests.cmake)
-add_executable(test_comm_mpi ${CMAKE_CURRENT_LIST_DIR}/mpi/test_comm_mpi.cpp)
+add_executable(test_comm_mpi ${CMAKE_CURRENT_LIST_DIR}/mpi/test_comm_mpi.cpp ${CMAKE_CURRENT_LIST_DIR}/mpi/test_dispatch_mpi.cpp)
 target_include_directories(test_comm_mpi PRIVATE ${CMAKE_SOURCE_DIR}/tests)
-target_link_libraries(test_comm_mpi PRIVATE piper_comm piper_ir GTest::gtest)
+target_link_libraries(test_comm_mpi PRIVATE piper_comm piper_ir piper_model GTest::gtest)
 if(TARGET unit_comm)
   add_dependencies(unit_comm test_comm_mpi)  # building unit_comm builds the MPI tests too
 endif()

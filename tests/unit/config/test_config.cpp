@@ -145,6 +145,9 @@ TEST(Config, ValidateReportsEveryProblem) {
 
 // ---- bad configs: each row must throw a ConfigError naming the given pieces ------
 
+// A valid model with MoE blocks (lines 1-6), for the cases that add to it.
+const std::string kMoeModel = "model:\n  pattern: M-E\n  d_model: 64\n  n_experts: 4\n  top_k: 2\n  moe_ffn_hidden: 32\n";
+
 struct BadCase {
   const char* name;
   std::string yaml;
@@ -197,9 +200,15 @@ const std::vector<BadCase> kBad = {
     {"ZeroSize", "model:\n  vocab_size: 0\n", {}, 1, {"bad.yaml:2:3", "model.vocab_size=0", "at least 1"}},
     {"EmptyPattern", "model:\n  pattern: ''\n", {}, 1, {"bad.yaml:2:3", "model.pattern", "empty"}},
     {"BadPatternSymbol", "model:\n  pattern: M-X\n", {}, 1,
-     {"bad.yaml:2:3", "model.pattern=\"M-X\"", "'X'", "M (Mamba-2), * (attention) or - (MLP)"}},
-    {"MoePattern", "model:\n  pattern: M-E\n", {}, 1,
-     {"bad.yaml:2:3", "model.pattern: MoE blocks ('E') are not supported yet"}},
+     {"bad.yaml:2:3", "model.pattern=\"M-X\"", "'X'", "M (Mamba-2), * (attention), - (MLP) or E (MoE)"}},
+    // an E without its keys: each named at the pattern, with what to set
+    {"MoeWithoutKeys", "model:\n  pattern: M-E\n", {}, 1,
+     {"bad.yaml:2:3: model.n_experts: not given; the pattern \"M-E\" has MoE blocks (block 2 is E)",
+      "set model.n_experts (e.g. 8)", "bad.yaml:2:3: model.top_k: not given", "bad.yaml:2:3: model.moe_ffn_hidden: not given"}},
+    {"MoeTopKAboveExperts", "model:\n  pattern: E\n  n_experts: 4\n  top_k: 5\n  moe_ffn_hidden: 64\n", {}, 1,
+     {"bad.yaml:4:3: model.top_k=5: 5 experts per token, but model.n_experts=4 (at bad.yaml:3:3) is 4",
+      "use top_k <= n_experts"}},
+    {"MoeAuxCoefNegative", "model:\n  moe_aux_coef: -1\n", {}, 1, {"bad.yaml:2:3: model.moe_aux_coef=-1", ">= 0"}},
     {"HeadsDontDivide", "model:\n  d_model: 100\n  n_heads: 8\n", {}, 1,
      {"bad.yaml:2:3", "model.d_model=100", "not divisible by model.n_heads=8 (at bad.yaml:3:3)", "96 or 104"}},
     {"KvHeadsDontDivide", "model:\n  n_heads: 8\n  n_kv_heads: 3\n", {}, 1,
@@ -226,6 +235,19 @@ const std::vector<BadCase> kBad = {
     {"EmptyDataPath", "data:\n  path: \"\"\n", {}, 1, {"bad.yaml:2:3", "data.path", "token file"}},
     // validation: parallel
     {"ZeroStage", "parallel:\n  zero: 4\n", {}, 1, {"bad.yaml:2:3", "parallel.zero=4", "0, 1, 2 or 3"}},
+    // expert parallelism: carved out of dp, whole experts per rank, only with E blocks
+    {"EpDoesNotDivideDp", kMoeModel + "parallel:\n  dp: 3\n  ep: 2\n", {}, 3,
+     {"bad.yaml:9:3: parallel.ep=2: 2 does not divide parallel.dp=3 (at bad.yaml:8:3)", "carved out of the data-parallel",
+      "use ep 1 or 3, or dp 2 or 4"}},
+    {"EpDoesNotDivideExperts", kMoeModel + "parallel:\n  dp: 3\n  ep: 3\n", {}, 3,
+     {"bad.yaml:9:3: parallel.ep=3: model.n_experts=4 (at bad.yaml:4:3) = 4 does not split into 3 equal groups",
+      "use ep 2 or 4"}},
+    {"EpWithoutMoe", "parallel:\n  dp: 2\n  ep: 2\n", {}, 2,
+     {"bad.yaml:3:3: parallel.ep=2: 2 expert-parallel ranks, but the pattern", "has no MoE block (E)"}},
+    {"TensorParallelExperts", "model:\n  pattern: E\n  n_experts: 4\n  top_k: 2\n  moe_ffn_hidden: 30\n",
+     {"parallel.tp=4"}, 4,
+     {"parallel.tp=4: the expert hidden size (experts are split over tp inside) (model.moe_ffn_hidden = 30) must "
+      "divide by tp"}},
     {"WorldSizeMismatch", "parallel:\n  dp: 2\n", {}, 1,
      {"world size 1 != dp(2) x tp(1) x pp(1) = 2", "parallel.dp=2 (at bad.yaml:2:3)", "mpirun -n 2"}},
     {"TensorParallelGroups", "model:\n  n_groups: 1\n", {"parallel.tp=2"}, 2,

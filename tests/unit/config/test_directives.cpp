@@ -339,7 +339,7 @@ const std::vector<BadCase> kBad = {
      {"d.yaml:10:5", "directives[0]", "one-key map", "a map with 2 keys (place, pp)"}},
     {"ItemNotAMap", "directives:\n  - split\n", 1, {"d.yaml:10:5", "expected one directive", "found 'split'"}},
     {"DirectiveNotAMap", "directives:\n  - shard: 2\n", 1,
-     {"d.yaml:10:12", "directives[0].shard", "expected a map of keys (tp)", "found '2'"}},
+     {"d.yaml:10:12", "directives[0].shard", "expected a map of keys (tp, ep)", "found '2'"}},
     {"UnknownKey", "directives:\n  - place: {pp: 1, virtual_stage: 1}\n", 1,
      {"d.yaml:10:20", "directives[0].place", "unknown key 'virtual_stage'", "did you mean 'virtual_stages'?"}},
     {"KeyOfAnotherDirective", "directives:\n  - split: {dp: 2}\n", 1,

@@ -864,7 +864,7 @@ TEST(Printing, DirectivesYaml) {
   EXPECT_NE(y.find("replicate: {dp: 2, shard_grads: true, shard_params: false, shard_optimizer: true, bucket_mb: 25}"),
             std::string::npos)
       << y;
-  EXPECT_NE(y.find("shard: {tp: 1}"), std::string::npos) << y;
+  EXPECT_NE(y.find("shard: {tp: 1, ep: 1}"), std::string::npos) << y;
 }
 
 TEST(Printing, SummaryAndProgram) {

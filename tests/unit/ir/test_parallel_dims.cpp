@@ -65,7 +65,7 @@ TEST(ParallelDims, AxesOutsideTheOrderHaveDegreeOne) {
   EXPECT_EQ(one.group(0, Axis::TP), (std::vector<int>{0}));
 }
 
-// The grid arithmetic knows all five axes, though ParallelDims admits cp and ep of 1 only today.
+// The grid arithmetic knows all five axes (ParallelDims admits cp 1 only, and carves ep out of dp).
 TEST(RankGrid, UnevenSizesAndAllFiveAxes) {
   const RankGrid g({Axis::TP, Axis::CP, Axis::EP, Axis::DP, Axis::PP}, {.tp = 2, .cp = 1, .ep = 3, .dp = 1, .pp = 4});
   EXPECT_EQ(g.world_size(), 24);
@@ -115,8 +115,13 @@ TEST(ParallelDims, EveryInvalidCaseSaysWhatIsWrong) {
   EXPECT_EQ(error_of([] { ParallelDims(8, "tp-dp-pp", {.tp = 0}); }), "rank grid: tp size must be >= 1, got 0");
   EXPECT_EQ(error_of([] { ParallelDims(8, "tp-dp-pp", {.pp = -1}); }), "rank grid: pp size must be >= 1, got -1");
   EXPECT_EQ(error_of([] { ParallelDims(8, "tp-ep-dp-pp", {.tp = 2, .ep = 2, .dp = 2}); }),
-            "ep = 2: ep > 1 needs expert parallelism (mixture-of-experts blocks), which this build does not have; "
-            "use ep 1");
+            "world size 8 != tp(2) x dp(2) x pp(1) = 4");  // ep is carved out of dp, no factor of its own
+  EXPECT_EQ(error_of([] { ParallelDims(6, "tp-dp-pp", {.ep = 2, .dp = 3, .pp = 2}); }),
+            "ep = 2 does not divide dp = 3: expert parallelism splits the data-parallel ranks into groups of ep; use "
+            "an ep that divides dp");
+  EXPECT_EQ(error_of([] { ParallelDims(4, "ep-tp-dp-pp", {.ep = 2, .dp = 4}); }),
+            "rank grid order 'ep-tp-dp-pp' puts ep elsewhere than right before dp; expert parallelism is carved out "
+            "of dp (its groups are ep consecutive data-parallel ranks): write ep-dp, or leave ep out");
   EXPECT_EQ(error_of([] { ParallelDims(4, "tp-cp-dp-pp", {.cp = 2, .dp = 2}); }),
             "cp = 2: cp > 1 needs context parallelism (a sequence split over ranks), which this build does not "
             "have; use cp 1");
@@ -125,6 +130,29 @@ TEST(ParallelDims, EveryInvalidCaseSaysWhatIsWrong) {
   const ParallelDims g(8, "tp-dp-pp", kDegrees222);
   EXPECT_EQ(error_of([&] { g.coord(8, Axis::DP); }), "rank grid: rank 8 outside world size 8");
   EXPECT_EQ(error_of([&] { g.rank_of({.dp = 2}); }), "rank grid: dp coordinate 2 outside 0..1");
+}
+
+// Megatron's layout: an ep group is ep consecutive dp ranks; the expert-data group strides over them.
+TEST(ParallelDims, ExpertParallelismIsCarvedOutOfDataParallelism) {
+  for (const std::string order : {"tp-dp-pp", "tp-ep-dp-pp"}) {
+    const ParallelDims g(16, order, {.tp = 2, .ep = 2, .dp = 4, .pp = 2});
+    EXPECT_EQ(g.world_size(), 16);
+    // rank = tp + 2 dp + 8 pp; rank 11: tp 1, dp 1, pp 1.
+    EXPECT_EQ(g.coord(11, Axis::DP), 1);
+    EXPECT_EQ(g.coord(11, Axis::EP), 1);
+    EXPECT_EQ(g.coords(11).ep, 1);
+    EXPECT_EQ(g.expert_data_coord(11), 0);
+    EXPECT_EQ(g.expert_data_degree(), 2);
+    EXPECT_EQ(g.group(11, Axis::EP), (std::vector<int>{9, 11}));            // dp 0, 1
+    EXPECT_EQ(g.expert_data_group(11), (std::vector<int>{11, 15}));         // dp 1, 3
+    EXPECT_EQ(g.group(11, Axis::DP), (std::vector<int>{9, 11, 13, 15}));
+    EXPECT_EQ(g.groups(Axis::EP).size(), 8u);
+    for (int r = 0; r < 16; ++r) {
+      EXPECT_EQ(g.rank_of(g.coords(r)), r);
+      for (int m : g.group(r, Axis::EP)) EXPECT_EQ(g.expert_data_coord(m), g.expert_data_coord(r));
+      for (int m : g.expert_data_group(r)) EXPECT_EQ(g.coord(m, Axis::EP), g.coord(r, Axis::EP));
+    }
+  }
 }
 
 TEST(ParallelDims, StrategyGivesItsDims) {

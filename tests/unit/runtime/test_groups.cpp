@@ -38,6 +38,9 @@ class RecordingComm final : public comm::Communicator {
   comm::Request ireduce_scatter(const float*, float*, size_t) override { return note("reduce_scatter"); }
   comm::Request iallgather(const float*, float*, size_t) override { return note("allgather"); }
   comm::Request ialltoall(const float*, float*, size_t) override { return note("alltoall"); }
+  comm::Request ialltoallv(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
+    return note("alltoallv");
+  }
   comm::Request iallreduce_double(double*, size_t) override { return note("allreduce_double"); }
   void barrier() override { note("barrier"); }
 

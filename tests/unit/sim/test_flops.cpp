@@ -190,11 +190,38 @@ TEST(FlopsMemory, MatchesRuntimeTensors) {
   EXPECT_DOUBLE_EQ(head.saved, 4 * M * (D + 1 + 1024));  // xn, rstd, dlogits
 }
 
+// An MoE block's FLOPs are those of its active experts: M top_k rows through one expert's three
+// matrices each (2 M K 3 D F), plus the router (2 M E D), as a dense MLP of hidden K F would have
+// them; the backward's are twice the forward's (input and weight halves).
+TEST(FlopsMoe, ActiveExpertsAndRouter) {
+  auto m = mid_model("E");
+  m.n_experts = 8, m.top_k = 2, m.moe_ffn_hidden = 768;
+  const int64_t T = 128, rows = 4 * T;
+  const double D = 512, F = 768, E = 8, K = 2, M = static_cast<double>(rows);
+  const Work f = unit_work(m, 'E', Pass::PASS_F, rows, T);
+  EXPECT_DOUBLE_EQ(f.matmul_flops(), 2 * M * K * 3 * D * F + 2 * M * E * D);
+  ASSERT_NE(f.op("experts_gate"), nullptr);
+  // The experts' rows read and written, and every expert's weights read once.
+  EXPECT_DOUBLE_EQ(f.op("experts_gate")->bytes, 4 * (M * K * D + E * F * D + M * K * F));
+  const Work bi = unit_work(m, 'E', Pass::PASS_BI, rows, T), bw = unit_work(m, 'E', Pass::PASS_BW, rows, T);
+  EXPECT_DOUBLE_EQ(bi.matmul_flops(), 2 * M * K * 3 * D * F + 2 * M * E * D);
+  EXPECT_DOUBLE_EQ(bw.matmul_flops(), 2 * M * K * 3 * D * F + 2 * M * E * D);
+  // Against an MLP block with the same active parameters (hidden K F): the same expert products.
+  auto dense = mid_model("-");
+  dense.ffn_hidden = static_cast<int64_t>(K * F);
+  EXPECT_DOUBLE_EQ(f.matmul_flops() - 2 * M * E * D, unit_work(dense, '-', Pass::PASS_F, rows, T).matmul_flops());
+  // tp splits each expert's hidden size; the routing weights' gradient is summed over tp.
+  const Work bi2 = unit_work(m, 'E', Pass::PASS_BI, rows, T, 2);
+  EXPECT_DOUBLE_EQ(bi2.op("experts_gate_dx")->matmul_flops, bi.op("experts_gate_dx")->matmul_flops / 2);
+  ASSERT_EQ(bi2.tp_comm.size(), 2u);
+  EXPECT_DOUBLE_EQ(bi2.tp_comm[0].bytes, 4 * M * K);
+}
+
 TEST(FlopsErrors, RefusesMoeUnknownKindsAndBadTp) {
   const auto m = mid_model("M*-");
   try {
     unit_work(m, 'E', Pass::PASS_F, 128, 128);
-    ADD_FAILURE() << "MoE accepted";
+    ADD_FAILURE() << "MoE without its sizes accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("MoE"), std::string::npos) << e.what();
   }

@@ -315,15 +315,19 @@ TEST(Layout, HeldMatchesParamStore) {
           continue;
         }
         const bool moments_only = sharded(p.unit, ir::ZeroState::ZERO_MOMENTS) && !sharded(p.unit, ir::ZeroState::ZERO_PARAMS);
-        const int64_t shift = moments_only ? ps.shard_offset(p.unit) : 0;
+        // From the part's place in the full buffer to its shard's place in the shard buffer.
+        const ir::FlatPart& part = ps.parts(p.unit)[ps.find(p.param).part];
+        const int64_t shift = moments_only ? part.full_offset + part.zero.offset - part.shard_offset : 0;
         std::vector<int64_t> expect = locate(*it->second, p.runs);
         for (auto& e : expect) e -= shift;
         EXPECT_EQ(expect, p.local_offsets) << "rank " << r << " " << dataset_name(p.kind, p.param);
       }
       for (int u : units) {
-        const int64_t expect = sharded(u, ir::ZeroState::ZERO_PARAMS) ? std::max<int64_t>(0, std::min(ps.shard_len(u), ps.unit_numel(u) -
-                                                                                             ps.shard_offset(u)))
-                                            : ps.unit_numel(u);
+        int64_t expect = 0;  // the part's elements in this rank's shard of each part, or all of them
+        for (const ir::FlatPart& part : ps.parts(u))
+          expect += sharded(u, ir::ZeroState::ZERO_PARAMS)
+                        ? std::max<int64_t>(0, std::min(part.zero.len, part.numel - part.zero.offset))
+                        : part.numel;
         EXPECT_EQ(param_elems[u], expect) << "rank " << r << " unit " << u;
       }
     }

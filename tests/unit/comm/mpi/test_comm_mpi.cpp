@@ -145,6 +145,28 @@ TEST(CommMpi, AlltoallTransposesBlocks) {
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
+// Rank i sends (i + j) % 3 floats to rank j (some zero), each value naming sender, receiver and index.
+TEST(CommMpi, AlltoallvMovesVariableBlocks) {
+  const int r = world().rank(), p = world().size();
+  auto count = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
+  auto value = [](int from, int to, int64_t k) { return static_cast<float>(from * 1000 + to * 10 + k); };
+  std::vector<int64_t> send(static_cast<size_t>(p)), recv(static_cast<size_t>(p));
+  std::vector<float> in, expected;
+  for (int j = 0; j < p; ++j) {
+    send[static_cast<size_t>(j)] = count(r, j), recv[static_cast<size_t>(j)] = count(j, r);
+    for (int64_t k = 0; k < count(r, j); ++k) in.push_back(value(r, j, k));
+    for (int64_t k = 0; k < count(j, r); ++k) expected.push_back(value(j, r, k));
+  }
+  std::vector<float> out(expected.size(), -1.f);
+  in.push_back(0.f);  // never a null buffer, even when nothing is sent
+  out.push_back(0.f);
+  world().ialltoallv(in.data(), send, out.data(), recv).wait();
+  out.pop_back();
+  EXPECT_EQ(out, expected);
+  EXPECT_THROW(world().ialltoallv(in.data(), {}, out.data(), recv), std::invalid_argument);  // no counts
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
 TEST(CommMpi, AllreduceDoubleAndBarrier) {
   const int r = world().rank(), p = world().size();
   double v[2] = {r + 0.25, 1e-300};
@@ -542,6 +564,9 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 };
 
 }  // namespace
+
+Communicator& test_world() { return world(); }
+
 }  // namespace piper::comm
 
 int main(int argc, char** argv) {

@@ -1,0 +1,211 @@
+// moe_dispatch.cpp — an MoE block's rows to their experts and back.
+#include "model/moe_dispatch.hpp"
+
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace piper::model {
+
+using backend::MemCategory;
+using backend::Tensor;
+using backend::view;
+
+namespace {
+
+// The first n indices of an i32 tensor.
+backend::TensorView indices(Tensor& t, int64_t n) {
+  return {t.device(), backend::DType::DTYPE_I32, backend::Shape{n}, t.view().ptr};
+}
+backend::ConstTensorView indices(const Tensor& t, int64_t n) {
+  return {t.device(), backend::DType::DTYPE_I32, backend::Shape{n}, t.view().ptr};
+}
+
+}  // namespace
+
+
+Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size)
+    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size) {
+  if (n_experts < 1 || ep_size < 1 || n_experts % ep_size != 0)
+    throw std::invalid_argument("MoE dispatcher: " + std::to_string(n_experts) + " experts do not split over ep " +
+                                std::to_string(ep_size));
+}
+
+// Storage for n rows (at least one element: a buffer handed to MPI is never null).
+Tensor Dispatcher::rows_tensor(int64_t n) {
+  return Tensor(be_, std::max<int64_t>(1, n * d_), MemCategory::MEM_ACTIVATIONS);
+}
+
+Tensor Dispatcher::index_tensor(const std::vector<int32_t>& host) {
+  Tensor t(be_, backend::Shape{std::max<int64_t>(1, static_cast<int64_t>(host.size()))}, MemCategory::MEM_BUFFERS,
+           backend::DType::DTYPE_I32);
+  if (!host.empty()) be_.to_device(t.view().ptr, host.data(), host.size() * sizeof(int32_t));
+  return t;
+}
+
+// dst[i] = src[index[i]] for every row of index.
+void Dispatcher::gather(const float* src, int64_t src_rows, const Tensor& index, Tensor& dst) {
+  const int64_t n = rows();
+  dst = rows_tensor(n);
+  be_.gather_rows(view(be_, src, {src_rows, d_}), indices(index, n), view(be_, dst.data(), {n, d_}));
+}
+
+std::vector<int64_t> Dispatcher::rows_to() const {
+  std::vector<int64_t> out(static_cast<size_t>(ep_), 0);
+  for (int64_t e = 0; e < n_experts_; ++e) out[static_cast<size_t>(e / local_)] += counts_[static_cast<size_t>(e)];
+  return out;
+}
+
+std::vector<int64_t> Dispatcher::rows_from() const {
+  std::vector<int64_t> out(static_cast<size_t>(ep_), 0);
+  for (int64_t j = 0; j < ep_; ++j)
+    for (int64_t l = 0; l < local_; ++l) out[static_cast<size_t>(j)] += recv_[static_cast<size_t>(j * local_ + l)];
+  return out;
+}
+
+std::vector<int64_t> Dispatcher::floats(const std::vector<int64_t>& rows) const {
+  std::vector<int64_t> out;
+  for (int64_t r : rows) out.push_back(r * d_);
+  return out;
+}
+
+int64_t Dispatcher::rows() const {
+  return std::accumulate(expert_rows_.begin(), expert_rows_.end(), int64_t{0});
+}
+
+// ---- forward ----
+
+void Dispatcher::route(backend::ConstTensorView experts, const float* x) {
+  tokens_ = experts.shape[0];
+  slots_ = tokens_ * experts.shape[1];
+  Tensor counts(be_, backend::Shape{n_experts_}, MemCategory::MEM_BUFFERS, backend::DType::DTYPE_I32);
+  order_ = Tensor(be_, backend::Shape{std::max<int64_t>(1, slots_)}, MemCategory::MEM_ACTIVATIONS,
+                  backend::DType::DTYPE_I32);
+  pos_ = Tensor(be_, experts.shape, MemCategory::MEM_ACTIVATIONS, backend::DType::DTYPE_I32);
+  be_.moe_permute_index(experts, counts.view(), indices(order_, slots_), pos_.view());
+  std::vector<int32_t> host(static_cast<size_t>(n_experts_));
+  be_.to_host(host.data(), counts.view().ptr, host.size() * sizeof(int32_t));
+  counts_.assign(host.begin(), host.end());
+  xp_ = rows_tensor(slots_);
+  be_.gather_rows(view(be_, x, {tokens_, d_}), indices(std::as_const(order_), slots_),
+                  view(be_, xp_.data(), {slots_, d_}));
+  if (ep_ == 1) expert_rows_ = counts_;
+}
+
+CommBuffer Dispatcher::counts() {
+  std::vector<float> host(counts_.begin(), counts_.end());  // row counts, exact as floats below 2^24
+  count_send_ = Tensor(be_, n_experts_, MemCategory::MEM_BUFFERS);
+  count_recv_ = Tensor(be_, n_experts_, MemCategory::MEM_BUFFERS);
+  be_.to_device(count_send_.data(), host.data(), host.size() * sizeof(float));
+  return {count_send_.data(), count_recv_.data(), n_experts_, {}, {}};
+}
+
+void Dispatcher::size() {
+  std::vector<float> host(static_cast<size_t>(n_experts_));
+  be_.to_host(host.data(), count_recv_.data(), host.size() * sizeof(float));
+  recv_.assign(host.begin(), host.end());  // [ep rank j][local expert l]
+  expert_rows_.assign(static_cast<size_t>(local_), 0);
+  for (int64_t j = 0; j < ep_; ++j)
+    for (int64_t l = 0; l < local_; ++l)
+      expert_rows_[static_cast<size_t>(l)] += recv_[static_cast<size_t>(j * local_ + l)];
+  count_send_ = {}, count_recv_ = {};
+  xr_ = rows_tensor(rows());
+}
+
+CommBuffer Dispatcher::dispatch() { return {xp_.data(), xr_.data(), slots_ * d_, floats(rows_to()), floats(rows_from())}; }
+
+// Received rows come rank by rank, each rank's expert by expert; the experts want them expert by expert.
+void Dispatcher::sort() {
+  if (ep_ == 1) {
+    xs_ = std::move(xp_);
+  } else {
+    std::vector<int64_t> start(recv_.size());  // of block (j, l) in the received rows
+    int64_t at = 0;
+    for (size_t b = 0; b < recv_.size(); ++b) start[b] = at, at += recv_[b];
+    std::vector<int32_t> sort, unsort(static_cast<size_t>(at));
+    for (int64_t l = 0; l < local_; ++l)
+      for (int64_t j = 0; j < ep_; ++j) {
+        const size_t b = static_cast<size_t>(j * local_ + l);
+        for (int64_t i = 0; i < recv_[b]; ++i) {
+          unsort[static_cast<size_t>(start[b] + i)] = static_cast<int32_t>(sort.size());
+          sort.push_back(static_cast<int32_t>(start[b] + i));
+        }
+      }
+    sort_ = index_tensor(sort);
+    unsort_ = index_tensor(unsort);
+    gather(xr_.data(), rows(), sort_, xs_);
+    xr_ = {}, xp_ = {};
+  }
+  ys_ = rows_tensor(rows());
+}
+
+const float* Dispatcher::expert_input() const { return xs_.data(); }
+float* Dispatcher::expert_output() { return ys_.data(); }
+
+void Dispatcher::unsort() {
+  if (ep_ == 1) {
+    yp_ = std::move(ys_);
+    return;
+  }
+  gather(ys_.data(), rows(), unsort_, yr_);
+  ys_ = {};
+}
+
+CommBuffer Dispatcher::give_back() {
+  yp_ = rows_tensor(slots_);
+  return {yr_.data(), yp_.data(), rows() * d_, floats(rows_from()), floats(rows_to())};
+}
+
+void Dispatcher::combine(backend::ConstTensorView weights, float* out) {
+  yr_ = {};
+  be_.moe_combine(view(be_, yp_.data(), {slots_, d_}), pos_.view(), weights, view(be_, out, {tokens_, d_}));
+}
+
+// ---- backward ----
+
+void Dispatcher::combine_backward(const float* dout, backend::ConstTensorView weights, backend::TensorView dweights) {
+  dyp_ = rows_tensor(slots_);
+  be_.moe_combine_bwd(view(be_, dout, {tokens_, d_}), view(be_, yp_.data(), {slots_, d_}), pos_.view(), weights,
+                      view(be_, dyp_.data(), {slots_, d_}), dweights);
+  yp_ = {};
+}
+
+CommBuffer Dispatcher::dispatch_grad() {
+  dyr_ = rows_tensor(rows());
+  return {dyp_.data(), dyr_.data(), slots_ * d_, floats(rows_to()), floats(rows_from())};
+}
+
+void Dispatcher::sort_grad() {
+  if (ep_ == 1) {
+    dys_ = std::move(dyp_);
+  } else {
+    gather(dyr_.data(), rows(), sort_, dys_);
+    dyr_ = {}, dyp_ = {};
+  }
+  dxs_ = rows_tensor(rows());
+}
+
+const float* Dispatcher::expert_grad_output() const { return dys_.data(); }
+float* Dispatcher::expert_grad_input() { return dxs_.data(); }
+
+void Dispatcher::unsort_grad() {
+  if (ep_ == 1) {
+    dxp_ = std::move(dxs_);
+    return;
+  }
+  gather(dxs_.data(), rows(), unsort_, dxr_);
+  dxs_ = {};
+}
+
+CommBuffer Dispatcher::return_grad() {
+  dxp_ = rows_tensor(slots_);
+  return {dxr_.data(), dxp_.data(), rows() * d_, floats(rows_from()), floats(rows_to())};
+}
+
+void Dispatcher::dispatch_backward(float* dx) {
+  be_.moe_dispatch_bwd(view(be_, dxp_.data(), {slots_, d_}), pos_.view(), view(be_, dx, {tokens_, d_}));
+  dxp_ = {}, dxr_ = {};
+}
+
+}  // namespace piper::model

@@ -1,0 +1,225 @@
+// moe_unit.cpp — the MoE block ('E'): top-k routed SwiGLU experts (docs/model.md).
+#include <stdexcept>
+#include <utility>
+
+#include "model/units.hpp"
+
+namespace piper::model {
+
+using backend::view;
+
+namespace {
+// Parameters in spec order: router [E,D], experts.gate_proj [E,F,D], experts.up_proj [E,F,D],
+// experts.down_proj [E,D,F] (0 is the block's norm); locally E/ep experts, F/tp each.
+enum MoeParam : size_t { MOE_ROUTER = 1, MOE_GATE, MOE_UP, MOE_DOWN };
+}  // namespace
+
+MoeBlock::MoeBlock(const ir::UnitSpec& spec, const config::ModelConfig& cfg, ParamStore& params, backend::Backend& be,
+                   TpInfo tp, EpInfo ep)
+    : Block(spec, cfg, params, be, tp, ep) {
+  const bool tp_sum = tp.size > 1, all_to_all = ep.size > 1;
+  auto& f = forward_steps_;
+  auto fpoint = [&](Move m) { forward_moves_.push_back(m), f.emplace_back(); };
+  f = {{Step::ROUTE}};
+  if (all_to_all) {
+    fpoint(Move::COUNTS), f.back().push_back(Step::SIZE);
+    fpoint(Move::DISPATCH), f.back().push_back(Step::EXPERTS);
+    fpoint(Move::GIVE_BACK), f.back().push_back(Step::COMBINE);
+  } else {
+    f.back().insert(f.back().end(), {Step::EXPERTS, Step::COMBINE});
+  }
+  if (tp_sum) fpoint(Move::SUM);
+  auto& b = backward_steps_;
+  auto bpoint = [&](Move m) { backward_moves_.push_back(m), b.emplace_back(); };
+  b = {{Step::COMBINE_BWD}};
+  if (tp_sum) bpoint(Move::DWEIGHTS);  // the routing weights' gradient reads the whole (tp-summed) outputs
+  if (all_to_all) {
+    bpoint(Move::DISPATCH_GRAD), b.back().push_back(Step::EXPERTS_BWD);
+    bpoint(Move::RETURN_GRAD), b.back().push_back(Step::DISPATCH_BWD);
+  } else {
+    b.back().insert(b.back().end(), {Step::EXPERTS_BWD, Step::DISPATCH_BWD});
+  }
+  if (tp_sum) bpoint(Move::SUM);
+  for (ir::NodeKind pass : {ir::NodeKind::FWD, ir::NodeKind::BWD})
+    if (static_cast<size_t>(shape(pass).segments) != (pass == ir::NodeKind::FWD ? f : b).size())
+      throw std::logic_error("MoE block " + spec.name + ": its " + ir::node_kind_name(pass) + " has " +
+                             std::to_string(shape(pass).segments) + " segments in ir::pass_shape, the unit runs " +
+                             std::to_string((pass == ir::NodeKind::FWD ? f : b).size()));
+  routing_.tokens.assign(static_cast<size_t>(cfg.n_experts), 0.0);
+}
+
+void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
+  Saved s;
+  s.rows = mb.rows(), s.seq = mb.seq, s.loss_scale = mb.loss_scale;
+  s.xn = xn, s.out = out;
+  s.dispatch = std::make_unique<Dispatcher>(be_, cfg_.n_experts, cfg_.d_model, ep_.size);
+  Saved& kept = saved_[slot] = std::move(s);
+  for (Step step : forward_steps_[0]) run(step, kept);
+  if (mb.targets && tp_.rank == 0) {  // training: the routing statistics, once per tp group
+    routing_.aux_sum += kept.aux;
+    const auto& counts = kept.dispatch->counts_per_expert();
+    for (size_t e = 0; e < counts.size(); ++e) routing_.tokens[e] += static_cast<double>(counts[e]);
+  }
+}
+
+void MoeBlock::mixer_forward_segment(int k, int slot) {
+  for (Step step : forward_steps_.at(static_cast<size_t>(k))) run(step, saved_.at(slot));
+}
+
+void MoeBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout, float* dxn) {
+  Saved& s = saved_.at(slot);
+  s.dout = dout, s.dxn = dxn;
+  for (Step step : backward_steps_[0]) run(step, s);
+}
+
+void MoeBlock::mixer_backward_segment(int k, int slot) {
+  for (Step step : backward_steps_.at(static_cast<size_t>(k))) run(step, saved_.at(slot));
+}
+
+void MoeBlock::run(Step step, Saved& s) {
+  const int64_t M = s.rows, D = cfg_.d_model, E = cfg_.n_experts, K = cfg_.top_k;
+  Dispatcher& d = *s.dispatch;
+  switch (step) {
+    case Step::ROUTE: {
+      Tensor logits = scratch(M * E);
+      be_.linear_fwd(view(be_, s.xn, {M, D}), view(be_, w(MOE_ROUTER), {E, D}), logits.view({M, E}));
+      s.probs = act(M * E), s.weights = act(M * K), s.dprobs = act(M * E);
+      s.experts = Tensor(be_, backend::Shape{M, K}, backend::MemCategory::MEM_ACTIVATIONS, backend::DType::DTYPE_I32);
+      be_.moe_route_fwd(logits.view({M, E}), s.probs.view({M, E}), s.experts.view(), s.weights.view({M, K}));
+      // d(loss)/d(probs) of coef x the mean over the global batch's sequences of aux(s).
+      const float scale = static_cast<float>(cfg_.moe_aux_coef * static_cast<double>(s.seq) * s.loss_scale);
+      s.aux = be_.moe_balance(s.probs.view({M, E}), s.experts.view(), s.seq, s.dprobs.view({M, E}), scale);
+      d.route(s.experts.view(), s.xn);
+      break;
+    }
+    case Step::SIZE: d.size(); break;
+    case Step::EXPERTS:
+      d.sort();
+      experts_forward(s);
+      d.unsort();
+      break;
+    case Step::COMBINE: d.combine(s.weights.view({M, K}), s.out); break;
+    case Step::COMBINE_BWD:
+      s.dweights = scratch(M * K);
+      d.combine_backward(s.dout, s.weights.view({M, K}), s.dweights.view({M, K}));
+      break;
+    case Step::EXPERTS_BWD:
+      d.sort_grad();
+      experts_backward(s);
+      d.unsort_grad();
+      break;
+    case Step::DISPATCH_BWD:
+      be_.fill_zero(s.dxn, static_cast<size_t>(M * D) * sizeof(float));
+      d.dispatch_backward(s.dxn);
+      router_backward(s);
+      break;
+  }
+}
+
+// Each local expert's rows through its SwiGLU: one GEMM per expert group and matrix.
+void MoeBlock::experts_forward(Saved& s) {
+  const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
+  s.gate = act(std::max<int64_t>(1, R * F)), s.up = act(std::max<int64_t>(1, R * F)), s.h = act(std::max<int64_t>(1, R * F));
+  const float* x = s.dispatch->expert_input();
+  float* y = s.dispatch->expert_output();
+  int64_t o = 0;  // the expert's first row
+  const auto& rows = s.dispatch->rows_of_expert();
+  for (size_t l = 0; l < rows.size(); o += rows[l], ++l) {
+    const int64_t n = rows[l];
+    if (n == 0) continue;
+    const auto xl = view(be_, x + o * D, {n, D});
+    const auto li = static_cast<int64_t>(l);
+    be_.linear_fwd(xl, view(be_, expert(w(MOE_GATE), li, F, D), {F, D}), view(be_, s.gate.data() + o * F, {n, F}));
+    be_.linear_fwd(xl, view(be_, expert(w(MOE_UP), li, F, D), {F, D}), view(be_, s.up.data() + o * F, {n, F}));
+    be_.swiglu_fwd(view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
+                   view(be_, s.h.data() + o * F, {n * F}));
+    be_.linear_fwd(view(be_, s.h.data() + o * F, {n, F}), view(be_, expert(w(MOE_DOWN), li, D, F), {D, F}),
+                   view(be_, y + o * D, {n, D}));
+  }
+}
+
+void MoeBlock::experts_backward(Saved& s) {
+  const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
+  s.dgate = scratch(std::max<int64_t>(1, R * F)), s.dup = scratch(std::max<int64_t>(1, R * F));
+  const float* dy = s.dispatch->expert_grad_output();
+  float* dx = s.dispatch->expert_grad_input();
+  int64_t o = 0;
+  const auto& rows = s.dispatch->rows_of_expert();
+  for (size_t l = 0; l < rows.size(); o += rows[l], ++l) {
+    const int64_t n = rows[l];
+    if (n == 0) continue;
+    const auto li = static_cast<int64_t>(l);
+    Tensor dh = scratch(n * F);
+    be_.linear_bwd_input(view(be_, dy + o * D, {n, D}), view(be_, expert(w(MOE_DOWN), li, D, F), {D, F}),
+                         dh.view({n, F}), false);
+    float* dg = s.dgate.data() + o * F;
+    float* du = s.dup.data() + o * F;
+    be_.swiglu_bwd(dh.view(), view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
+                   view(be_, dg, {n * F}), view(be_, du, {n * F}));
+    const auto dxl = view(be_, dx + o * D, {n, D});
+    be_.linear_bwd_input(view(be_, dg, {n, F}), view(be_, expert(w(MOE_GATE), li, F, D), {F, D}), dxl, false);
+    be_.linear_bwd_input(view(be_, du, {n, F}), view(be_, expert(w(MOE_UP), li, F, D), {F, D}), dxl, true);
+  }
+  s.gate = {}, s.up = {};
+}
+
+// The routing weights' and the balance loss's gradients through top-k and the softmax, into the
+// router logits and dxn. The tp group routes the same tokens alike: tp rank 0 alone adds the
+// router's part of dxn, which the block's tp sum then completes.
+void MoeBlock::router_backward(Saved& s) {
+  const int64_t M = s.rows, D = cfg_.d_model, E = cfg_.n_experts, K = cfg_.top_k;
+  s.dlogits = scratch(M * E);
+  be_.moe_route_bwd(s.dweights.view({M, K}), s.dprobs.view({M, E}), s.probs.view({M, E}), s.experts.view(),
+                    s.weights.view({M, K}), s.dlogits.view({M, E}));
+  if (tp_.rank == 0)
+    be_.linear_bwd_input(s.dlogits.view({M, E}), view(be_, w(MOE_ROUTER), {E, D}), view(be_, s.dxn, {M, D}), true);
+  s.dweights = {}, s.dprobs = {}, s.probs = {};
+}
+
+void MoeBlock::mixer_backward_weight(int slot, const float* xn) {
+  Saved& s = saved_.at(slot);
+  const int64_t M = s.rows, D = cfg_.d_model, E = cfg_.n_experts, F = dims_.moe_ffn;
+  be_.linear_bwd_weight(s.dlogits.view({M, E}), view(be_, xn, {M, D}), view(be_, g(MOE_ROUTER), {E, D}));
+  const float* x = s.dispatch->expert_input();
+  const float* dy = s.dispatch->expert_grad_output();
+  int64_t o = 0;
+  const auto& rows = s.dispatch->rows_of_expert();
+  for (size_t l = 0; l < rows.size(); o += rows[l], ++l) {
+    const int64_t n = rows[l];
+    if (n == 0) continue;
+    const auto li = static_cast<int64_t>(l);
+    const auto xl = view(be_, x + o * D, {n, D});
+    be_.linear_bwd_weight(view(be_, dy + o * D, {n, D}), view(be_, s.h.data() + o * F, {n, F}),
+                          view(be_, expert(g(MOE_DOWN), li, D, F), {D, F}));
+    be_.linear_bwd_weight(view(be_, s.dgate.data() + o * F, {n, F}), xl, view(be_, expert(g(MOE_GATE), li, F, D), {F, D}));
+    be_.linear_bwd_weight(view(be_, s.dup.data() + o * F, {n, F}), xl, view(be_, expert(g(MOE_UP), li, F, D), {F, D}));
+  }
+}
+
+CommBuffer MoeBlock::point(ir::NodeKind pass, int k, int slot) {
+  const Move m = (pass == ir::NodeKind::FWD ? forward_moves_ : backward_moves_).at(static_cast<size_t>(k));
+  Saved& s = saved_.at(slot);
+  switch (m) {
+    case Move::SUM: return Block::point(pass, k, slot);
+    case Move::COUNTS: return s.dispatch->counts();
+    case Move::DISPATCH: return s.dispatch->dispatch();
+    case Move::GIVE_BACK: return s.dispatch->give_back();
+    case Move::DWEIGHTS: return {s.dweights.data(), s.dweights.data(), s.rows * cfg_.top_k, {}, {}};
+    case Move::DISPATCH_GRAD: return s.dispatch->dispatch_grad();
+    case Move::RETURN_GRAD: return s.dispatch->return_grad();
+  }
+  throw std::logic_error("MoE block: unknown communication point");
+}
+
+double MoeBlock::mixer_loss(int slot) const {
+  const Saved& s = saved_.at(slot);
+  return tp_.rank == 0 ? cfg_.moe_aux_coef * static_cast<double>(s.seq) * s.aux : 0.0;
+}
+
+Unit::Routing MoeBlock::take_routing() {
+  return std::exchange(routing_, Routing{0.0, std::vector<double>(static_cast<size_t>(cfg_.n_experts), 0.0)});
+}
+
+void MoeBlock::mixer_release(int slot) { saved_.erase(slot); }
+
+}  // namespace piper::model
