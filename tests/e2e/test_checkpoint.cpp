@@ -32,15 +32,27 @@ std::string train(int np, const std::string& sets, const std::string& config = s
          " --set train.threads=1 --set train.steps=" + std::to_string(kSteps) + " " + sets;
 }
 
-// The uninterrupted single-rank run, once for the suite.
-const std::vector<nlohmann::json>& reference() {
+// The uninterrupted single-rank run of a config, once for the suite.
+const std::vector<nlohmann::json>& reference(const std::string& config = source("config/tiny.yaml")) {
   static TempDir tmp("ckpt-ref");
-  static std::vector<nlohmann::json> rows = [] {
-    auto r = run(train(1, "--metrics " + tmp.file("ref.jsonl")));
-    EXPECT_EQ(r.code, 0) << r.output;
-    return read_metrics(tmp.file("ref.jsonl"));
-  }();
-  return rows;
+  static std::map<std::string, std::vector<nlohmann::json>> rows;
+  auto it = rows.find(config);
+  if (it != rows.end()) return it->second;
+  const std::string file = tmp.file("ref" + std::to_string(rows.size()) + ".jsonl");
+  auto r = run(train(1, "--metrics " + file, config));
+  EXPECT_EQ(r.code, 0) << r.output;
+  return rows[config] = read_metrics(file);
+}
+
+// The worst relative loss error of a resumed run's steps against the uninterrupted run.
+double worst_loss_error(const std::vector<nlohmann::json>& rows, const std::vector<nlohmann::json>& ref) {
+  double worst = 0;
+  for (const auto& r : rows) {
+    const int64_t s = r["step"];
+    worst = std::max(worst, std::fabs(r["loss"].get<double>() - ref.at(static_cast<size_t>(s))["loss"].get<double>()) /
+                                ref.at(static_cast<size_t>(s))["loss"].get<double>());
+  }
+  return worst;
 }
 
 struct Pair {
@@ -66,14 +78,8 @@ TEST_P(Resume, UnderAnotherStrategy) {
   ASSERT_EQ(b.code, 0) << b.output;
   EXPECT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
   const auto rows = read_metrics(tmp.file("b.jsonl"));
-  const auto& ref = reference();
   ASSERT_EQ(rows.size(), static_cast<size_t>(kSteps - kSaveAt));
-  double worst = 0;
-  for (const auto& r : rows) {
-    const int64_t s = r["step"];
-    worst = std::max(worst, std::fabs(r["loss"].get<double>() - ref.at(static_cast<size_t>(s))["loss"].get<double>()) /
-                                ref.at(static_cast<size_t>(s))["loss"].get<double>());
-  }
+  const double worst = worst_loss_error(rows, reference());
   std::printf("[ resume ] %-34s steps %d..%d worst loss rel err %.2e (tol %.0e)\n", p.name, kSaveAt, kSteps - 1,
               worst, kTol);
   EXPECT_EQ(rows.front()["step"].get<int64_t>(), kSaveAt);
@@ -105,6 +111,36 @@ INSTANTIATE_TEST_SUITE_P(
              "--set parallel.pp=4 --set parallel.schedule=gpipe --set parallel.microbatches=4", 4,
              "--set parallel.tp=2 --set parallel.dp=2 --set parallel.zero=1"}),
     [](const ::testing::TestParamInfo<Pair>& p) { return std::string(p.param.name); });
+
+// The experts at their global shapes: a checkpoint written at ep 2 (dp 2, ZeRO-1) resumes at ep 1
+// (one rank) and at ep 4 (dp 4), with the losses of the uninterrupted run.
+TEST(Resume, AcrossExpertParallelism) {
+  const std::string config = source("config/tiny-moe.yaml");
+  TempDir tmp("resume-ep");
+  const std::string dir = tmp.file("ckpt");
+  auto a = run(train(2,
+                     "--set parallel.dp=2 --set parallel.ep=2 --set parallel.zero=1 --set checkpoint.dir=" + dir +
+                         " --set checkpoint.every=" + std::to_string(kSaveAt) + " --set train.steps=" +
+                         std::to_string(kSaveAt),
+                     config));
+  ASSERT_EQ(a.code, 0) << a.output;
+  struct Leg {
+    const char* name;
+    int np;
+    const char* sets;
+  };
+  for (const Leg& leg : {Leg{"ep1", 1, ""}, Leg{"ep4", 4, "--set parallel.dp=4 --set parallel.ep=4"}}) {
+    const std::string metrics = tmp.file(std::string(leg.name) + ".jsonl");
+    auto b = run(train(leg.np, std::string(leg.sets) + " --resume " + dir + " --metrics " + metrics, config));
+    ASSERT_EQ(b.code, 0) << b.output;
+    const auto rows = read_metrics(metrics);
+    ASSERT_EQ(rows.size(), static_cast<size_t>(kSteps - kSaveAt)) << leg.name;
+    const double worst = worst_loss_error(rows, reference(config));
+    std::printf("[ resume ] ep2_zero1 -> %-4s steps %d..%d worst loss rel err %.2e (tol %.0e)\n", leg.name, kSaveAt,
+                kSteps - 1, worst, kTol);
+    EXPECT_LE(worst, kTol) << leg.name;
+  }
+}
 
 // A checkpoint written with ZeRO for subsets of the units (ZeRO-3 for the embedding and the head,
 // 2 for the Mamba-2 blocks, 1 for the rest) resumes under pipeline parallelism, and a

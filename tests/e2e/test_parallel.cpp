@@ -42,11 +42,13 @@ TrainRun train(const TempDir& tmp, const std::string& tag, int np, const std::st
   return {read_metrics(tmp.file(tag + ".jsonl")), read_params(tmp.file(tag + ".prm"))};
 }
 
-// The single-rank reference, trained once for the whole suite.
-const TrainRun& reference() {
+// The single-rank reference of a config, trained once for the whole suite.
+const TrainRun& reference(const std::string& config = source("config/tiny.yaml")) {
   static TempDir tmp("parity-ref");
-  static TrainRun ref = train(tmp, "ref", 1, "");
-  return ref;
+  static std::map<std::string, TrainRun> refs;
+  auto it = refs.find(config);
+  if (it != refs.end()) return it->second;
+  return refs[config] = train(tmp, "ref" + std::to_string(refs.size()), 1, "", config);
 }
 
 struct Compare {
@@ -188,6 +190,53 @@ INSTANTIATE_TEST_SUITE_P(
         ParStrategy{"pp2_dualpipev_by_hand", 2, "", kDualPipeVByHand},
         ParStrategy{"pp2_reversed_placement_unit_pairs", 2, "", kReversedPlacement}),
     [](const ::testing::TestParamInfo<ParStrategy>& p) { return std::string(p.param.name); });
+
+// The model with MoE blocks (config/tiny-moe.yaml) under expert parallelism and everything it
+// composes with: the single-rank run's losses and final parameters.
+class MoeParity : public ::testing::TestWithParam<ParStrategy> {};
+
+TEST_P(MoeParity, MatchesSingleRank) {
+  const ParStrategy& s = GetParam();
+  TempDir tmp(std::string("moe-parity-") + s.name);
+  const std::string config = source("config/tiny-moe.yaml");
+  const TrainRun got = train(tmp, "run", s.np, s.sets, config);
+  const Compare c = compare(got, reference(config));
+  std::printf("[ moe parity ] %-26s np %d: worst loss rel err %.2e, worst param rel err %.2e (%s) (tol %.0e)\n",
+              s.name, s.np, c.loss, c.param, c.worst.c_str(), kTol);
+  EXPECT_LE(c.loss, kTol);
+  EXPECT_LE(c.param, kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Experts, MoeParity,
+    ::testing::Values(
+        ParStrategy{"ep2", 2, "--set parallel.dp=2 --set parallel.ep=2"},
+        ParStrategy{"ep2_mb2", 2, "--set parallel.dp=2 --set parallel.ep=2 --set parallel.microbatches=2"},
+        ParStrategy{"ep2_mb4", 2, "--set parallel.dp=2 --set parallel.ep=2 --set parallel.microbatches=4"},
+        ParStrategy{"ep4", 4, "--set parallel.dp=4 --set parallel.ep=4"},
+        ParStrategy{"ep2_dp2_zero1", 4, "--set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=1"},
+        ParStrategy{"ep2_dp2_zero3", 4, "--set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=3"},
+        ParStrategy{"ep2_pp2_dualpipev_pairs", 4,
+                    "--set parallel.dp=2 --set parallel.ep=2 --set parallel.pp=2 --set parallel.schedule=dualpipev "
+                    "--set parallel.microbatches=4 --set parallel.pairs=true"},
+        ParStrategy{"tp2", 2, "--set parallel.tp=2"},
+        ParStrategy{"tp2_ep2", 4, "--set parallel.tp=2 --set parallel.dp=2 --set parallel.ep=2"},
+        ParStrategy{"dp2_zero2", 2, "--set parallel.dp=2 --set parallel.zero=2"}),
+    [](const ::testing::TestParamInfo<ParStrategy>& p) { return std::string(p.param.name); });
+
+// Expert parallelism twice: the same bits.
+TEST(ParallelDeterminism, ExpertParallelTwiceIsBitIdentical) {
+  TempDir tmp("moe-twice");
+  const std::string config = source("config/tiny-moe.yaml");
+  const std::string sets = "--set parallel.dp=4 --set parallel.ep=2 --set parallel.zero=2 --set parallel.microbatches=2";
+  const TrainRun a = train(tmp, "a", 4, sets, config), b = train(tmp, "b", 4, sets, config);
+  ASSERT_EQ(a.metrics.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(a.metrics.size(), b.metrics.size());
+  for (size_t i = 0; i < a.metrics.size(); ++i)
+    EXPECT_EQ(a.metrics[i]["loss"].get<double>(), b.metrics[i]["loss"].get<double>()) << "step " << i;
+  ASSERT_FALSE(a.params.empty());
+  EXPECT_EQ(a.params, b.params);
+}
 
 // Activation recomputation: selective and full give the bits of the run without, at every
 // strategy, and lower the peak activation memory (the metrics' per-rank mem_bytes) in that order.
