@@ -39,13 +39,8 @@ sim::CostModel cost_for(const SimulateArgs& a, const config::Config& cfg, int wo
   if (!a.hardware.empty()) {
     try {
       const sim::Hardware hw = sim::resolve_hardware(a.hardware);
-      const auto& p = cfg.parallel;
-      std::vector<int> tps = {1};
-      if (p.tp > 1) tps.push_back(static_cast<int>(p.tp));
-      std::vector<int> groups = {2};
-      for (int n : {static_cast<int>(p.dp), static_cast<int>(p.tp), world})
-        if (n > 2 && std::find(groups.begin(), groups.end(), n) == groups.end()) groups.push_back(n);
-      return sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, tps, groups);
+      const sim::CostCoverage covers = sim::coverage_of(ir::expand(cfg, world).dims());
+      return sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, covers.tps, covers.group_sizes);
     } catch (const std::invalid_argument& e) {
       throw config::ConfigError(std::string("simulate: ") + e.what());
     }

@@ -161,12 +161,8 @@ RankMemory estimate_rank_memory(const config::Config& cfg, const ir::Plan& plan,
   // times do not matter here, the memory is piper's fp32 layout whatever the hardware.
   const sim::Hardware* hw = sim::find_hardware("cpu-local");
   const auto& s = plan.strategy;
-  std::vector<int> tps = {1};
-  if (s.shard.tp > 1) tps.push_back(s.shard.tp);
-  std::vector<int> groups = {2};
-  for (int n : {s.replicate.dp, s.shard.tp, s.world_size})
-    if (n > 2 && std::find(groups.begin(), groups.end(), n) == groups.end()) groups.push_back(n);
-  const sim::CostModel cost = sim::analytic_cost(cfg.model, cfg.train.seq_len, *hw, tps, groups);
+  const sim::CostCoverage covers = sim::coverage_of(s.dims());
+  const sim::CostModel cost = sim::analytic_cost(cfg.model, cfg.train.seq_len, *hw, covers.tps, covers.group_sizes);
   const sim::SimResult r = sim::simulate(plan, cfg, cost);
   const sim::RankResult& rr = r.ranks.at(static_cast<size_t>(rank));
   RankMemory m;

@@ -411,6 +411,16 @@ double call_seconds(const Work& w, int tp, const Hardware& hw) {
   return s;
 }
 
+CostCoverage coverage_of(const ir::ParallelDims& dims) {
+  CostCoverage c{{1}, {2}};
+  const int tp = dims.degree(ir::Axis::TP);
+  if (tp > 1) c.tps.push_back(tp);
+  for (int n : {dims.degree(ir::Axis::DP), tp, dims.degree(ir::Axis::EP), dims.expert_data_degree(), dims.world_size()})
+    if (n > 2 && std::find(c.group_sizes.begin(), c.group_sizes.end(), n) == c.group_sizes.end())
+      c.group_sizes.push_back(n);
+  return c;
+}
+
 CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Hardware& hw, std::vector<int> tps,
                         std::vector<int> group_sizes, const AnalyticOptions& opt) {
   check_hardware(hw);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "ir/parallel_dims.hpp"
 #include "sim/cost_model.hpp"
 #include "sim/flops.hpp"
 
@@ -104,5 +105,13 @@ struct AnalyticOptions {
 // does not divide a size) and for hardware without positive peaks.
 CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Hardware& hw, std::vector<int> tps,
                         std::vector<int> group_sizes, const AnalyticOptions& opt = {});
+
+// The tensor-parallel degrees (1 and tp) and the collective group sizes (2,
+// dp, tp, ep, the expert-data group, the world) a strategy's DAG has: what
+// analytic_cost is given to cover it.
+struct CostCoverage {
+  std::vector<int> tps, group_sizes;
+};
+CostCoverage coverage_of(const ir::ParallelDims& dims);
 
 }  // namespace piper::sim

@@ -69,6 +69,7 @@ struct MemDelta {
 // moment it keeps between steps (ir::zero_shards).
 struct UnitSize {
   int64_t numel = 0, shard = 0, padded = 0;
+  int64_t expert_padded = 0;  // of `padded`: an MoE block's experts, which move over the expert-data group
   int64_t kept[3] = {0, 0, 0};
 };
 
@@ -107,7 +108,10 @@ class Sim {
     for (const auto& u : plan.model.units) {
       UnitSize us;
       us.numel = ir::local_numel(u, dims_.degrees());
-      for (const ir::FlatPart& p : ir::flat_parts(u, dims_.degrees(), {})) us.shard += p.zero.len, us.padded += p.zero.padded;
+      for (const ir::FlatPart& p : ir::flat_parts(u, dims_.degrees(), {})) {
+        us.shard += p.zero.len, us.padded += p.zero.padded;
+        if (p.experts) us.expert_padded += p.zero.padded;
+      }
       for (int c = 0; c < 3; ++c)
         us.kept[c] = ir::zero_shards(s.replicate.zero(u.index), kept[c]) ? us.shard : us.padded;
       sizes_.push_back(us);
@@ -229,10 +233,26 @@ class Sim {
   }
 
   double bytes_of(const Instr& c) const {
-    if (c.units.empty()) return static_cast<double>(c.bytes);  // messages, tensor-parallel points, the norm
+    if (c.units.empty()) return static_cast<double>(c.bytes);  // messages, unit points, the norm
     double b = 0;
     for (int u : c.units) b += 4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded);
     return b;
+  }
+
+  // The time of a collective over n ranks: a data-parallel one moves the units' dense parts over
+  // its n ranks and their experts over the expert-data group, one after the other.
+  double comm_time(const Instr& c, int n) const {
+    const CommOp op = comm_op(c.kind);
+    if (c.units.empty()) return cost_.comm_ms(op, n, c.bytes);
+    double dense = 0, experts = 0;
+    for (int u : c.units) {
+      const UnitSize& z = sizes_[static_cast<size_t>(u)];
+      dense += 4.0 * static_cast<double>(z.padded - z.expert_padded);
+      experts += 4.0 * static_cast<double>(z.expert_padded);
+    }
+    const int edp = dims_.expert_data_degree();
+    return cost_.comm_ms(op, n, static_cast<int64_t>(dense)) +
+           (experts > 0 && edp > 1 ? cost_.comm_ms(op, edp, static_cast<int64_t>(experts)) : 0.0);
   }
 
   // The completion time of comm instruction k of rank r, once every party has issued it.
@@ -246,7 +266,7 @@ class Sim {
     double start = 0;
     for (auto [m, mk] : parties) start = std::max(start, R(m).issue[mk]);
     const int n = p2p(c.kind) ? 2 : static_cast<int>(parties.size());
-    const double took = cost_.comm_ms(comm_op(c.kind), n, static_cast<int64_t>(bytes_of(c)));
+    const double took = comm_time(c, n);
     const double end = start + took;
     if (!std::isfinite(end)) overflow(r, c.node, "", start, took);
     for (auto [m, mk] : parties) R(m).begin[mk] = start, completed(m, mk, end);
