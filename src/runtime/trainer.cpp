@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -282,10 +284,11 @@ void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv
   for (size_t u = 0; u < zero.size(); ++u) zero_text += (u ? "," : "") + std::to_string(zero[u]);
   if (std::count(zero.begin(), zero.end(), zero.front()) == static_cast<std::ptrdiff_t>(zero.size()))
     zero_text = std::to_string(zero.front());
-  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d, zero %s, %s), "
+  const std::string ep_text = plan.strategy.shard.ep > 1 ? ", ep " + std::to_string(plan.strategy.shard.ep) : "";
+  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d%s, zero %s, %s), "
               "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
               plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), rt.replicas(),
-              plan.strategy.shard.tp, plan.strategy.place.pp, zero_text.c_str(),
+              plan.strategy.shard.tp, plan.strategy.place.pp, ep_text.c_str(), zero_text.c_str(),
               plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order",
               omp_get_max_threads(), kernels::blas_name(), plan.hash);
   if (cfg.train.sample_every > 0 && !rt.holds_whole_model())
@@ -325,10 +328,45 @@ std::unique_ptr<TraceRecorder> start_trace(const TrainOptions& opts, const Trace
   return recorder;
 }
 
+// The MoE blocks' routing in one step, over the whole batch: the balance loss aux_loss
+// (docs/model.md) averaged over the E blocks, and the worst block's tokens-per-expert spread
+// (the busiest expert's rows over the mean; 1 is perfectly balanced, n_experts / top_k is
+// every token on the same experts: routing collapse).
+struct Routing {
+  double balance_loss = 0, expert_spread = 0;
+};
+
+// Collective: every rank calls it. Empty without MoE blocks.
+std::optional<Routing> routing_of(RankRuntime& rt, const config::TrainConfig& train, comm::Communicator& world) {
+  const ir::ModelGraph& g = rt.plan().model;
+  std::vector<int> moe;
+  for (const ir::UnitSpec& u : g.units)
+    if (u.kind == ir::UnitKind::UNIT_MOE) moe.push_back(u.index);
+  if (moe.empty()) return std::nullopt;
+  const size_t E = static_cast<size_t>(g.n_experts), stride = 1 + E;
+  std::vector<double> v(moe.size() * stride, 0.0);  // per block: [aux sum | rows per expert]
+  for (size_t i = 0; i < moe.size(); ++i) {
+    if (!rt.model().holds(moe[i])) continue;
+    const model::Unit::Routing r = rt.model().unit(moe[i]).take_routing();
+    v[i * stride] = r.aux_sum;
+    std::copy(r.tokens.begin(), r.tokens.end(), v.begin() + static_cast<std::ptrdiff_t>(i * stride + 1));
+  }
+  if (world.size() > 1) world.allreduce_double(v.data(), v.size());
+  Routing out;
+  for (size_t i = 0; i < moe.size(); ++i) {
+    out.balance_loss += v[i * stride] / static_cast<double>(train.global_batch) / static_cast<double>(moe.size());
+    const auto first = v.begin() + static_cast<std::ptrdiff_t>(i * stride + 1), last = first + static_cast<std::ptrdiff_t>(E);
+    const double mean = std::accumulate(first, last, 0.0) / static_cast<double>(E);
+    if (mean > 0) out.expert_spread = std::max(out.expert_spread, *std::max_element(first, last) / mean);
+  }
+  return out;
+}
+
 // One step as the loop reports it.
 struct StepResult {
   int64_t step = 0;  // 0-based
   StepStats stats;
+  std::optional<Routing> routing;  // with MoE blocks
   double loss = 0, ms = 0, tokens_per_s = 0;
   backend::MemoryStats mem;        // this rank's
   std::vector<RankFigures> ranks;  // every rank's
@@ -344,6 +382,7 @@ StepResult run_step(RankRuntime& rt, const data::TokenFile& tokens, comm::Commun
   double loss_sum = r.stats.loss_sum;
   if (world.size() > 1) world.allreduce_double(&loss_sum, 1);
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.routing = routing_of(rt, train, world);
   r.loss = loss_sum / static_cast<double>(tokens_per_step);
   r.tokens_per_s = static_cast<double>(tokens_per_step) / (r.ms / 1000.0);
   r.mem = rt.model().backend().memory();
@@ -355,9 +394,14 @@ StepResult run_step(RankRuntime& rt, const data::TokenFile& tokens, comm::Commun
 void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions& opts, std::ofstream* metrics,
                  const MpiEnv& env) {
   const config::TrainConfig& train = rt.config().train;
-  if (env.rank() == 0 && !opts.quiet && (r.step % train.log_every == 0 || r.step + 1 == train.steps))
-    std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms\n",
-                r.step, r.loss, r.stats.lr, r.stats.grad_norm, r.tokens_per_s, r.ms);
+  if (env.rank() == 0 && !opts.quiet && (r.step % train.log_every == 0 || r.step + 1 == train.steps)) {
+    char moe[64] = "";
+    if (r.routing)
+      std::snprintf(moe, sizeof moe, " | balance %.3f | expert spread %.2f", r.routing->balance_loss,
+                    r.routing->expert_spread);
+    std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s\n",
+                r.step, r.loss, r.stats.lr, r.stats.grad_norm, r.tokens_per_s, r.ms, moe);
+  }
   if (!metrics) return;
   nlohmann::json j = {{"step", r.step},
                       {"loss", r.loss},
@@ -368,6 +412,7 @@ void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions&
                       {"tokens", rt.position().tokens_seen},
                       {"peak_mem_bytes", r.mem.total_peak},
                       {"ranks", figures_json(r.ranks)}};
+  if (r.routing) j["moe_balance_loss"] = r.routing->balance_loss, j["moe_expert_spread"] = r.routing->expert_spread;
   *metrics << j.dump() << '\n';
   metrics->flush();
 }

@@ -35,6 +35,42 @@ TEST(Training, TinyLossFalls) {
   }
 }
 
+// A model with MoE blocks reports its routing every step: the balance loss (1 for uniform
+// routing) and the tokens-per-expert spread, between 1 (balanced) and n_experts / top_k (collapse);
+// at ep 2 over the same batch, the same figures. A model without MoE blocks reports neither.
+TEST(Training, MoeRoutingInTheMetrics) {
+  TempDir tmp("moe-metrics");
+  const std::string cmd = piper() + " train " + source("config/tiny-moe.yaml") + " --quiet --set data.path=" + corpus() +
+                          " --set train.steps=20 --set train.threads=1 --metrics ";
+  auto one = run(cmd + tmp.file("one.jsonl"));
+  ASSERT_EQ(one.code, 0) << one.output;
+  auto two = run("mpirun --oversubscribe --allow-run-as-root -np 2 " + cmd + tmp.file("two.jsonl") +
+                 " --set parallel.dp=2 --set parallel.ep=2");
+  ASSERT_EQ(two.code, 0) << two.output;
+  const auto a = read_metrics(tmp.file("one.jsonl")), b = read_metrics(tmp.file("two.jsonl"));
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), a.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].contains("moe_balance_loss") && a[i].contains("moe_expert_spread")) << a[i].dump();
+    const double balance = a[i]["moe_balance_loss"], spread = a[i]["moe_expert_spread"];
+    EXPECT_GT(balance, 0.5) << "step " << i;
+    EXPECT_LT(balance, 4.0) << "step " << i;  // at most n_experts
+    EXPECT_GE(spread, 1.0) << "step " << i;
+    EXPECT_LE(spread, 2.0) << "step " << i;  // n_experts / top_k = 4 / 2
+    EXPECT_EQ(spread, b[i]["moe_expert_spread"].get<double>()) << "step " << i;  // whole rows: exact
+    worst = std::max(worst, std::fabs(balance - b[i]["moe_balance_loss"].get<double>()) / balance);
+  }
+  std::printf("[ e2e ] moe routing: balance %.4f -> %.4f, spread %.3f -> %.3f; ep 2 vs 1 rank balance rel err %.1e "
+              "(tol 1e-6)\n",
+              a.front()["moe_balance_loss"].get<double>(), a.back()["moe_balance_loss"].get<double>(),
+              a.front()["moe_expert_spread"].get<double>(), a.back()["moe_expert_spread"].get<double>(), worst);
+  EXPECT_LE(worst, 1e-6);
+  auto dense = run(train_cmd("--set train.steps=2 --metrics " + tmp.file("dense.jsonl")));
+  ASSERT_EQ(dense.code, 0) << dense.output;
+  for (const auto& row : read_metrics(tmp.file("dense.jsonl"))) EXPECT_FALSE(row.contains("moe_balance_loss"));
+}
+
 // The same config twice: bit-identical losses, gradient norms and parameters.
 TEST(Training, BitIdenticalRuns) {
   TempDir tmp("bits");
