@@ -816,6 +816,60 @@ TEST(Lower, ProgramsPlayedTogetherDoNotDeadlock) {
                                   << " plans deadlock, the first: " << (deadlocked.empty() ? "" : deadlocked.front());
 }
 
+// ---- expert parallelism --------------------------------------------------------------------------
+
+// An MoE block at ep 2 of dp 4: its forward is four segments joined by the counts exchange, the
+// dispatch and the combine, ALLTOALL nodes over the ep group on every rank of the stage, with the
+// balanced-routing sizes; its backward moves the rows' gradients there and back. With tp 2 the
+// routing weights' gradient is summed over tp first. Every schedule's programs verify and play.
+TEST(ExpertParallel, DispatchAndCombineAreAllToAllNodesOverTheEpGroup) {
+  for (int tp : {1, 2}) {
+    Par p;
+    p.dp = 4;
+    p.mb = 2;
+    config::Config c = make_config("M-E", p);
+    c.parallel.ep = 2;
+    c.parallel.tp = tp;
+    const int world = 4 * tp;
+    const Plan plan = compile(c, world);
+    const int moe = 3;  // embed, layers.0 (M), layers.1 (-), layers.2 (E)
+    const int64_t rows = c.train.global_batch / (p.dp * p.mb) * c.train.seq_len, D = c.model.d_model;
+    std::map<std::pair<Pass, int>, const Node*> points;  // (pass, segment) -> the collective after it
+    for (const Node& n : plan.graph.nodes())
+      if (n.tags.unit == moe && n.tags.microbatch == 0 && n.payload == Payload::PAYLOAD_UNIT) points[{n.tags.pass, n.tags.segment}] = &n;
+    ASSERT_EQ(points.size(), tp > 1 ? 4u + 4u : 3u + 2u) << "tp " << tp;  // forward, backward
+    const Node& counts = *points.at({Pass::PASS_F, 0});
+    EXPECT_EQ(counts.kind, NodeKind::ALLTOALL);
+    EXPECT_EQ(counts.group, GroupDim::GROUP_EP);
+    EXPECT_EQ(counts.bytes, c.model.n_experts * 4);
+    EXPECT_EQ(counts.devices, iota(0, world));
+    for (int k : {1, 2}) {
+      EXPECT_EQ(points.at({Pass::PASS_F, k})->kind, NodeKind::ALLTOALL);
+      EXPECT_EQ(points.at({Pass::PASS_F, k})->bytes, rows * c.model.top_k * D * 4);  // balanced routing
+    }
+    const int b0 = tp > 1 ? 1 : 0;  // the backward's first all-to-all
+    if (tp > 1) {
+      EXPECT_EQ(points.at({Pass::PASS_F, 3})->group, GroupDim::GROUP_TP);
+      EXPECT_EQ(points.at({Pass::PASS_B, 0})->kind, NodeKind::ALLREDUCE);
+      EXPECT_EQ(points.at({Pass::PASS_B, 0})->bytes, rows * c.model.top_k * 4);  // the routing weights' gradient
+    }
+    EXPECT_EQ(points.at({Pass::PASS_B, b0})->group, GroupDim::GROUP_EP);
+    EXPECT_EQ(points.at({Pass::PASS_B, b0 + 1})->group, GroupDim::GROUP_EP);
+    // The ep groups of a dp group of 4: dp coordinates {0, 1} and {2, 3}.
+    const ParallelDims dims = plan.strategy.dims();
+    EXPECT_EQ(dims.group(0, Axis::EP), (std::vector<int>{0, tp}));
+    EXPECT_EQ(dims.expert_data_group(0), (std::vector<int>{0, 2 * tp}));
+  }
+  for (const char* schedule : {"1f1b", "gpipe", "zbh1", "dualpipev", "interleaved"}) {
+    Par p;
+    p.dp = 2, p.pp = 2, p.mb = 4, p.schedule = schedule, p.vs = std::string(schedule) == "interleaved" ? 2 : 1;
+    config::Config c = make_config("M-EM*EE", p);
+    c.parallel.ep = 2;
+    c.parallel.pairs = std::string(schedule) == "dualpipev";
+    EXPECT_NO_THROW(compile(c, 4)) << schedule;
+  }
+}
+
 // ---- stage balancing ---------------------------------------------------------------------------
 
 int64_t unit_cost(const UnitSpec& u) { return u.kind == UnitKind::UNIT_EMBED ? 0 : u.param_count(); }

@@ -129,14 +129,15 @@ TEST(Runs, MillionElementsFast) {
 struct Strat {
   int dp = 1, tp = 1, pp = 1, zero = 0;
   std::string order = "tp-dp-pp";
+  int ep = 1;  // carved out of dp
   int world() const { return dp * tp * pp; }
   std::string name() const {
     return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) + " zero" +
-           std::to_string(zero) + (order != "tp-dp-pp" ? " " + order : "");
+           std::to_string(zero) + (ep > 1 ? " ep" + std::to_string(ep) : "") + (order != "tp-dp-pp" ? " " + order : "");
   }
 };
 
-const char* kPattern = "M*-M-";
+const char* kPattern = "M*-E-";  // every block kind; the MoE block's 4 experts split over ep 1, 2 or 4
 
 config::Config make_config(const Strat& s) {
   config::Config c;
@@ -145,6 +146,7 @@ config::Config make_config(const Strat& s) {
   c.parallel.tp = s.tp;
   c.parallel.pp = s.pp;
   c.parallel.zero = s.zero;
+  c.parallel.ep = s.ep;
   c.parallel.microbatches = 2;
   c.parallel.order = s.order;
   c.train.global_batch = 8 * s.dp * 2;
@@ -178,6 +180,12 @@ std::vector<Strat> strategies() {
   v.push_back({1, 2, 4, 0});
   v.push_back({2, 2, 2, 1, "dp-tp-pp"});
   v.push_back({2, 2, 2, 3, "pp-dp-tp"});
+  for (int z = 0; z <= 3; ++z) {  // the experts over ep, their replicas over the expert-data group
+    v.push_back({2, 1, 1, z, "tp-dp-pp", 2});
+    v.push_back({4, 1, 1, z, "tp-dp-pp", 2});
+    v.push_back({4, 2, 2, z, "pp-dp-tp", 4});
+  }
+  v.push_back({8, 1, 1, 2, "tp-dp-pp", 2});
   return v;
 }
 
@@ -240,14 +248,24 @@ TEST(Layout, OwnershipPartitionsAndHeldCovers) {
       ir::Coords c = grid.coords(r);
       c.dp = 0;
       const int r_dp0 = grid.rank_of(c);
+      c.dp = grid.coord(r, ir::Axis::EP);  // expert-data coordinate 0: the first rank holding the same experts
+      const int r_edp0 = grid.rank_of(c);
       c = grid.coords(r);
       c.tp = 0;
       const int r_tp0 = grid.rank_of(c);
       for (const auto& [k, runs] : held_of[static_cast<size_t>(r)]) {
         const ir::ZeroState zs = k.first == StateKind::STATE_PARAM ? ir::ZeroState::ZERO_PARAMS
                                                                    : ir::ZeroState::ZERO_MOMENTS;
+        const bool experts = ir::split_along(*spec_of_name.at(k.second), ir::Axis::EP);
+        const int replica = experts ? r_edp0 : r_dp0;
         if (!ir::zero_shards(s.zero, zs)) {
-          EXPECT_EQ(runs, held_of[static_cast<size_t>(r_dp0)].at(k)) << "rank " << r << " vs " << r_dp0 << " " << k.second;
+          EXPECT_EQ(runs, held_of[static_cast<size_t>(replica)].at(k)) << "rank " << r << " vs " << replica << " " << k.second;
+        }
+        if (experts && !ir::zero_shards(s.zero, zs) && r != r_dp0 && grid.coord(r, ir::Axis::EP) != 0) {
+          auto& ep0 = held_of[static_cast<size_t>(r_dp0)];  // ep coordinate 0: other experts
+          if (ep0.count(k)) {
+            EXPECT_EQ(intersect(runs, ep0.at(k)), Runs{}) << "rank " << r << " " << k.second;
+          }
         }
         auto& tp0 = held_of[static_cast<size_t>(r_tp0)];
         if (!ir::split_along(*spec_of_name.at(k.second), ir::Axis::TP)) {
@@ -276,7 +294,8 @@ TEST(Layout, HeldMatchesParamStore) {
           if (d == r) units.push_back(static_cast<int>(u));
       model::ParamStore ps(graph(), units, backend::cpu(),
                            {grid.coord(r, ir::Axis::DP), grid.degree(ir::Axis::DP), lp.zero_of_unit,
-                            grid.coord(r, ir::Axis::TP), grid.degree(ir::Axis::TP)});
+                            grid.coord(r, ir::Axis::TP), grid.degree(ir::Axis::TP), grid.coord(r, ir::Axis::EP),
+                            grid.degree(ir::Axis::EP)});
       ps.init(seed);
       // The store shards a unit's state as the layout says for that unit.
       const auto sharded = [&](int u, ir::ZeroState z) { return ir::zero_shards(lp.zero_of_unit.at(u), z); };
@@ -347,6 +366,8 @@ TEST(Layout, TransfersCoverDestination) {
       {{8, 1, 1, 2}, {2, 2, 1, 3}},        // dp8 zero2 -> dp2 tp2 zero3
       {{2, 2, 2, 1, "dp-tp-pp"}, {2, 2, 2, 3, "pp-dp-tp"}},  // same shape, other grid orders
       {{1, 2, 4, 0}, {2, 2, 1, 0}},        // tp2 pp4 -> dp2 tp2
+      {{4, 1, 1, 1, "tp-dp-pp", 2}, {4, 2, 2, 3, "pp-dp-tp", 4}},  // ep2 zero1 -> ep4 tp2 pp2 zero3
+      {{2, 1, 1, 2, "tp-dp-pp", 2}, {}},   // ep2 zero2 -> single rank
   };
   for (const auto& [a, b] : pairs) {
     SCOPED_TRACE(a.name() + " -> " + b.name());
