@@ -283,11 +283,10 @@ void check_expert_parallel(const Config& c, Checker& ck) {
   }
   if (p.dp % p.ep != 0)
     ck.fail(ck.head("parallel.ep") + ": " + std::to_string(p.ep) + " does not divide " + ck.ref("parallel.dp") +
-            " = " + std::to_string(p.dp) + "; expert parallelism is carved out of the data-parallel ranks (groups of ep "
+            "; expert parallelism is carved out of the data-parallel ranks (groups of ep "
             "consecutive dp ranks): use ep " + divisors_hint(p.dp, p.ep) + ", or dp " + multiples_hint(p.dp, p.ep));
   if (m.n_experts > 0 && m.n_experts % p.ep != 0)
-    ck.fail(ck.head("parallel.ep") + ": " + ck.ref("model.n_experts") + " = " + std::to_string(m.n_experts) +
-            " does not split into " + std::to_string(p.ep) + " equal groups of whole experts; use ep " +
+    ck.fail(ck.head("parallel.ep") + ": " + ck.ref("model.n_experts") + " does not split into " + std::to_string(p.ep) + " equal groups of whole experts; use ep " +
             divisors_hint(m.n_experts, p.ep));
 }
 

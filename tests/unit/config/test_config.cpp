@@ -240,7 +240,7 @@ const std::vector<BadCase> kBad = {
      {"bad.yaml:9:3: parallel.ep=2: 2 does not divide parallel.dp=3 (at bad.yaml:8:3)", "carved out of the data-parallel",
       "use ep 1 or 3, or dp 2 or 4"}},
     {"EpDoesNotDivideExperts", kMoeModel + "parallel:\n  dp: 3\n  ep: 3\n", {}, 3,
-     {"bad.yaml:9:3: parallel.ep=3: model.n_experts=4 (at bad.yaml:4:3) = 4 does not split into 3 equal groups",
+     {"bad.yaml:9:3: parallel.ep=3: model.n_experts=4 (at bad.yaml:4:3) does not split into 3 equal groups",
       "use ep 2 or 4"}},
     {"EpWithoutMoe", "parallel:\n  dp: 2\n  ep: 2\n", {}, 2,
      {"bad.yaml:3:3: parallel.ep=2: 2 expert-parallel ranks, but the pattern", "has no MoE block (E)"}},
