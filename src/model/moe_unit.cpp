@@ -116,26 +116,30 @@ void MoeBlock::run(Step step, Saved& s) {
   }
 }
 
+// fn(l, first row, rows) for each local expert l with rows, its rows contiguous from `first row`.
+template <class Fn>
+void MoeBlock::for_each_expert(const Saved& s, Fn&& fn) const {
+  int64_t first = 0;
+  const auto& rows = s.dispatch->rows_of_expert();
+  for (size_t l = 0; l < rows.size(); first += rows[l], ++l)
+    if (rows[l] > 0) fn(static_cast<int64_t>(l), first, rows[l]);
+}
+
 // Each local expert's rows through its SwiGLU: one GEMM per expert group and matrix.
 void MoeBlock::experts_forward(Saved& s) {
   const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
   s.gate = act(std::max<int64_t>(1, R * F)), s.up = act(std::max<int64_t>(1, R * F)), s.h = act(std::max<int64_t>(1, R * F));
   const float* x = s.dispatch->expert_input();
   float* y = s.dispatch->expert_output();
-  int64_t o = 0;  // the expert's first row
-  const auto& rows = s.dispatch->rows_of_expert();
-  for (size_t l = 0; l < rows.size(); o += rows[l], ++l) {
-    const int64_t n = rows[l];
-    if (n == 0) continue;
+  for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     const auto xl = view(be_, x + o * D, {n, D});
-    const auto li = static_cast<int64_t>(l);
     be_.linear_fwd(xl, view(be_, expert(w(MOE_GATE), li, F, D), {F, D}), view(be_, s.gate.data() + o * F, {n, F}));
     be_.linear_fwd(xl, view(be_, expert(w(MOE_UP), li, F, D), {F, D}), view(be_, s.up.data() + o * F, {n, F}));
     be_.swiglu_fwd(view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
                    view(be_, s.h.data() + o * F, {n * F}));
     be_.linear_fwd(view(be_, s.h.data() + o * F, {n, F}), view(be_, expert(w(MOE_DOWN), li, D, F), {D, F}),
                    view(be_, y + o * D, {n, D}));
-  }
+  });
 }
 
 void MoeBlock::experts_backward(Saved& s) {
@@ -143,12 +147,7 @@ void MoeBlock::experts_backward(Saved& s) {
   s.dgate = scratch(std::max<int64_t>(1, R * F)), s.dup = scratch(std::max<int64_t>(1, R * F));
   const float* dy = s.dispatch->expert_grad_output();
   float* dx = s.dispatch->expert_grad_input();
-  int64_t o = 0;
-  const auto& rows = s.dispatch->rows_of_expert();
-  for (size_t l = 0; l < rows.size(); o += rows[l], ++l) {
-    const int64_t n = rows[l];
-    if (n == 0) continue;
-    const auto li = static_cast<int64_t>(l);
+  for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     Tensor dh = scratch(n * F);
     be_.linear_bwd_input(view(be_, dy + o * D, {n, D}), view(be_, expert(w(MOE_DOWN), li, D, F), {D, F}),
                          dh.view({n, F}), false);
@@ -159,7 +158,7 @@ void MoeBlock::experts_backward(Saved& s) {
     const auto dxl = view(be_, dx + o * D, {n, D});
     be_.linear_bwd_input(view(be_, dg, {n, F}), view(be_, expert(w(MOE_GATE), li, F, D), {F, D}), dxl, false);
     be_.linear_bwd_input(view(be_, du, {n, F}), view(be_, expert(w(MOE_UP), li, F, D), {F, D}), dxl, true);
-  }
+  });
   s.gate = {}, s.up = {};
 }
 
@@ -182,18 +181,13 @@ void MoeBlock::mixer_backward_weight(int slot, const float* xn) {
   be_.linear_bwd_weight(s.dlogits.view({M, E}), view(be_, xn, {M, D}), view(be_, g(MOE_ROUTER), {E, D}));
   const float* x = s.dispatch->expert_input();
   const float* dy = s.dispatch->expert_grad_output();
-  int64_t o = 0;
-  const auto& rows = s.dispatch->rows_of_expert();
-  for (size_t l = 0; l < rows.size(); o += rows[l], ++l) {
-    const int64_t n = rows[l];
-    if (n == 0) continue;
-    const auto li = static_cast<int64_t>(l);
+  for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     const auto xl = view(be_, x + o * D, {n, D});
     be_.linear_bwd_weight(view(be_, dy + o * D, {n, D}), view(be_, s.h.data() + o * F, {n, F}),
                           view(be_, expert(g(MOE_DOWN), li, D, F), {D, F}));
     be_.linear_bwd_weight(view(be_, s.dgate.data() + o * F, {n, F}), xl, view(be_, expert(g(MOE_GATE), li, F, D), {F, D}));
     be_.linear_bwd_weight(view(be_, s.dup.data() + o * F, {n, F}), xl, view(be_, expert(g(MOE_UP), li, F, D), {F, D}));
-  }
+  });
 }
 
 CommBuffer MoeBlock::point(ir::NodeKind pass, int k, int slot) {

@@ -131,6 +131,8 @@ class MoeBlock final : public Block {
   void experts_forward(Saved& s);
   void experts_backward(Saved& s);
   void router_backward(Saved& s);
+  template <class Fn>
+  void for_each_expert(const Saved& s, Fn&& fn) const;
   // Local expert l's matrix of a stacked [L, rows, cols] parameter (values or gradients).
   float* expert(float* stacked, int64_t l, int64_t rows, int64_t cols) const { return stacked + l * rows * cols; }
 

@@ -115,24 +115,26 @@ constexpr const char* kReversedPlacement =
 
 void PrintTo(const ParStrategy& s, std::ostream* os) { *os << s.name; }
 
-class Parity : public ::testing::TestWithParam<ParStrategy> {};
-
-TEST_P(Parity, MatchesSingleRank) {
-  const ParStrategy& s = GetParam();
+// Strategy s on `base` (its directives appended) against base's single-rank run.
+void expect_parity(const ParStrategy& s, const std::string& base) {
   TempDir tmp(std::string("parity-") + s.name);
-  std::string config = source("config/tiny.yaml");
-  if (*s.directives) {  // config/tiny.yaml with the directives appended
+  std::string config = base;
+  if (*s.directives) {
     std::ifstream f(config);
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     config = tmp.write("run.yaml", text + s.directives);
   }
   const TrainRun got = train(tmp, "run", s.np, s.sets, config);
-  const Compare c = compare(got, reference());
+  const Compare c = compare(got, reference(base));
   std::printf("[ parity ] %-28s np %d: worst loss rel err %.2e, worst param rel err %.2e (%s) (tol %.0e)\n", s.name,
               s.np, c.loss, c.param, c.worst.c_str(), kTol);
   EXPECT_LE(c.loss, kTol);
   EXPECT_LE(c.param, kTol);
 }
+
+class Parity : public ::testing::TestWithParam<ParStrategy> {};
+
+TEST_P(Parity, MatchesSingleRank) { expect_parity(GetParam(), source("config/tiny.yaml")); }
 
 INSTANTIATE_TEST_SUITE_P(
     Matrix, Parity,
@@ -195,17 +197,7 @@ INSTANTIATE_TEST_SUITE_P(
 // composes with: the single-rank run's losses and final parameters.
 class MoeParity : public ::testing::TestWithParam<ParStrategy> {};
 
-TEST_P(MoeParity, MatchesSingleRank) {
-  const ParStrategy& s = GetParam();
-  TempDir tmp(std::string("moe-parity-") + s.name);
-  const std::string config = source("config/tiny-moe.yaml");
-  const TrainRun got = train(tmp, "run", s.np, s.sets, config);
-  const Compare c = compare(got, reference(config));
-  std::printf("[ moe parity ] %-26s np %d: worst loss rel err %.2e, worst param rel err %.2e (%s) (tol %.0e)\n",
-              s.name, s.np, c.loss, c.param, c.worst.c_str(), kTol);
-  EXPECT_LE(c.loss, kTol);
-  EXPECT_LE(c.param, kTol);
-}
+TEST_P(MoeParity, MatchesSingleRank) { expect_parity(GetParam(), source("config/tiny-moe.yaml")); }
 
 INSTANTIATE_TEST_SUITE_P(
     Experts, MoeParity,
