@@ -492,6 +492,40 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   return {saved * kFloat, (saved + stash) * kFloat, transient * kFloat};
 }
 
+std::vector<double> segment_shares(const config::ModelConfig& m, char kind, ir::NodeKind pass, const ir::PassShape& shape,
+                                   int64_t rows, int64_t seq_len, int tp) {
+  std::vector<double> share(static_cast<size_t>(shape.segments), 0.0);
+  share[0] = 1.0;
+  // The points of an MoE pass at ep > 1 (ir::pass_shape): the forward's counts, dispatch and return;
+  // the backward's dispatch and return of the row gradients.
+  std::vector<size_t> a2a;
+  for (size_t k = 0; k < shape.points.size(); ++k)
+    if (shape.points[k].kind == ir::NodeKind::ALLTOALL) a2a.push_back(k);
+  if (kind != 'E' || a2a.empty()) return share;
+  const bool forward = pass == ir::NodeKind::FWD;
+  const size_t experts = (forward ? a2a.at(1) : a2a.at(0)) + 1, after = experts + 1;
+  const ir::Pass p = forward                          ? ir::Pass::PASS_F
+                     : pass == ir::NodeKind::BWD_I   ? ir::Pass::PASS_BI
+                                                     : ir::Pass::PASS_B;
+  const Work w = unit_work(m, kind, p, rows, seq_len, tp);
+  auto starts = [](const std::string& name, const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  std::fill(share.begin(), share.end(), 0.0);
+  for (const OpWork& o : w.ops) {
+    size_t seg = 0;
+    if (starts(o.name, "experts_") && !starts(o.name, "experts_down_dw") && !starts(o.name, "experts_gate_dw") &&
+        !starts(o.name, "experts_up_dw"))
+      seg = experts;  // the experts' forward, or their input-gradient backward
+    else if (forward ? (o.name == "combine" || o.name == "residual")
+                     : (o.name != "combine_bwd"))  // the dispatch and router backward, the norm, the weight half
+      seg = after;
+    share[seg] += o.flops();
+  }
+  const double total = w.flops();
+  for (double& s : share) s = total > 0 ? s / total : 0.0;
+  if (total <= 0) share[0] = 1.0;
+  return share;
+}
+
 RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Recompute mode, int64_t rows,
                                int64_t seq_len, int tp) {
   if (mode == ir::Recompute::RECOMPUTE_NONE) return {};

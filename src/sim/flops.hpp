@@ -25,6 +25,7 @@
 
 #include "config/config.hpp"
 #include "ir/graph.hpp"
+#include "ir/unit_passes.hpp"
 #include "sim/cost_model.hpp"
 
 namespace piper::sim {
@@ -94,6 +95,15 @@ struct RecomputeShare {
 };
 RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Recompute mode, int64_t rows,
                                int64_t seq_len, int tp = 1);
+
+// The shares of a unit pass's time that each of its segments (ir::pass_shape)
+// runs, summing to 1: all in the first segment, except an MoE block's pass
+// with all-to-all points, whose experts run between the dispatch and the
+// return, and whose combine (forward) or dispatch and router backward
+// (backward, with the weight gradients of a fused BWD) after the return. From
+// the FLOPs of unit_work's ops at `rows`.
+std::vector<double> segment_shares(const config::ModelConfig& m, char kind, ir::NodeKind pass, const ir::PassShape& shape,
+                                   int64_t rows, int64_t seq_len, int tp = 1);
 
 // AdamW update of one parameter element: reads p, g, m, v and writes p, m, v,
 // each `state_bytes` wide (4: fp32 master weights and moments): 7 x state_bytes.

@@ -117,10 +117,12 @@ class Sim {
       sizes_.push_back(us);
       kind_.push_back(ir::unit_symbol(u.kind));
       names_.push_back(u.name);
-      std::array<int, 4> segs{};
-      for (NodeKind k : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD})
-        segs[pass_slot(k)] = ir::pass_shape(u.kind, k, ir::pass_dims(plan.model, tp_, dims_.degree(ir::Axis::EP))).segments;
-      segments_.push_back(segs);
+      std::array<std::vector<double>, 4> shares;
+      for (NodeKind k : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD}) {
+        const ir::PassShape shape = ir::pass_shape(u.kind, k, ir::pass_dims(plan.model, tp_, dims_.degree(ir::Axis::EP)));
+        shares[pass_slot(k)] = segment_shares(cfg.model, ir::unit_symbol(u.kind), k, shape, rows_, cfg.train.seq_len, tp_);
+      }
+      shares_.push_back(std::move(shares));
       const ir::Recompute mode = s.recompute_of(static_cast<int>(sizes_.size()) - 1);
       recompute_.push_back(mode == ir::Recompute::RECOMPUTE_NONE
                                ? RecomputeShare{}
@@ -343,9 +345,10 @@ class Sim {
   }
 
   // Runs compute instruction i of rank r from the rank's clock (ir::PlayHost::run):
-  // its time, memory and trace. A unit pass's time is its first segment's;
-  // the later ones are the small steps after a tensor-parallel collective
-  // (a residual, a norm's backward, the loss from reduced sums).
+  // its time, memory and trace. A unit pass's time is its first segment's
+  // (the later ones are the small steps after a tensor-parallel collective:
+  // a residual, a norm's backward, the loss from reduced sums), but for an MoE
+  // block's all-to-all segments (segment_shares).
   void run(int r, size_t i) {
     RankState& st = R(r);
     const Instr& in = st.prog->compute[i];
@@ -360,8 +363,10 @@ class Sim {
       dur = recompute_[us].time * cost_.compute_ms(kind_[us], ir::Pass::PASS_F, tp_, rows_);
       recompute_memory(st, u, start, start + dur);
     } else if (in.kind != NodeKind::NORM) {
-      const bool first = in.segment == 0, last = in.segment + 1 == segments_[us][pass_slot(in.kind)];
-      if (first) dur = cost_.compute_ms(kind_[us], in.pass, tp_, rows_);
+      const std::vector<double>& share = shares_[us][pass_slot(in.kind)];
+      const bool first = in.segment == 0, last = in.segment + 1 == static_cast<int>(share.size());
+      const double part = share.at(static_cast<size_t>(in.segment));
+      if (part > 0) dur = part * cost_.compute_ms(kind_[us], in.pass, tp_, rows_);
       pass_memory(st, in, first ? start : kUnknown, last ? start + dur : kUnknown);
     }
     if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][i];
@@ -518,7 +523,8 @@ class Sim {
   std::vector<char> kind_;
   std::vector<std::string> names_;
   std::vector<int> stage_of_node_;
-  std::vector<std::array<int, 4>> segments_;  // per unit and pass (pass_slot): segments
+  // Per unit and pass (pass_slot): the share of the pass's time each segment runs (sim::segment_shares).
+  std::vector<std::array<std::vector<double>, 4>> shares_;
   std::vector<RecomputeShare> recompute_;      // per unit: what its RECOMP costs and restores (none: 0, 0)
   std::vector<RankState> ranks_;
   std::vector<trace::Event> events_;

@@ -217,6 +217,37 @@ TEST(FlopsMoe, ActiveExpertsAndRouter) {
   EXPECT_DOUBLE_EQ(bi2.tp_comm[0].bytes, 4 * M * K);
 }
 
+// At ep > 1 an MoE pass's time splits over its segments as its work does: the experts between the
+// dispatch and the return, the combine after it; every other pass runs in its first segment.
+TEST(FlopsMoe, SegmentSharesFollowTheAllToAlls) {
+  auto m = mid_model("E");
+  m.n_experts = 8, m.top_k = 2, m.moe_ffn_hidden = 768;
+  const int64_t T = 128, rows = 4 * T;
+  const ir::PassDims ep2{1, 2, m.d_model, m.top_k, m.n_experts}, ep1{2, 1, m.d_model, m.top_k, m.n_experts};
+  const auto f = segment_shares(m, 'E', ir::NodeKind::FWD, ir::pass_shape(ir::UnitKind::UNIT_MOE, ir::NodeKind::FWD, ep2),
+                                rows, T);
+  ASSERT_EQ(f.size(), 4u);  // route | counts | size | dispatch | experts | return | combine
+  const Work w = unit_work(m, 'E', Pass::PASS_F, rows, T);
+  double experts = 0;
+  for (const OpWork& o : w.ops)
+    if (o.name.rfind("experts_", 0) == 0) experts += o.flops();
+  EXPECT_DOUBLE_EQ(f[1], 0.0);
+  EXPECT_NEAR(f[2], experts / w.flops(), 1e-12);
+  EXPECT_GT(f[2], 0.8);  // the experts dominate
+  EXPECT_GT(f[0], 0.0);
+  EXPECT_GT(f[3], 0.0);
+  EXPECT_NEAR(f[0] + f[1] + f[2] + f[3], 1.0, 1e-12);
+  const auto b = segment_shares(m, 'E', ir::NodeKind::BWD, ir::pass_shape(ir::UnitKind::UNIT_MOE, ir::NodeKind::BWD, ep2),
+                                rows, T);
+  ASSERT_EQ(b.size(), 3u);  // combine backward | experts backward | dispatch and router backward, weight half
+  EXPECT_GT(b[2], b[0]);
+  EXPECT_NEAR(b[0] + b[1] + b[2], 1.0, 1e-12);
+  // Without all-to-alls (tp only) and for other kinds: all in the first segment.
+  const auto t = segment_shares(m, 'E', ir::NodeKind::FWD, ir::pass_shape(ir::UnitKind::UNIT_MOE, ir::NodeKind::FWD, ep1),
+                                rows, T, 2);
+  EXPECT_EQ(t, (std::vector<double>{1.0, 0.0}));
+}
+
 TEST(FlopsErrors, RefusesMoeUnknownKindsAndBadTp) {
   const auto m = mid_model("M*-");
   try {
