@@ -86,6 +86,31 @@ TEST(Filters, ADirectiveWithoutAFilterDropsTheSubsetsBefore) {
   EXPECT_EQ(e.parallel.zero, 0);
 }
 
+// shard takes ep beside tp; the shorthand's parallel.ep and the directive are one value, named by the directive.
+TEST(Directives, ShardTakesExpertParallelism) {
+  const std::string text = "model:\n  pattern: \"M-E\"\n  d_model: 64\n  n_experts: 4\n  top_k: 2\n  moe_ffn_hidden: 32\n"
+                           "train:\n  global_batch: 8\n"
+                           "directives:\n"                       // 9
+                           "  - replicate: {dp: 4}\n"            // 10
+                           "  - shard: {tp: 1, ep: 2}\n";        // 11
+  Config c = parse(text, "d.yaml");
+  ASSERT_EQ(c.directives.list.size(), 2u);
+  EXPECT_EQ(c.directives.list[1].ep, 2);
+  EXPECT_EQ(c.locations.at("directives[1].shard.ep"), "d.yaml:11:20");
+  EXPECT_EQ(effective_strategy(c).parallel.ep, 2);
+  EXPECT_NO_THROW(validate(c, 4));
+  c.directives.list[1].ep = 3;  // does not divide dp 4, nor the 4 experts
+  try {
+    validate(c, 4);
+    ADD_FAILURE() << "ep 3 of dp 4 accepted";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("d.yaml:11:20: directives[1].shard.ep=3: 3 does not divide directives[0].replicate.dp=4"),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("model.n_experts=4 (at d.yaml:4:3) does not split into 3 equal groups"), std::string::npos) << m;
+  }
+}
+
 TEST(Directives, ParseEachDirective) {
   const std::string text = kModel +
                            "directives:\n"                                                          // 9
@@ -116,6 +141,7 @@ TEST(Directives, ParseEachDirective) {
   EXPECT_FALSE(d[3].shard_params.has_value());
   EXPECT_EQ(d[3].bucket_mb, 12.5);
   EXPECT_EQ(d[4].tp, 1);
+  EXPECT_FALSE(d[4].ep.has_value());
   EXPECT_EQ(d[5].schedule, "zbh1");
   EXPECT_FALSE(d[5].ranks.has_value());
   EXPECT_EQ(d[6].grid_order, "pp-dp-tp");
