@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# torch_peer.py — the PyTorch eager peer of piper: exactly the model of docs/model.md (no MoE)
+# torch_peer.py — the PyTorch eager peer of piper: exactly the model of docs/model.md
 # in plain torch, float32, trained with torch.optim.AdamW. Two jobs:
 #   --bench   throughput at a given thread count (scripts/bench.sh compares piper against it)
 #   --parity  loss / grad-norm / lr trajectory from parameters written by piper (PIPERPRM),
@@ -282,6 +282,51 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def top_k_lower_first(probs, K):
+    """The K largest of each row of probs in descending order, ties to the lower index (a
+    stable descending sort; torch.topk promises no order among equal values)."""
+    vals, idx = torch.sort(probs, dim=-1, descending=True, stable=True)
+    return vals[..., :K], idx[..., :K]
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts, dropless. forward() leaves the block's sequence-wise balance
+    loss, the mean over the batch's sequences of aux(s), in self.aux."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D, E, Fh = cfg.d_model, cfg.n_experts, cfg.moe_ffn_hidden
+        self.E, self.K = E, cfg.top_k
+        self.router = nn.Linear(D, E, bias=False)
+        self.experts = nn.Module()
+        self.experts.gate_proj = nn.Parameter(torch.empty(E, Fh, D))
+        self.experts.up_proj = nn.Parameter(torch.empty(E, Fh, D))
+        self.experts.down_proj = nn.Parameter(torch.empty(E, D, Fh))
+        self.aux = None
+
+    def forward(self, x):
+        b, T, D = x.shape
+        E, K = self.E, self.K
+        xf = x.reshape(b * T, D)
+        probs = torch.softmax(self.router(xf), dim=-1)           # [M, E]
+        picked, idx = top_k_lower_first(probs, K)                # [M, K]
+        weights = picked / picked.sum(-1, keepdim=True)
+        ex = self.experts
+        out = torch.zeros_like(xf)
+        for e in range(E):
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            xe = xf[rows]
+            y = (F.silu(xe @ ex.gate_proj[e].t()) * (xe @ ex.up_proj[e].t())) @ ex.down_proj[e].t()
+            out = out.index_add(0, rows, y * weights[rows, slot].unsqueeze(-1))
+        # balance loss: f_e(s) counts (token, slot) assignments, no gradient; P_e(s) does carry one
+        f = F.one_hot(idx, E).reshape(b, T * K, E).sum(1).to(x.dtype) / (T * K)   # [b, E]
+        P = probs.reshape(b, T, E).mean(1)                                      # [b, E]
+        self.aux = (E * (f.detach() * P).sum(-1)).mean()
+        return out.reshape(b, T, D)
+
+
 class Mamba2(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -338,8 +383,10 @@ class Block(nn.Module):
             self.mixer = Attention(cfg)
         elif sym == "-":
             self.mixer = MLP(cfg)
+        elif sym == "E":
+            self.mixer = MoE(cfg)
         else:
-            raise ValueError(f"pattern symbol {sym!r} not supported by the peer (MoE 'E' is not)")
+            raise ValueError(f"pattern symbol {sym!r} is not a block; use M, *, - or E")
 
     def forward(self, h):
         return h + self.mixer(rmsnorm(h, self.norm.weight))
@@ -360,7 +407,9 @@ class Model(nn.Module):
         for layer in self.layers:
             h = layer(h)
         logits = self.lm_head(rmsnorm(h, self.final_norm.weight))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        moe = [layer.mixer.aux for layer in self.layers if isinstance(layer.mixer, MoE)]
+        return loss + self.cfg.moe_aux_coef * sum(moe) if moe else loss
 
     @torch.no_grad()
     def init_weights(self, seed):
@@ -451,7 +500,8 @@ def load_into(model, params):
 CONFIG_KEYS = {
     "model": {k: k for k in ("pattern", "vocab_size", "d_model", "n_heads", "n_kv_heads",
                              "ffn_hidden", "d_state", "head_dim", "expand", "n_groups",
-                             "d_conv", "rope_theta", "ssd_chunk")},
+                             "d_conv", "rope_theta", "ssd_chunk", "n_experts", "top_k",
+                             "moe_ffn_hidden", "moe_aux_coef")},
     "train": {"steps": "steps", "global_batch": "global_batch", "seq_len": "seq_len",
               "lr": "lr", "min_lr_ratio": "min_lr_ratio", "weight_decay": "weight_decay",
               "beta1": "beta1", "beta2": "beta2", "eps": "eps", "grad_clip": "grad_clip",
@@ -486,7 +536,23 @@ def parse_args(argv=None):
         ap.set_defaults(**{k: (types[k](v) if types.get(k) else v)
                            for k, v in config_defaults(args.config).items()})
         args = ap.parse_args(argv)
+    check_moe_args(ap, args)
     return args
+
+
+def check_moe_args(ap, args):
+    """A pattern with 'E' blocks needs the MoE sizes, with 1 <= top_k <= n_experts."""
+    if "E" not in args.pattern:
+        return
+    why = f"pattern {args.pattern!r} has MoE blocks (block {args.pattern.index('E')} is E)"
+    for flag, v in (("--n-experts", args.n_experts), ("--top-k", args.top_k),
+                    ("--moe-ffn-hidden", args.moe_ffn_hidden)):
+        if v <= 0:
+            ap.error(f"{flag} (model.{flag[2:].replace('-', '_')}) is {v}; {why}, which need "
+                     "it >= 1")
+    if args.top_k > args.n_experts:
+        ap.error(f"--top-k {args.top_k} exceeds --n-experts {args.n_experts}; use top_k <= "
+                 "n_experts")
 
 
 def build_parser():
@@ -525,6 +591,11 @@ def build_parser():
     m.add_argument("--rope-theta", type=float, default=10000.0)
     m.add_argument("--ssd-chunk", type=int, default=32,
                    help="SSD chunk length (speed only; 32 measured faster than 64 here, as in piper)")
+    m.add_argument("--n-experts", type=int, default=0, help="MoE experts E per 'E' block")
+    m.add_argument("--top-k", type=int, default=0, help="MoE experts per token K")
+    m.add_argument("--moe-ffn-hidden", type=int, default=0, help="hidden size F of each expert")
+    m.add_argument("--moe-aux-coef", type=float, default=0.01,
+                   help="weight of the MoE sequence-wise balance loss")
     t = ap.add_argument_group("training (defaults: piper's TrainConfig)")
     t.add_argument("--seq-len", type=int, default=256)
     t.add_argument("--global-batch", type=int, default=8)
