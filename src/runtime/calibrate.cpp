@@ -22,6 +22,7 @@
 
 #include "comm/mpi_comm.hpp"
 #include "data/token_file.hpp"
+#include "ir/build.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/strategy.hpp"
 #include "ir/validate.hpp"
@@ -603,21 +604,23 @@ double comm_once(comm::Communicator& c, sim::CommOp op, int64_t floats, std::vec
     case sim::CommOp::COMM_ALLREDUCE: c.allreduce(a.data(), n); break;
     case sim::CommOp::COMM_REDUCE_SCATTER: c.reduce_scatter(a.data(), b.data(), per); break;
     case sim::CommOp::COMM_ALLGATHER: c.allgather(a.data(), b.data(), per); break;
-    case sim::CommOp::COMM_ALLTOALL: c.alltoall(a.data(), b.data(), per); break;
+    case sim::CommOp::COMM_ALLTOALL: {  // as the dispatch and combine run it: alltoallv, here with equal counts
+      const std::vector<int64_t> counts(static_cast<size_t>(c.size()), static_cast<int64_t>(per));
+      c.alltoallv(a.data(), counts, b.data(), counts);
+      break;
+    }
   }
   return ms_since(t0);
 }
 
-// Every member of `c` calls it with the same arguments.
-std::vector<CommSample> measure_comm(comm::Communicator& c, const std::vector<int64_t>& sizes, const Effort& effort) {
-  std::vector<sim::CommOp> ops{sim::CommOp::COMM_ALLREDUCE, sim::CommOp::COMM_REDUCE_SCATTER,
-                               sim::CommOp::COMM_ALLGATHER};
-  if (c.size() == 2) ops.insert(ops.begin(), sim::CommOp::COMM_P2P);
+// `ops` at `sizes` over `c`. Every member of `c` calls it with the same arguments.
+std::vector<CommSample> measure_comm(comm::Communicator& c, const std::vector<sim::CommOp>& ops,
+                                     const std::vector<int64_t>& sizes, const Effort& effort) {
   std::vector<CommSample> out;
   const int n = c.size();
   for (sim::CommOp op : ops)
     for (int64_t bytes : sizes) {
-      // Whole blocks per rank for the sharded collectives.
+      // Whole blocks per rank for the sharded collectives and the all-to-all.
       const int64_t floats = op == sim::CommOp::COMM_P2P || op == sim::CommOp::COMM_ALLREDUCE
                                  ? bytes / 4
                                  : std::max<int64_t>(1, bytes / 4 / n) * n;
@@ -657,23 +660,67 @@ std::vector<sim::CommCost> fit_comm(const std::vector<CommSample>& samples, bool
   return out;
 }
 
+// The all-to-all a config's plan runs: whether the model has MoE blocks, the
+// ep group size, and the distinct sizes of the DAG's ALLTOALL nodes (bytes
+// per rank, as a node's `bytes`: the counts exchange and the rows moved).
+struct AllToAllNeed {
+  bool moe = false;
+  int ep = 1;
+  std::vector<int64_t> bytes;  // ascending
+};
+
+AllToAllNeed alltoall_need(const ir::ModelGraph& g, const ir::Strategy& s) {
+  AllToAllNeed need;
+  need.moe = std::any_of(g.units.begin(), g.units.end(), [](const ir::UnitSpec& u) { return u.kind == ir::UnitKind::UNIT_MOE; });
+  need.ep = s.shard.ep;
+  if (need.ep <= 1) return need;
+  const ir::Graph dag = ir::build(g, s);
+  for (const ir::Node& n : dag.nodes())
+    if (n.kind == ir::NodeKind::ALLTOALL) need.bytes.push_back(n.bytes);
+  std::sort(need.bytes.begin(), need.bytes.end());
+  need.bytes.erase(std::unique(need.bytes.begin(), need.bytes.end()), need.bytes.end());
+  return need;
+}
+
 // Every collective (and p2p in a group of 2) over the first 2, 4, ... and all
-// ranks of the world, 4 KiB to 64 MiB. Every rank calls it; fitted on rank 0.
-std::vector<sim::CommCost> measure_all_comm(comm::Communicator& world, bool quick, bool print) {
-  std::vector<int> group_sizes;
-  for (int s = 2; s < world.size(); s *= 2) group_sizes.push_back(s);
-  group_sizes.push_back(world.size());
+// ranks of the world, 4 KiB to 64 MiB; for a model with MoE blocks also the
+// all-to-all over those groups and the ep group, at those sizes and the DAG's
+// ALLTOALL sizes. Every rank calls it; fitted on rank 0.
+std::vector<sim::CommCost> measure_all_comm(comm::Communicator& world, const AllToAllNeed& a2a, bool quick, bool print) {
+  std::vector<int> collective_groups;
+  for (int s = 2; s < world.size(); s *= 2) collective_groups.push_back(s);
+  collective_groups.push_back(world.size());
+  std::vector<int> groups = collective_groups;
+  if (a2a.moe && a2a.ep > 1 && a2a.ep <= world.size()) groups.push_back(a2a.ep);
+  std::sort(groups.begin(), groups.end());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
   std::vector<int64_t> bytes;
   for (int64_t b = 4 << 10; b <= (int64_t{64} << 20); b *= 4) bytes.push_back(b);
   if (quick) bytes = {4 << 10, 256 << 10, 4 << 20};
+  std::vector<int64_t> a2a_bytes = bytes;
+  a2a_bytes.insert(a2a_bytes.end(), a2a.bytes.begin(), a2a.bytes.end());
+  std::sort(a2a_bytes.begin(), a2a_bytes.end());
+  a2a_bytes.erase(std::unique(a2a_bytes.begin(), a2a_bytes.end()), a2a_bytes.end());
+  if (print && a2a.moe && a2a.ep > world.size())
+    std::printf("piper calibrate: the strategy has ep %d but the job %d rank(s); all-to-all measured over at most %d\n",
+                a2a.ep, world.size(), world.size());
   const Effort effort = quick ? Effort{30.0, 3, 5} : Effort{300.0, 5, 20};
   std::vector<CommSample> samples;
-  for (int s : group_sizes) {
+  for (int s : groups) {
     std::vector<int> members(static_cast<size_t>(s));
     for (int r = 0; r < s; ++r) members[static_cast<size_t>(r)] = r;
     std::unique_ptr<comm::Communicator> group = world.split(members, "calibrate");
     if (group) {
-      std::vector<CommSample> got = measure_comm(*group, bytes, effort);
+      std::vector<sim::CommOp> ops;
+      if (std::count(collective_groups.begin(), collective_groups.end(), s)) {
+        if (s == 2) ops.push_back(sim::CommOp::COMM_P2P);
+        ops.insert(ops.end(), {sim::CommOp::COMM_ALLREDUCE, sim::CommOp::COMM_REDUCE_SCATTER, sim::CommOp::COMM_ALLGATHER});
+      }
+      std::vector<CommSample> got = measure_comm(*group, ops, bytes, effort);
+      if (a2a.moe) {
+        const std::vector<CommSample> all = measure_comm(*group, {sim::CommOp::COMM_ALLTOALL}, a2a_bytes, effort);
+        got.insert(got.end(), all.begin(), all.end());
+      }
       samples.insert(samples.end(), got.begin(), got.end());
     }
     world.barrier();
@@ -808,7 +855,7 @@ sim::CostModel calibrate(const config::Config& cfg, const CalibrateOptions& opts
 
   // Communication over groups of 2, 4, ... and all ranks.
   if (env.world_size() > 1) {
-    std::vector<sim::CommCost> comm = measure_all_comm(*world, opts.quick, print);
+    std::vector<sim::CommCost> comm = measure_all_comm(*world, alltoall_need(graph, strategy), opts.quick, print);
     if (lead) m.comm = std::move(comm);
   }
   std::fflush(stdout);

@@ -1,8 +1,10 @@
 // test_calibrate.cpp — `piper calibrate` end to end: a quick calibration of the
 // tiny model on 1 and 2 ranks, read back with sim::load_cost and checked for
-// sensible costs; a bad config is refused with exit 2 naming the key.
+// sensible costs; the all-to-all of an MoE model at ep 2; a bad config is
+// refused with exit 2 naming the key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -91,6 +93,47 @@ TEST(Calibrate, QuickTwoRanksMeasuresCommunication) {
     EXPECT_EQ(found, 1);
     EXPECT_GT(m.comm_ms(op, 2, 4 << 20), 0.0);
   }
+}
+
+// An MoE model at ep 2: all-to-all entries over the ep group, measured at the
+// sizes of the DAG's ALLTOALL nodes, so that simulate prices dispatch and combine.
+TEST(Calibrate, ExpertParallelMeasuresAllToAll) {
+  TempDir tmp("calibrate-ep");
+  const std::string out = tmp.file("cost.json");
+  const std::string sets = " --set data.path=" + corpus() + " --set train.threads=1 --set parallel.dp=2 --set parallel.ep=2";
+  auto r = run(launcher(2) + piper() + " calibrate " + source("config/tiny-moe.yaml") + " --quick -o " + out + sets);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const sim::CostModel m = sim::load_cost(out);
+  const sim::CommCost* a2a = nullptr;
+  for (const sim::CommCost& c : m.comm)
+    if (c.op == sim::CommOp::COMM_ALLTOALL) {
+      EXPECT_EQ(a2a, nullptr) << "one all-to-all entry per group size";
+      a2a = &c;
+    }
+  ASSERT_NE(a2a, nullptr) << r.output;
+  EXPECT_EQ(a2a->ranks, 2);
+  // tiny-moe: 4 experts, top 2, d_model 64; a microbatch of 8 / dp 2 samples of 64 tokens.
+  // The DAG's ALLTOALL nodes: the counts exchange (4 floats) and the rows (256 x 2 x 64 floats).
+  const double counts = 4 * 4, rows = 256.0 * 2 * 64 * 4;
+  auto measured_at = [&](double bytes) {
+    return std::any_of(a2a->points.begin(), a2a->points.end(), [&](const auto& p) { return p.first == bytes; });
+  };
+  EXPECT_TRUE(measured_at(counts)) << "the counts exchange's size";
+  EXPECT_TRUE(measured_at(rows)) << "the dispatch's size";
+  for (size_t i = 0; i < a2a->points.size(); ++i) {
+    const auto [bytes, ms] = a2a->points[i];
+    SCOPED_TRACE(std::to_string(bytes) + " bytes");
+    EXPECT_GT(ms, 0.0);
+    if (i > 0) {
+      EXPECT_GT(bytes, a2a->points[i - 1].first) << "ascending sizes";
+    }
+  }
+  // Timing on a shared machine is noisy: only the ends are compared (16 bytes against 4 MiB).
+  EXPECT_GT(a2a->points.back().second, a2a->points.front().second) << "time grows with bytes";
+  EXPECT_GT(m.comm_ms(sim::CommOp::COMM_ALLTOALL, 2, static_cast<int64_t>(rows)), 0.0);
+  auto s = run(piper() + " simulate " + source("config/tiny-moe.yaml") + " --cost " + out + " --json" + sets);
+  ASSERT_EQ(s.code, 0) << s.output;
+  EXPECT_NE(s.output.find("\"step_ms\""), std::string::npos) << s.output;
 }
 
 TEST(Calibrate, TensorParallelOnTwoRanks) {
