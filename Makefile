@@ -45,6 +45,7 @@ bench: deps build corpus
 	@scripts/bench-checkpoint.sh $(BUILD)
 	@bench/sim_accuracy.py $(BUILD)
 	@bench/schedules.py $(BUILD)
+	@bench/moe.py $(BUILD)
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
