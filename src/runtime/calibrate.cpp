@@ -702,8 +702,9 @@ std::vector<sim::CommCost> measure_all_comm(comm::Communicator& world, const All
   std::sort(a2a_bytes.begin(), a2a_bytes.end());
   a2a_bytes.erase(std::unique(a2a_bytes.begin(), a2a_bytes.end()), a2a_bytes.end());
   if (print && a2a.moe && a2a.ep > world.size())
-    std::printf("piper calibrate: the strategy has ep %d but the job %d rank(s); all-to-all measured over at most %d\n",
-                a2a.ep, world.size(), world.size());
+    std::printf("piper calibrate: the strategy has ep %d but the job %d rank(s); all-to-all measured over at most %d "
+                "(simulate scales the nearest; run calibrate on %d ranks to measure it)\n",
+                a2a.ep, world.size(), world.size(), a2a.ep);
   const Effort effort = quick ? Effort{30.0, 3, 5} : Effort{300.0, 5, 20};
   std::vector<CommSample> samples;
   for (int s : groups) {
