@@ -110,16 +110,43 @@ void Dispatcher::size() {
     for (int64_t l = 0; l < local_; ++l)
       expert_rows_[static_cast<size_t>(l)] += recv_[static_cast<size_t>(j * local_ + l)];
   count_send_ = {}, count_recv_ = {};
-  xr_ = rows_tensor(rows());
 }
 
-CommBuffer Dispatcher::dispatch() { return {xp_.data(), xr_.data(), slots_ * d_, floats(rows_to()), floats(rows_from())}; }
+CommBuffer Dispatcher::dispatch() { return to_experts(xp_, xr_); }
+
+// The rows' way there and back, forward and backward alike: the permuted rows to the experts'
+// ranks; received, sorted expert-major; the experts' results back to received order; back home.
+CommBuffer Dispatcher::to_experts(Tensor& permuted, Tensor& received) {
+  received = rows_tensor(rows());
+  return {permuted.data(), received.data(), slots_ * d_, floats(rows_to()), floats(rows_from())};
+}
+
+void Dispatcher::expert_major(Tensor& permuted, Tensor& received, Tensor& sorted) {
+  if (ep_ == 1) {
+    sorted = std::move(permuted);
+    return;
+  }
+  gather(received.data(), rows(), sort_, sorted);
+  received = {}, permuted = {};
+}
+
+void Dispatcher::received_order(Tensor& sorted, Tensor& received, Tensor& permuted) {
+  if (ep_ == 1) {
+    permuted = std::move(sorted);
+    return;
+  }
+  gather(sorted.data(), rows(), unsort_, received);
+  sorted = {};
+}
+
+CommBuffer Dispatcher::from_experts(Tensor& received, Tensor& permuted) {
+  permuted = rows_tensor(slots_);
+  return {received.data(), permuted.data(), rows() * d_, floats(rows_from()), floats(rows_to())};
+}
 
 // Received rows come rank by rank, each rank's expert by expert; the experts want them expert by expert.
 void Dispatcher::sort() {
-  if (ep_ == 1) {
-    xs_ = std::move(xp_);
-  } else {
+  if (ep_ > 1) {
     std::vector<int64_t> start(recv_.size());  // of block (j, l) in the received rows
     int64_t at = 0;
     for (size_t b = 0; b < recv_.size(); ++b) start[b] = at, at += recv_[b];
@@ -134,28 +161,17 @@ void Dispatcher::sort() {
       }
     sort_ = index_tensor(sort);
     unsort_ = index_tensor(unsort);
-    gather(xr_.data(), rows(), sort_, xs_);
-    xr_ = {}, xp_ = {};
   }
+  expert_major(xp_, xr_, xs_);
   ys_ = rows_tensor(rows());
 }
 
 const float* Dispatcher::expert_input() const { return xs_.data(); }
 float* Dispatcher::expert_output() { return ys_.data(); }
 
-void Dispatcher::unsort() {
-  if (ep_ == 1) {
-    yp_ = std::move(ys_);
-    return;
-  }
-  gather(ys_.data(), rows(), unsort_, yr_);
-  ys_ = {};
-}
+void Dispatcher::unsort() { received_order(ys_, yr_, yp_); }
 
-CommBuffer Dispatcher::give_back() {
-  yp_ = rows_tensor(slots_);
-  return {yr_.data(), yp_.data(), rows() * d_, floats(rows_from()), floats(rows_to())};
-}
+CommBuffer Dispatcher::give_back() { return from_experts(yr_, yp_); }
 
 void Dispatcher::combine(backend::ConstTensorView weights, float* out) {
   yr_ = {};
@@ -171,37 +187,19 @@ void Dispatcher::combine_backward(const float* dout, backend::ConstTensorView we
   yp_ = {};
 }
 
-CommBuffer Dispatcher::dispatch_grad() {
-  dyr_ = rows_tensor(rows());
-  return {dyp_.data(), dyr_.data(), slots_ * d_, floats(rows_to()), floats(rows_from())};
-}
+CommBuffer Dispatcher::dispatch_grad() { return to_experts(dyp_, dyr_); }
 
 void Dispatcher::sort_grad() {
-  if (ep_ == 1) {
-    dys_ = std::move(dyp_);
-  } else {
-    gather(dyr_.data(), rows(), sort_, dys_);
-    dyr_ = {}, dyp_ = {};
-  }
+  expert_major(dyp_, dyr_, dys_);
   dxs_ = rows_tensor(rows());
 }
 
 const float* Dispatcher::expert_grad_output() const { return dys_.data(); }
 float* Dispatcher::expert_grad_input() { return dxs_.data(); }
 
-void Dispatcher::unsort_grad() {
-  if (ep_ == 1) {
-    dxp_ = std::move(dxs_);
-    return;
-  }
-  gather(dxs_.data(), rows(), unsort_, dxr_);
-  dxs_ = {};
-}
+void Dispatcher::unsort_grad() { received_order(dxs_, dxr_, dxp_); }
 
-CommBuffer Dispatcher::return_grad() {
-  dxp_ = rows_tensor(slots_);
-  return {dxr_.data(), dxp_.data(), rows() * d_, floats(rows_from()), floats(rows_to())};
-}
+CommBuffer Dispatcher::return_grad() { return from_experts(dxr_, dxp_); }
 
 void Dispatcher::dispatch_backward(float* dx) {
   be_.moe_dispatch_bwd(view(be_, dxp_.data(), {slots_, d_}), pos_.view(), view(be_, dx, {tokens_, d_}));

@@ -35,7 +35,7 @@ class Dispatcher {
   // the rows expert-major (ties: rows in order) and counts them per expert.
   void route(backend::ConstTensorView experts, const float* x);
   CommBuffer counts();    // ep > 1: the rows per expert, to the experts' ranks
-  void size();            // ep > 1: the receive buffer, from the counts received
+  void size();            // ep > 1: the rows each rank sends each local expert, from the counts received
   CommBuffer dispatch();  // ep > 1: the permuted rows to their experts' ranks
   void sort();            // the received rows expert-major
   // The experts' rows [R, D], expert-major: rows_of_expert()[l] rows of local expert l after another.
@@ -67,6 +67,11 @@ class Dispatcher {
   std::vector<int64_t> rows_to() const;    // rows this rank sends each ep rank
   std::vector<int64_t> rows_from() const;  // rows each ep rank sends this one
   std::vector<int64_t> floats(const std::vector<int64_t>& rows) const;
+  // The steps both passes take, on the forward's rows or the backward's row gradients.
+  CommBuffer to_experts(backend::Tensor& permuted, backend::Tensor& received);
+  void expert_major(backend::Tensor& permuted, backend::Tensor& received, backend::Tensor& sorted);
+  void received_order(backend::Tensor& sorted, backend::Tensor& received, backend::Tensor& permuted);
+  CommBuffer from_experts(backend::Tensor& received, backend::Tensor& permuted);
   backend::Tensor rows_tensor(int64_t n);
   backend::Tensor index_tensor(const std::vector<int32_t>& host);
   void gather(const float* src, int64_t src_rows, const backend::Tensor& index, backend::Tensor& dst);

@@ -104,7 +104,7 @@ class MoeBlock final : public Block {
   // The steps of the passes, segment by segment (the points between segments follow ir::pass_shape).
   enum class Step : uint8_t {
     ROUTE,         // router, top-k, balance loss, permutation
-    SIZE,          // the receive buffer from the exchanged counts
+    SIZE,          // the rows to receive, from the exchanged counts
     EXPERTS,       // sorted expert-major, through the experts, unsorted
     COMBINE,       // the returned rows weighted into the output
     COMBINE_BWD,   // the routing weights' and the returned rows' gradients
