@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,29 @@ TEST(Config, ValidateReportsEveryProblem) {
     std::string m = e.what();
     EXPECT_NE(m.find("two.yaml:2:3: train.lr=0.0: must be > 0"), std::string::npos) << m;
     EXPECT_NE(m.find("two.yaml:3:3: train.steps=0: must be at least 1"), std::string::npos) << m;
+  }
+}
+
+// ---- the tuner's benchmark models (config/examples/, docs/tuner.md) ---------------
+
+TEST(Config, TunerModelsAreTheTightRegimeOnSixtyFourRanks) {
+  // Each is 4096-token sequences, 64 a step, with a strategy of 64 ranks that validates, also at the
+  // ample regime's batch (bench/tuner.py sets train.global_batch=1024); its header names the
+  // `piper tune` command line of its own path.
+  for (const char* name : {"nemotron-h-8b", "jamba-moe", "mamba-attn-tail", "llama-8b"}) {
+    const std::string rel = std::string("config/examples/") + name + ".yaml";
+    const std::string path = std::string(PIPER_SOURCE_DIR) + "/" + rel;
+    const Config c = load(path);
+    EXPECT_EQ(c.train.seq_len, 4096) << rel;
+    EXPECT_EQ(c.train.global_batch, 64) << rel;
+    const EffectiveStrategy s = effective_strategy(c);
+    EXPECT_EQ(s.parallel.dp * s.parallel.tp * s.parallel.pp, 64) << rel;
+    EXPECT_NO_THROW(validate(c, 64)) << rel;
+    EXPECT_NO_THROW(validate(load(path, {"train.global_batch=1024"}), 64)) << rel;
+    std::ifstream in(path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("#   piper tune " + rel + " --world 64 --hardware h100-sxm -o "), std::string::npos)
+        << rel;
   }
 }
 
