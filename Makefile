@@ -46,6 +46,7 @@ bench: deps build corpus
 	@bench/sim_accuracy.py $(BUILD)
 	@bench/schedules.py $(BUILD)
 	@bench/moe.py $(BUILD)
+	@bench/tuner.py $(BUILD)
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
