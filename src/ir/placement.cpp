@@ -5,21 +5,13 @@
 #include "ir/filter.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <set>
+#include <sstream>
+#include <stdexcept>
 
 namespace piper::ir {
-
-namespace {
-
-// Relative cost of a unit's forward, for balancing stages: its matrix
-// parameters (the embedding is a lookup and costs almost nothing).
-double unit_cost(const UnitSpec& u) {
-  if (u.kind == UnitKind::UNIT_EMBED) return 0.0;
-  return static_cast<double>(u.param_count());
-}
-
-}  // namespace
 
 std::string unit_description(const UnitSpec& unit) {
   if (unit.block < 0) return unit.name;
@@ -27,28 +19,71 @@ std::string unit_description(const UnitSpec& unit) {
 }
 
 
-std::vector<int> balance_stages(const ModelGraph& model, int stages) {
-  const int n = static_cast<int>(model.units.size());
-  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
-  for (int u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + unit_cost(model.units[static_cast<size_t>(u)]) + 1.0;
-  const double inf = 1e300;
-  // best[s][u]: the smallest max-stage cost putting units [0, u) on s stages.
+namespace {
+
+// A contiguous partition of n units into `stages` non-empty stages minimising the largest
+// value(c, u) of its stages, stage [c, u) holding units c..u-1: the stage of every unit, and that
+// largest value. Of equal partitions, the one with the smallest cut before the last stage, and so
+// on towards the first.
+struct Partition {
+  std::vector<int> stage_of;
+  double most = 0.0;
+};
+
+template <class Value>
+Partition min_max_partition(int n, int stages, const Value& value) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][u]: the smallest largest value putting units [0, u) on s stages; cut[s][u]: where the last starts.
   std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
   std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
   best[0][0] = 0.0;
   for (int s = 1; s <= stages; ++s)
     for (int u = s; u <= n - (stages - s); ++u)
       for (int c = s - 1; c < u; ++c) {
-        const double v = std::max(best[s - 1][c], prefix[u] - prefix[c]);
+        const double v = std::max(best[s - 1][c], value(c, u));
         if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
       }
-  std::vector<int> stage_of(static_cast<size_t>(n), 0);
+  Partition p{std::vector<int>(static_cast<size_t>(n), 0), best[stages][n]};
   for (int s = stages, u = n; s > 0; --s) {
     const int c = cut[s][u];
-    for (int i = c; i < u; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
+    for (int i = c; i < u; ++i) p.stage_of[static_cast<size_t>(i)] = s - 1;
     u = c;
   }
-  return stage_of;
+  return p;
+}
+
+void check_balance_input(const std::vector<double>& cost_of_unit, int stages) {
+  const size_t n = cost_of_unit.size();
+  if (stages < 1 || static_cast<size_t>(stages) > n)
+    throw std::invalid_argument("ir::balance_stages: " + std::to_string(stages) + " stages for " + std::to_string(n) +
+                                " units; expected 1.." + std::to_string(n) + ", each stage holding a unit");
+  for (size_t u = 0; u < n; ++u)
+    if (const double c = cost_of_unit[u]; !std::isfinite(c) || c < 0) {
+      std::ostringstream text;
+      text << c;
+      throw std::invalid_argument("ir::balance_stages: unit " + std::to_string(u) + " costs " + text.str() +
+                                  "; expected a finite cost >= 0");
+    }
+}
+
+}  // namespace
+
+std::vector<int> balance_stages(const std::vector<double>& cost_of_unit, int stages) {
+  check_balance_input(cost_of_unit, stages);
+  const size_t n = cost_of_unit.size();
+  // run[c][k]: units c..c+k-1, summed from c (equal runs of units sum to equal costs wherever they are).
+  std::vector<std::vector<double>> run(n);
+  for (size_t c = 0; c < n; ++c) {
+    run[c].assign(n - c + 1, 0.0);
+    for (size_t k = 1; k <= n - c; ++k) run[c][k] = run[c][k - 1] + cost_of_unit[c + k - 1];
+  }
+  auto stage_cost = [&](int c, int u) { return run[static_cast<size_t>(c)][static_cast<size_t>(u - c)]; };
+  const double most = min_max_partition(static_cast<int>(n), stages, stage_cost).most;
+  // Of the partitions no stage of which costs more than that, the fewest units on the largest stage.
+  auto stage_units = [&](int c, int u) {
+    return stage_cost(c, u) <= most ? static_cast<double>(u - c) : std::numeric_limits<double>::infinity();
+  };
+  return min_max_partition(static_cast<int>(n), stages, stage_units).stage_of;
 }
 
 std::optional<StageProblem> stage_problem(const ModelGraph& model, const std::vector<int64_t>& st, int64_t n_stages) {

@@ -17,10 +17,14 @@ namespace piper::ir {
 // "layers.3 (block 3, 'M')", "embed", "head": a unit as the placement rules name it.
 std::string unit_description(const UnitSpec& unit);
 
-// The stage of every unit when no directive says: a contiguous partition of the units into
-// `stages` non-empty stages minimising the most expensive one by parameter count (exact, by
-// dynamic programming). Needs stages <= units.
-std::vector<int> balance_stages(const ModelGraph& model, int stages);
+// The stage of every unit when no directive says: a contiguous partition of the units, unit u
+// costing cost_of_unit[u] (ir::unit_costs, or simulated times), into `stages` non-empty stages
+// that minimises the most expensive stage (exact, by dynamic programming). The first unit (the
+// embedding) is on stage 0 and the last (the head) on the last stage. Of partitions whose most
+// expensive stages cost the same, the one whose largest stage holds the fewest units; then the
+// one with the most units on the last stage, the units before it split the same way. Throws
+// std::invalid_argument for stages outside 1..units or a cost that is negative or not finite.
+std::vector<int> balance_stages(const std::vector<double>& cost_of_unit, int stages);
 
 // The first problem of a stage per unit (stages 0..n_stages-1 along the model, each a contiguous
 // non-empty run), at unit `unit`, or nullopt.

@@ -13,6 +13,7 @@
 #include "ir/filter.hpp"
 #include "ir/model_graph.hpp"
 #include "ir/placement.hpp"
+#include "ir/work.hpp"
 
 namespace piper::ir {
 
@@ -40,9 +41,11 @@ void throw_errors(const std::vector<std::string>& errors) {
   throw config::ConfigError(text);
 }
 
-// The stage of every unit: a place directive's stage_of_unit or stage filters, else balanced over
-// pp x chunks stages (left empty when there are fewer units than stages: ir::build says so).
-std::vector<int> unit_stages(const ModelGraph& model, const config::EffectiveStrategy& e, int chunks, int pp) {
+// The stage of every unit: a place directive's stage_of_unit or stage filters, else balanced by
+// the units' work over pp x chunks stages (left empty when there are fewer units than stages:
+// ir::build says so).
+std::vector<int> unit_stages(const config::Config& cfg, const ModelGraph& model, const config::EffectiveStrategy& e,
+                             int chunks, int pp) {
   std::vector<int64_t> given = e.stage_of_unit;
   if (!e.stage_filters.empty()) {
     std::vector<std::string> errors;
@@ -52,7 +55,7 @@ std::vector<int> unit_stages(const ModelGraph& model, const config::EffectiveStr
   if (!given.empty()) return std::vector<int>(given.begin(), given.end());
   const int64_t n_stages = static_cast<int64_t>(pp) * chunks;
   if (n_stages < 1 || n_stages > static_cast<int64_t>(model.units.size())) return {};
-  return balance_stages(model, static_cast<int>(n_stages));
+  return balance_stages(unit_costs(cfg.model, model, cfg.train.seq_len), static_cast<int>(n_stages));
 }
 
 // A value per unit: `uniform` for all, then each subset's value for the units its filter selects.
@@ -109,9 +112,8 @@ Strategy expand(const config::Config& cfg, int world_size) {
     s.place.virtual_stages = static_cast<int>(s.place.rank_of_stage.size()) / s.place.pp;
   s.order.pairs = p.pairs;
   const ModelGraph model = make_model_graph(cfg.model);
-  s.place.stage_of_unit = unit_stages(model, e, custom ? s.place.virtual_stages
-                                                       : schedule_chunks(s.order.schedule, s.place.virtual_stages),
-                                      s.place.pp);
+  const int chunks = custom ? s.place.virtual_stages : schedule_chunks(s.order.schedule, s.place.virtual_stages);
+  s.place.stage_of_unit = unit_stages(cfg, model, e, chunks, s.place.pp);
   std::vector<std::string> errors;
   const std::vector<int> split = per_unit(model, s.place.stage_of_unit, p.split_backward, e.split_subsets, e, errors);
   s.replicate.zero_of_unit = per_unit(model, s.place.stage_of_unit, p.zero, e.zero_subsets, e, errors);

@@ -43,6 +43,21 @@ const char* comm_op_name(CommOp op) {
   return "?";
 }
 
+CommOp comm_op_of(ir::NodeKind k) {
+  switch (k) {
+    case ir::NodeKind::SEND:
+    case ir::NodeKind::RECV: return CommOp::COMM_P2P;
+    case ir::NodeKind::ALLREDUCE: return CommOp::COMM_ALLREDUCE;
+    case ir::NodeKind::REDUCE_SCATTER: return CommOp::COMM_REDUCE_SCATTER;
+    case ir::NodeKind::ALLGATHER: return CommOp::COMM_ALLGATHER;
+    case ir::NodeKind::ALLTOALL: return CommOp::COMM_ALLTOALL;
+    default:
+      throw std::invalid_argument(std::string("sim: node kind ") + ir::node_kind_name(k) +
+                                  " is compute, not communication; expected SEND, RECV, ALLREDUCE, REDUCE_SCATTER, "
+                                  "ALLGATHER or ALLTOALL");
+  }
+}
+
 namespace {
 
 [[noreturn]] void bad(const std::string& at, const std::string& what) { throw std::invalid_argument(at + ": " + what); }

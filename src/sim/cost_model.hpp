@@ -46,6 +46,9 @@ struct OpCost {
 // The collectives and point-to-point transfers the DAG uses.
 enum class CommOp : uint8_t { COMM_P2P, COMM_ALLREDUCE, COMM_REDUCE_SCATTER, COMM_ALLGATHER, COMM_ALLTOALL };
 const char* comm_op_name(CommOp op);  // "p2p", "allreduce", "reduce_scatter", "allgather", "alltoall"
+// The op that prices a communication node of kind `k` (SEND and RECV: p2p); throws
+// std::invalid_argument for a compute kind.
+CommOp comm_op_of(ir::NodeKind k);
 
 // Milliseconds of one operation over a group of `ranks` as a function of the
 // bytes each rank contributes (the node's `bytes`).

@@ -1,5 +1,5 @@
 // hardware.cpp — the hardware table, user hardware files, and the analytic
-// cost model built from flops.hpp's work over a device's peaks.
+// cost model built from ir/work.hpp's work over a device's peaks.
 #include "sim/hardware.hpp"
 
 #include <unistd.h>
@@ -390,7 +390,7 @@ const Link& link_for(const Hardware& hw, int ranks, NodeSpan span) {
   return ranks <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
 }
 
-double op_seconds(const OpWork& op, const Hardware& hw) {
+double op_seconds(const ir::OpWork& op, const Hardware& hw) {
   const double vector = hw.vector_flops > 0 ? hw.vector_flops : hw.peak_flops;
   const double compute = op.matmul_flops / (hw.peak_flops * hw.mfu) + op.other_flops / (vector * hw.mfu);
   const double memory = op.bytes / (hw.mem_bw * hw.mem_eff);
@@ -403,11 +403,11 @@ double comm_seconds(CommOp op, int ranks, double bytes, const Link& link) {
   return steps * link.latency + factor * bytes / link.bandwidth;
 }
 
-double call_seconds(const Work& w, int tp, const Hardware& hw) {
+double call_seconds(const ir::Work& w, int tp, const Hardware& hw) {
   double s = 0.0;
-  for (const OpWork& o : w.ops) s += op_seconds(o, hw);
+  for (const ir::OpWork& o : w.ops) s += op_seconds(o, hw);
   const Link& link = link_for(hw, tp, NodeSpan::SPAN_BY_SIZE);
-  for (const TpCollective& c : w.tp_comm) s += comm_seconds(c.op, tp, c.bytes, link);
+  for (const ir::TpCollective& c : w.tp_comm) s += comm_seconds(comm_op_of(c.op), tp, c.bytes, link);
   return s;
 }
 
@@ -446,7 +446,7 @@ CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Har
     for (int tp : tps) {
       auto time = [&](ir::Pass pass) {
         return fit_points(rows, [&](int64_t r) {
-          return call_seconds(unit_work(m, kind, pass, r, seq_len, tp, hw.elem_bytes), tp, hw) * kMs;
+          return call_seconds(ir::unit_work(m, kind, pass, r, seq_len, tp, hw.elem_bytes), tp, hw) * kMs;
         });
       };
       OpCost o;
@@ -457,16 +457,16 @@ CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Har
       o.bi = time(ir::Pass::PASS_BI);
       // The executor runs the embedding's whole backward at its BWD_W node (it has no input half).
       o.bw = kind == 'e' ? o.b : time(ir::Pass::PASS_BW);
-      o.saved = fit_points(rows, [&](int64_t r) { return unit_memory(m, kind, r, seq_len, tp).saved; });
-      o.kept_for_w = fit_points(rows, [&](int64_t r) { return unit_memory(m, kind, r, seq_len, tp).kept_for_w; });
-      o.transient = fit_points(rows, [&](int64_t r) { return unit_memory(m, kind, r, seq_len, tp).transient; });
+      o.saved = fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp).saved; });
+      o.kept_for_w = fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp).kept_for_w; });
+      o.transient = fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp).transient; });
       cm.ops.push_back(o);
     }
 
   // AdamW on fp32 master weights and moments, whatever the compute precision.
   const double vector = hw.vector_flops > 0 ? hw.vector_flops : hw.peak_flops;
-  const double per_element = std::max(adamw_flops_per_element() / (vector * hw.mfu),
-                                      adamw_bytes_per_element(4) / (hw.mem_bw * hw.mem_eff));
+  const double per_element = std::max(ir::adamw_flops_per_element() / (vector * hw.mfu),
+                                      ir::adamw_bytes_per_element(4) / (hw.mem_bw * hw.mem_eff));
   cm.update = {hw.launch * kMs, per_element * kMs};
 
   auto comm = [&](CommOp op, int n, const Link& link) {

@@ -1,7 +1,7 @@
 // hardware.hpp — accelerators and interconnects for the analytic cost model:
 // a table of public peak numbers (docs/hardware.md cites the datasheets),
 // user hardware files (JSON), and analytic_cost, which turns the FLOPs and
-// bytes of flops.hpp into a CostModel:
+// bytes of ir/work.hpp into a CostModel:
 //   time of an op   = max(matmul FLOPs / (peak x mfu) + other FLOPs / (vector peak x mfu),
 //                         bytes / (mem_bw x mem_eff)) + launch
 //   time of a call  = sum over its ops + its tensor-parallel collectives
@@ -14,8 +14,8 @@
 
 #include "config/config.hpp"
 #include "ir/parallel_dims.hpp"
+#include "ir/work.hpp"
 #include "sim/cost_model.hpp"
-#include "sim/flops.hpp"
 
 namespace piper::sim {
 
@@ -80,8 +80,8 @@ const Link& link_for(const Hardware& hw, int ranks, NodeSpan span);
 
 // Seconds of one op, and of one unit call on a tp group of `tp` ranks (its
 // collectives over link_for(hw, tp, SPAN_BY_SIZE)).
-double op_seconds(const OpWork& op, const Hardware& hw);
-double call_seconds(const Work& w, int tp, const Hardware& hw);
+double op_seconds(const ir::OpWork& op, const Hardware& hw);
+double call_seconds(const ir::Work& w, int tp, const Hardware& hw);
 // Ring collectives, alpha-beta, `bytes` as a collective node's bytes (the whole
 // buffer each rank reduces or gathers; ir/build.cpp), n = ranks:
 //   allreduce 2(n-1)/n bytes/bw + 2(n-1) latency; reduce_scatter, allgather and

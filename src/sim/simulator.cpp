@@ -21,8 +21,8 @@
 #include "ir/parallel_dims.hpp"
 #include "ir/player.hpp"
 #include "ir/unit_passes.hpp"
+#include "ir/work.hpp"
 #include "ir/world_play.hpp"
-#include "sim/flops.hpp"
 
 namespace piper::sim {
 
@@ -45,16 +45,6 @@ bool zero3_gather(const Instr& c) { return ir::is_zero3_gather(c); }
 // The slot of a unit pass in per-pass tables: FWD, BWD_I, BWD_W, BWD.
 size_t pass_slot(NodeKind k) {
   return k == NodeKind::FWD ? 0 : k == NodeKind::BWD_I ? 1 : k == NodeKind::BWD_W ? 2 : 3;
-}
-
-CommOp comm_op(NodeKind k) {
-  switch (k) {
-    case NodeKind::ALLREDUCE: return CommOp::COMM_ALLREDUCE;
-    case NodeKind::REDUCE_SCATTER: return CommOp::COMM_REDUCE_SCATTER;
-    case NodeKind::ALLGATHER: return CommOp::COMM_ALLGATHER;
-    case NodeKind::ALLTOALL: return CommOp::COMM_ALLTOALL;
-    default: return CommOp::COMM_P2P;
-  }
 }
 
 struct MemDelta {
@@ -120,13 +110,13 @@ class Sim {
       std::array<std::vector<double>, 4> shares;
       for (NodeKind k : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD}) {
         const ir::PassShape shape = ir::pass_shape(u.kind, k, ir::pass_dims(plan.model, tp_, dims_.degree(ir::Axis::EP)));
-        shares[pass_slot(k)] = segment_shares(cfg.model, ir::unit_symbol(u.kind), k, shape, rows_, cfg.train.seq_len, tp_);
+        shares[pass_slot(k)] = ir::segment_shares(cfg.model, ir::unit_symbol(u.kind), k, shape, rows_, cfg.train.seq_len, tp_);
       }
       shares_.push_back(std::move(shares));
       const ir::Recompute mode = s.recompute_of(static_cast<int>(sizes_.size()) - 1);
       recompute_.push_back(mode == ir::Recompute::RECOMPUTE_NONE
-                               ? RecomputeShare{}
-                               : recompute_share(cfg.model, kind_.back(), mode, rows_, cfg.train.seq_len, tp_));
+                               ? ir::RecomputeShare{}
+                               : ir::recompute_share(cfg.model, kind_.back(), mode, rows_, cfg.train.seq_len, tp_));
     }
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
     ranks_.resize(static_cast<size_t>(world_));
@@ -244,7 +234,7 @@ class Sim {
   // The time of a collective over n ranks: a data-parallel one moves the units' dense parts over
   // its n ranks and their experts over the expert-data group, one after the other.
   double comm_time(const Instr& c, int n) const {
-    const CommOp op = comm_op(c.kind);
+    const CommOp op = comm_op_of(c.kind);
     if (c.units.empty()) return cost_.comm_ms(op, n, c.bytes);
     double dense = 0, experts = 0;
     for (int u : c.units) {
@@ -523,9 +513,9 @@ class Sim {
   std::vector<char> kind_;
   std::vector<std::string> names_;
   std::vector<int> stage_of_node_;
-  // Per unit and pass (pass_slot): the share of the pass's time each segment runs (sim::segment_shares).
+  // Per unit and pass (pass_slot): the share of the pass's time each segment runs (ir::segment_shares).
   std::vector<std::array<std::vector<double>, 4>> shares_;
-  std::vector<RecomputeShare> recompute_;      // per unit: what its RECOMP costs and restores (none: 0, 0)
+  std::vector<ir::RecomputeShare> recompute_;      // per unit: what its RECOMP costs and restores (none: 0, 0)
   std::vector<RankState> ranks_;
   std::vector<trace::Event> events_;
 };

@@ -185,7 +185,7 @@ TEST(CustomOrder, CopyOfAScheduleBuildsTheSameDag) {
     named.place.virtual_stages = c.vs;
     named.order.schedule = parse_schedule(c.schedule);
     named.activation_bytes = 1024;
-    named = testing::with_units(named, mg, c.split);
+    named = testing::with_units(named, base.model, c.split);
     Strategy custom = named;
     custom.order.schedule = ScheduleKind::SCHEDULE_1F1B;
     custom.order.custom = make_schedule(named.order.schedule, c.pp, c.vs, c.mb, c.split).ops;
@@ -206,7 +206,7 @@ Strategy two_ranks(int mb, std::vector<std::vector<PipeOp>> ops, int chunks = 1,
   s.place.virtual_stages = chunks;
   s.order.custom = std::move(ops);
   s.order.chunks = chunks;
-  return testing::with_units(s, make_model_graph(config::parse(kModelYaml, "m.yaml").model), split);
+  return testing::with_units(s, config::parse(kModelYaml, "m.yaml").model, split);
 }
 
 std::string build_error(const Strategy& s) {
@@ -295,7 +295,8 @@ std::vector<int> chain(const Graph& g, int rank) {
 // A group runs its ops' segments in turn: with tp 2 at pp 1, [F1, B0] alternates a segment of F1
 // with one of B0, so each one's all-reduce is in flight while the other computes.
 TEST(Groups, OpsOfAGroupRunTheirSegmentsInTurn) {
-  const ModelGraph mg = make_model_graph(config::parse(kModelYaml, "m.yaml").model);
+  const config::ModelConfig m = config::parse(kModelYaml, "m.yaml").model;
+  const ModelGraph mg = make_model_graph(m);
   Strategy s;
   s.world_size = 2;
   s.shard.tp = 2;
@@ -303,7 +304,7 @@ TEST(Groups, OpsOfAGroupRunTheirSegmentsInTurn) {
   s.order.pairs = true;
   s.microbatch_rows = 64;
   s.activation_bytes = 64 * 64 * 4;
-  s = testing::with_units(s, mg, false);
+  s = testing::with_units(s, m, false);
   const Graph g = build(mg, s);
   ASSERT_NO_THROW(verify(g, mg));
   const std::vector<int> order = chain(g, 0);
@@ -336,7 +337,8 @@ TEST(Groups, OpsOfAGroupRunTheirSegmentsInTurn) {
 // An explicit placement that is not a loop: stage 1 on rank 2 and stage 2 on rank 1, so sends go
 // from rank 0 to rank 2, back to rank 1; the order by hand follows it.
 TEST(Placement, NonLoopPlacementBuildsAndVerifies) {
-  const ModelGraph mg = make_model_graph(config::parse(kModelYaml, "m.yaml").model);
+  const config::ModelConfig m = config::parse(kModelYaml, "m.yaml").model;
+  const ModelGraph mg = make_model_graph(m);
   Strategy s;
   s.world_size = 3;
   s.split.microbatches = 2;
@@ -345,7 +347,7 @@ TEST(Placement, NonLoopPlacementBuildsAndVerifies) {
   s.order.custom = {{{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}},
                     {{F, 0, 0}, {B, 0, 0}, {F, 1, 0}, {B, 1, 0}},
                     {{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}}};
-  s = testing::with_units(s, mg, false);
+  s = testing::with_units(s, m, false);
   const Graph g = build(mg, s);
   ASSERT_NO_THROW(verify(g, mg));
   const std::vector<int> rank_of_stage = {0, 2, 1};

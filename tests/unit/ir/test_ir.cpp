@@ -59,7 +59,7 @@ Strategy strategy(int mb, bool split_backward, ScheduleKind sched = ScheduleKind
   s.split.microbatches = mb;
   s.place.stage_of_unit = std::move(stage_of_unit);
   s.order.schedule = sched;
-  return testing::with_units(s, make_model_graph(small_model("M*-M-")), split_backward);
+  return testing::with_units(s, small_model("M*-M-"), split_backward);
 }
 
 std::map<NodeKind, int> count_kinds(const Graph& g) {

@@ -239,10 +239,11 @@ TEST(RecomputeDag, VerifierRefusesABackwardWithoutItsRecomp) {
 }
 
 TEST(RecomputeDag, BuilderRefusesRecomputingTheEmbeddingOrSelectiveMlp) {
-  const ModelGraph model = make_model_graph(testing::small_model("M*-M-"));
+  const config::ModelConfig m = testing::small_model("M*-M-");
+  const ModelGraph model = make_model_graph(m);
   Strategy s;
   s.split.microbatches = 1;
-  s = testing::with_units(s, model, false);
+  s = testing::with_units(s, m, false);
   s.recompute.assign(model.units.size(), N);
   s.recompute[0] = F;
   EXPECT_THROW(build(model, s), BuildError);

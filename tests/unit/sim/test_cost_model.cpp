@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include "sim/cost_model.hpp"
@@ -214,6 +216,26 @@ TEST(CostFile, HostSharingRefusesABusyCountThatIsNotANumber) {
   m.host_slowdown = {1.0, 3.0};
   EXPECT_DOUBLE_EQ(m.sharing(1.999999), 1.0 * 0.000001 + 3.0 * 0.999999);
   EXPECT_DOUBLE_EQ(m.sharing(2), 3.0);
+}
+
+// The one mapping from the DAG's communication nodes (and a unit's tp collectives, ir::TpCollective)
+// to the ops a cost model prices; a compute node has none.
+TEST(CommOpOf, EveryCommunicationNodeKindHasItsOp) {
+  using ir::NodeKind;
+  EXPECT_EQ(comm_op_of(NodeKind::SEND), CommOp::COMM_P2P);
+  EXPECT_EQ(comm_op_of(NodeKind::RECV), CommOp::COMM_P2P);
+  EXPECT_EQ(comm_op_of(NodeKind::ALLREDUCE), CommOp::COMM_ALLREDUCE);
+  EXPECT_EQ(comm_op_of(NodeKind::REDUCE_SCATTER), CommOp::COMM_REDUCE_SCATTER);
+  EXPECT_EQ(comm_op_of(NodeKind::ALLGATHER), CommOp::COMM_ALLGATHER);
+  EXPECT_EQ(comm_op_of(NodeKind::ALLTOALL), CommOp::COMM_ALLTOALL);
+  std::string msg;
+  try {
+    comm_op_of(NodeKind::FWD);
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  std::printf("%s\n", msg.c_str());
+  EXPECT_NE(msg.find("node kind FWD is compute, not communication"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
-// flops.cpp — FLOPs, memory traffic and activation memory of each unit kind,
-// op by op as src/model/*.cpp and kernels/*.cpp run them (docs/hardware.md).
-#include "sim/flops.hpp"
+// work.cpp — FLOPs, memory traffic and activation memory of each unit kind,
+// op by op as src/model/*.cpp and kernels/*.cpp run them (docs/hardware.md),
+// and the units' costs for balancing stages.
+#include "ir/work.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-namespace piper::sim {
+namespace piper::ir {
 
 double Work::flops() const { return matmul_flops() + other_flops(); }
 
@@ -72,13 +73,13 @@ struct Dims {
 
 void need_divisible(char kind, int tp, const char* what, int64_t n) {
   if (n % tp != 0)
-    throw std::invalid_argument(std::string("sim: unit '") + kind + "' at tp " + std::to_string(tp) + ": " +
+    throw std::invalid_argument(std::string("ir: unit '") + kind + "' at tp " + std::to_string(tp) + ": " +
                                 what + " = " + std::to_string(n) + " does not divide by tp");
 }
 
 Dims dims_of(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp) {
   if (rows < 1 || seq_len < 1 || tp < 1)
-    throw std::invalid_argument("sim: rows (" + std::to_string(rows) + "), seq_len (" + std::to_string(seq_len) +
+    throw std::invalid_argument("ir: rows (" + std::to_string(rows) + "), seq_len (" + std::to_string(seq_len) +
                                 ") and tp (" + std::to_string(tp) + ") must be at least 1");
   switch (kind) {
     case 'e':
@@ -94,11 +95,11 @@ Dims dims_of(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_
       break;
     case 'E':
       if (m.n_experts < 1 || m.top_k < 1 || m.moe_ffn_hidden < 1)
-        throw std::invalid_argument("sim: unit 'E' (MoE) needs model.n_experts, model.top_k and model.moe_ffn_hidden");
+        throw std::invalid_argument("ir: unit 'E' (MoE) needs model.n_experts, model.top_k and model.moe_ffn_hidden");
       need_divisible(kind, tp, "moe_ffn_hidden", m.moe_ffn_hidden);
       break;
     default:
-      throw std::invalid_argument(std::string("sim: unknown unit kind '") + kind +
+      throw std::invalid_argument(std::string("ir: unknown unit kind '") + kind +
                                   "'; expected e (embedding), M, *, -, E, h (head)");
   }
   const double t = tp;
@@ -148,7 +149,7 @@ class Ops {
   void add(const char* name, double mm, double other, double elems, double raw = 0) {
     w_.ops.push_back({name, mm, other, elems * e_ + raw});
   }
-  void comm(CommOp op, double bytes) { w_.tp_comm.push_back({op, bytes}); }
+  void comm(NodeKind op, double bytes) { w_.tp_comm.push_back({op, bytes}); }
   double elem_bytes() const { return e_; }
   Work take() { return std::move(w_); }
 
@@ -171,7 +172,7 @@ void norm_bwd(Ops& o, const Dims& d, const char* name) {
 void residual(Ops& o, const Dims& d) { o.pointwise("residual", d.M * d.D, 3 * d.M * d.D); }
 
 void tp_allreduce_rows(Ops& o, const Dims& d, int tp) {
-  if (tp > 1) o.comm(CommOp::COMM_ALLREDUCE, d.M * d.D * o.elem_bytes());
+  if (tp > 1) o.comm(NodeKind::ALLREDUCE, d.M * d.D * o.elem_bytes());
 }
 
 // ---- MLP (model/mlp_unit.cpp) ----------------------------------------------------------------
@@ -358,40 +359,40 @@ void mamba_bwd_weight(Ops& o, const Dims& d) {
 
 // ---- embedding and head (model/embed_head_units.cpp) -----------------------------------------
 
-void embed_pass(Ops& o, const Dims& d, ir::Pass pass, int tp) {
+void embed_pass(Ops& o, const Dims& d, Pass pass, int tp) {
   const double M = d.M, D = d.D, t = tp;
-  if (pass == ir::Pass::PASS_F) {
+  if (pass == Pass::PASS_F) {
     // This rank's rows of the table (all at tp 1), the whole [M, D] output written.
     o.pointwise("embedding", 0, M * D / t + M * D, kIdBytes * M);
     tp_allreduce_rows(o, d, tp);
   }
-  if (pass == ir::Pass::PASS_BI || pass == ir::Pass::PASS_B) o.pointwise("stash_dy", 0, 2 * M * D);
-  if (pass == ir::Pass::PASS_BW || pass == ir::Pass::PASS_B)  // rows of this rank's vocabulary
+  if (pass == Pass::PASS_BI || pass == Pass::PASS_B) o.pointwise("stash_dy", 0, 2 * M * D);
+  if (pass == Pass::PASS_BW || pass == Pass::PASS_B)  // rows of this rank's vocabulary
     o.pointwise("embedding_bwd", M * D / t, 3 * M * D / t, kIdBytes * M);
 }
 
-void head_pass(Ops& o, const Dims& d, ir::Pass pass, int tp) {
+void head_pass(Ops& o, const Dims& d, Pass pass, int tp) {
   const double M = d.M;
-  if (pass == ir::Pass::PASS_F) {
+  if (pass == Pass::PASS_F) {
     norm_fwd(o, d, "final_norm");
     o.gemm("lm_head", M, d.V, d.D);
     // Fused: the loss and d(loss)/d(logits) in one pass over the logits.
     o.pointwise("cross_entropy", kCrossEntropy * M * d.V, 2 * M * d.V, kIdBytes * M);
     if (tp > 1) {  // vocab-parallel: row maxima gathered, exp sums and target logits summed (fp32)
-      o.comm(CommOp::COMM_ALLGATHER, 4.0 * M * tp);
-      o.comm(CommOp::COMM_ALLREDUCE, 4.0 * 2 * M);
+      o.comm(NodeKind::ALLGATHER, 4.0 * M * tp);
+      o.comm(NodeKind::ALLREDUCE, 4.0 * 2 * M);
     }
   }
-  if (pass == ir::Pass::PASS_BI || pass == ir::Pass::PASS_B) {
+  if (pass == Pass::PASS_BI || pass == Pass::PASS_B) {
     o.gemm("lm_head_dx", M, d.D, d.V);
     tp_allreduce_rows(o, d, tp);
     norm_bwd(o, d, "final_norm_bwd");
   }
-  if (pass == ir::Pass::PASS_BW || pass == ir::Pass::PASS_B) o.weight_grad("lm_head_dw", M, d.V, d.D);
+  if (pass == Pass::PASS_BW || pass == Pass::PASS_B) o.weight_grad("lm_head_dw", M, d.V, d.D);
 }
 
-void block_pass(Ops& o, const Dims& d, char kind, ir::Pass pass, int tp) {
-  if (pass == ir::Pass::PASS_F) {
+void block_pass(Ops& o, const Dims& d, char kind, Pass pass, int tp) {
+  if (pass == Pass::PASS_F) {
     norm_fwd(o, d, "rmsnorm");
     if (kind == '-') mlp_fwd(o, d);
     if (kind == '*') attention_fwd(o, d);
@@ -401,19 +402,19 @@ void block_pass(Ops& o, const Dims& d, char kind, ir::Pass pass, int tp) {
     residual(o, d);
     return;
   }
-  if (pass == ir::Pass::PASS_BI || pass == ir::Pass::PASS_B) {
+  if (pass == Pass::PASS_BI || pass == Pass::PASS_B) {
     if (kind == '-') mlp_bwd_input(o, d);
     if (kind == '*') attention_bwd_input(o, d);
     if (kind == 'M') mamba_bwd_input(o, d);
     if (kind == 'E') {
       moe_bwd_input(o, d);
-      if (tp > 1) o.comm(CommOp::COMM_ALLREDUCE, d.M * d.top_k * o.elem_bytes());  // the routing weights' gradient
+      if (tp > 1) o.comm(NodeKind::ALLREDUCE, d.M * d.top_k * o.elem_bytes());  // the routing weights' gradient
     }
     tp_allreduce_rows(o, d, tp);  // column-parallel input projections: partial input gradients
     norm_bwd(o, d, "rmsnorm_bwd");
     residual(o, d);
   }
-  if (pass == ir::Pass::PASS_BW || pass == ir::Pass::PASS_B) {
+  if (pass == Pass::PASS_BW || pass == Pass::PASS_B) {
     if (kind == '-') mlp_bwd_weight(o, d);
     if (kind == '*') attention_bwd_weight(o, d);
     if (kind == 'M') mamba_bwd_weight(o, d);
@@ -423,13 +424,11 @@ void block_pass(Ops& o, const Dims& d, char kind, ir::Pass pass, int tp) {
 
 }  // namespace
 
-Work unit_work(const config::ModelConfig& m, char kind, ir::Pass pass, int64_t rows, int64_t seq_len, int tp,
+Work unit_work(const config::ModelConfig& m, char kind, Pass pass, int64_t rows, int64_t seq_len, int tp,
                int elem_bytes) {
-  if (pass != ir::Pass::PASS_F && pass != ir::Pass::PASS_B && pass != ir::Pass::PASS_BI &&
-      pass != ir::Pass::PASS_BW)
-    throw std::invalid_argument(std::string("sim: unit_work takes the passes F, B, BI, BW, not ") +
-                                ir::pass_name(pass));
-  if (elem_bytes < 1) throw std::invalid_argument("sim: elem_bytes must be at least 1");
+  if (pass != Pass::PASS_F && pass != Pass::PASS_B && pass != Pass::PASS_BI && pass != Pass::PASS_BW)
+    throw std::invalid_argument(std::string("ir: unit_work takes the passes F, B, BI, BW, not ") + pass_name(pass));
+  if (elem_bytes < 1) throw std::invalid_argument("ir: elem_bytes must be at least 1");
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   Ops o(elem_bytes);
   if (kind == 'e')
@@ -439,6 +438,16 @@ Work unit_work(const config::ModelConfig& m, char kind, ir::Pass pass, int64_t r
   else
     block_pass(o, d, kind, pass, tp);
   return o.take();
+}
+
+std::vector<double> unit_costs(const config::ModelConfig& m, const ModelGraph& g, int64_t seq_len) {
+  std::vector<double> cost;
+  for (const UnitSpec& u : g.units) {
+    const char kind = unit_symbol(u.kind);
+    cost.push_back(unit_work(m, kind, Pass::PASS_F, seq_len, seq_len).flops() +
+                   unit_work(m, kind, Pass::PASS_B, seq_len, seq_len).flops());
+  }
+  return cost;
 }
 
 namespace {
@@ -492,7 +501,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   return {saved * kFloat, (saved + stash) * kFloat, transient * kFloat};
 }
 
-std::vector<double> segment_shares(const config::ModelConfig& m, char kind, ir::NodeKind pass, const ir::PassShape& shape,
+std::vector<double> segment_shares(const config::ModelConfig& m, char kind, NodeKind pass, const PassShape& shape,
                                    int64_t rows, int64_t seq_len, int tp) {
   std::vector<double> share(static_cast<size_t>(shape.segments), 0.0);
   share[0] = 1.0;
@@ -500,13 +509,11 @@ std::vector<double> segment_shares(const config::ModelConfig& m, char kind, ir::
   // the backward's dispatch and return of the row gradients.
   std::vector<size_t> a2a;
   for (size_t k = 0; k < shape.points.size(); ++k)
-    if (shape.points[k].kind == ir::NodeKind::ALLTOALL) a2a.push_back(k);
+    if (shape.points[k].kind == NodeKind::ALLTOALL) a2a.push_back(k);
   if (kind != 'E' || a2a.empty()) return share;
-  const bool forward = pass == ir::NodeKind::FWD;
+  const bool forward = pass == NodeKind::FWD;
   const size_t experts = (forward ? a2a.at(1) : a2a.at(0)) + 1, after = experts + 1;
-  const ir::Pass p = forward                          ? ir::Pass::PASS_F
-                     : pass == ir::NodeKind::BWD_I   ? ir::Pass::PASS_BI
-                                                     : ir::Pass::PASS_B;
+  const Pass p = forward ? Pass::PASS_F : pass == NodeKind::BWD_I ? Pass::PASS_BI : Pass::PASS_B;
   const Work w = unit_work(m, kind, p, rows, seq_len, tp);
   auto starts = [](const std::string& name, const char* prefix) { return name.rfind(prefix, 0) == 0; };
   std::fill(share.begin(), share.end(), 0.0);
@@ -526,11 +533,11 @@ std::vector<double> segment_shares(const config::ModelConfig& m, char kind, ir::
   return share;
 }
 
-RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Recompute mode, int64_t rows,
+RecomputeShare recompute_share(const config::ModelConfig& m, char kind, Recompute mode, int64_t rows,
                                int64_t seq_len, int tp) {
-  if (mode == ir::Recompute::RECOMPUTE_NONE) return {};
-  if (mode == ir::Recompute::RECOMPUTE_FULL) return {1.0, 1.0};
-  const Work w = unit_work(m, kind, ir::Pass::PASS_F, rows, seq_len, tp);
+  if (mode == Recompute::RECOMPUTE_NONE) return {};
+  if (mode == Recompute::RECOMPUTE_FULL) return {1.0, 1.0};
+  const Work w = unit_work(m, kind, Pass::PASS_F, rows, seq_len, tp);
   double mixer = 0;
   for (const OpWork& op : w.ops)
     if (!block_wrapper_op(op.name)) mixer += op.flops();
@@ -539,4 +546,4 @@ RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Reco
   return {w.flops() > 0 ? mixer / w.flops() : 0.0, saved > 0 ? std::max(0.0, saved - norm) / saved : 0.0};
 }
 
-}  // namespace piper::sim
+}  // namespace piper::ir

@@ -1,9 +1,9 @@
-// flops.hpp — the work of one call of a model unit, op by op: floating-point
+// work.hpp — the work of one call of a model unit, op by op: floating-point
 // operations and a lower bound of memory traffic per tensor-parallel rank,
 // following docs/model.md and the kernels piper runs; the activation memory a
 // unit holds, counted as the CPU runtime allocates it; AdamW's traffic per
-// element. hardware.hpp turns these into times. docs/hardware.md derives every
-// formula.
+// element; each unit's cost for balancing pipeline stages. sim/hardware.hpp
+// turns these into times. docs/hardware.md derives every formula.
 //
 // Conventions:
 //   - rows M = batch x seq_len tokens of the microbatch; seq_len T is fixed, so
@@ -25,10 +25,10 @@
 
 #include "config/config.hpp"
 #include "ir/graph.hpp"
+#include "ir/model_graph.hpp"
 #include "ir/unit_passes.hpp"
-#include "sim/cost_model.hpp"
 
-namespace piper::sim {
+namespace piper::ir {
 
 // One kernel-sized piece of a unit call.
 struct OpWork {
@@ -40,11 +40,12 @@ struct OpWork {
 };
 
 // A collective a unit issues over its tensor-parallel group inside the call
-// (Megatron's all-reduces, the vocab-parallel loss). `bytes` has the meaning
+// (Megatron's all-reduces, the vocab-parallel loss): `op` is the collective
+// node kind (ALLREDUCE, ALLGATHER) the DAG gives it. `bytes` has the meaning
 // of a collective node's bytes in ir/build.cpp: the whole buffer each rank
 // reduces or gathers, not its shard.
 struct TpCollective {
-  CommOp op = CommOp::COMM_ALLREDUCE;
+  NodeKind op = NodeKind::ALLREDUCE;
   double bytes = 0.0;
 };
 
@@ -69,8 +70,8 @@ struct Work {
 // bytes per tensor element (4: piper's fp32; 2: bf16).
 // Throws std::invalid_argument for 'E' without its sizes, an unknown kind, pass U or C, rows, seq_len or tp < 1,
 // and a size the kind splits over tp that does not divide by it.
-Work unit_work(const config::ModelConfig& m, char kind, ir::Pass pass, int64_t rows, int64_t seq_len,
-               int tp = 1, int elem_bytes = 4);
+Work unit_work(const config::ModelConfig& m, char kind, Pass pass, int64_t rows, int64_t seq_len, int tp = 1,
+               int elem_bytes = 4);
 
 // Activation memory of one call, in bytes, as the CPU runtime allocates it
 // (MemCategory ACTIVATIONS and BUFFERS of src/model/*.cpp, fp32), beyond the
@@ -85,7 +86,7 @@ struct UnitMemory {
 UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp = 1);
 
 // What recomputing one call of block kind `kind` costs and frees, as shares of
-// its forward (ir::Recompute): full, all of the forward's time and saved
+// its forward (Recompute): full, all of the forward's time and saved
 // activations; selective, the mixer's share of the forward's FLOPs (not the
 // norm nor the residual) and of its saved activations (all but the block's
 // normalised input and rstd); none, nothing.
@@ -93,7 +94,7 @@ struct RecomputeShare {
   double time = 0.0;   // of the forward's time
   double saved = 0.0;  // of the saved activations (OpCost::saved)
 };
-RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Recompute mode, int64_t rows,
+RecomputeShare recompute_share(const config::ModelConfig& m, char kind, Recompute mode, int64_t rows,
                                int64_t seq_len, int tp = 1);
 
 // The shares of a unit pass's time that each of its segments (ir::pass_shape)
@@ -102,8 +103,13 @@ RecomputeShare recompute_share(const config::ModelConfig& m, char kind, ir::Reco
 // return, and whose combine (forward) or dispatch and router backward
 // (backward, with the weight gradients of a fused BWD) after the return. From
 // the FLOPs of unit_work's ops at `rows`.
-std::vector<double> segment_shares(const config::ModelConfig& m, char kind, ir::NodeKind pass, const ir::PassShape& shape,
+std::vector<double> segment_shares(const config::ModelConfig& m, char kind, NodeKind pass, const PassShape& shape,
                                    int64_t rows, int64_t seq_len, int tp = 1);
+
+// The cost of each unit of `g` (the model graph of `m`) for balancing pipeline stages
+// (ir::balance_stages) when no cost model is at hand: the FLOPs of its forward and its backward
+// (unit_work, passes F and B) over one sequence of `seq_len` rows at tp 1. Throws as unit_work does.
+std::vector<double> unit_costs(const config::ModelConfig& m, const ModelGraph& g, int64_t seq_len);
 
 // AdamW update of one parameter element: reads p, g, m, v and writes p, m, v,
 // each `state_bytes` wide (4: fp32 master weights and moments): 7 x state_bytes.
@@ -112,4 +118,4 @@ double adamw_bytes_per_element(int state_bytes = 4);
 // corrections, square root, division).
 double adamw_flops_per_element();
 
-}  // namespace piper::sim
+}  // namespace piper::ir

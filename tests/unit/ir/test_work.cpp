@@ -1,4 +1,4 @@
-// test_flops.cpp — the FLOPs, traffic and memory of src/sim/flops.hpp against
+// test_work.cpp — the FLOPs, traffic and memory of src/ir/work.hpp against
 // numbers computed by hand from docs/model.md and against 6 N D.
 #include <gtest/gtest.h>
 
@@ -7,12 +7,10 @@
 #include <string>
 
 #include "ir/model_graph.hpp"
-#include "sim/flops.hpp"
+#include "ir/work.hpp"
 
-namespace piper::sim {
+namespace piper::ir {
 namespace {
-
-using ir::Pass;
 
 // A model big enough that the matrix products dominate: D 512, H 8, KV 4 (hd 64), F 1536,
 // d_inner 1024 (Hm 32 of P 32), G 4, N 32, V 1024.
@@ -87,8 +85,8 @@ TEST(FlopsModel, AttentionOnlyTrainingIsSixND) {
   for (char kind : std::string("e***h"))
     for (Pass p : {Pass::PASS_F, Pass::PASS_B}) total += unit_work(m, kind, p, rows, T).flops();
   double n_params = 0;
-  for (const ir::UnitSpec& u : ir::make_model_graph(m).units)
-    for (const ir::ParamSpec& p : u.params)
+  for (const UnitSpec& u : make_model_graph(m).units)
+    for (const ParamSpec& p : u.params)
       if (p.shape.size() == 2 && p.name != "embed.weight") n_params += static_cast<double>(p.numel());
   EXPECT_DOUBLE_EQ(n_params, 3 * 4 * 512.0 * 512 + 1024.0 * 512);
   const double D_tok = static_cast<double>(rows), L = 3, d_attn = 512;
@@ -129,11 +127,11 @@ TEST(FlopsTensorParallel, ShardedGemmsSplitByTp) {
         const double one = unit_work(m, kind, p, 1024, 256, 1).matmul_flops();
         const Work w = unit_work(m, kind, p, 1024, 256, tp);
         expect_rel(w.matmul_flops() * tp, one, 1e-12,
-                   std::string("kind ") + kind + " pass " + ir::pass_name(p) + " tp " + std::to_string(tp));
+                   std::string("kind ") + kind + " pass " + pass_name(p) + " tp " + std::to_string(tp));
       }
   const Work f = unit_work(m, '-', Pass::PASS_F, 1024, 256, 2);
   ASSERT_EQ(f.tp_comm.size(), 1u);
-  EXPECT_EQ(f.tp_comm[0].op, CommOp::COMM_ALLREDUCE);
+  EXPECT_EQ(f.tp_comm[0].op, NodeKind::ALLREDUCE);
   EXPECT_DOUBLE_EQ(f.tp_comm[0].bytes, 1024.0 * 512 * 4);
 }
 
@@ -223,8 +221,8 @@ TEST(FlopsMoe, SegmentSharesFollowTheAllToAlls) {
   auto m = mid_model("E");
   m.n_experts = 8, m.top_k = 2, m.moe_ffn_hidden = 768;
   const int64_t T = 128, rows = 4 * T;
-  const ir::PassDims ep2{1, 2, m.d_model, m.top_k, m.n_experts}, ep1{2, 1, m.d_model, m.top_k, m.n_experts};
-  const auto f = segment_shares(m, 'E', ir::NodeKind::FWD, ir::pass_shape(ir::UnitKind::UNIT_MOE, ir::NodeKind::FWD, ep2),
+  const PassDims ep2{1, 2, m.d_model, m.top_k, m.n_experts}, ep1{2, 1, m.d_model, m.top_k, m.n_experts};
+  const auto f = segment_shares(m, 'E', NodeKind::FWD, pass_shape(UnitKind::UNIT_MOE, NodeKind::FWD, ep2),
                                 rows, T);
   ASSERT_EQ(f.size(), 4u);  // route | counts | size | dispatch | experts | return | combine
   const Work w = unit_work(m, 'E', Pass::PASS_F, rows, T);
@@ -237,13 +235,13 @@ TEST(FlopsMoe, SegmentSharesFollowTheAllToAlls) {
   EXPECT_GT(f[0], 0.0);
   EXPECT_GT(f[3], 0.0);
   EXPECT_NEAR(f[0] + f[1] + f[2] + f[3], 1.0, 1e-12);
-  const auto b = segment_shares(m, 'E', ir::NodeKind::BWD, ir::pass_shape(ir::UnitKind::UNIT_MOE, ir::NodeKind::BWD, ep2),
+  const auto b = segment_shares(m, 'E', NodeKind::BWD, pass_shape(UnitKind::UNIT_MOE, NodeKind::BWD, ep2),
                                 rows, T);
   ASSERT_EQ(b.size(), 3u);  // combine backward | experts backward | dispatch and router backward, weight half
   EXPECT_GT(b[2], b[0]);
   EXPECT_NEAR(b[0] + b[1] + b[2], 1.0, 1e-12);
   // Without all-to-alls (tp only) and for other kinds: all in the first segment.
-  const auto t = segment_shares(m, 'E', ir::NodeKind::FWD, ir::pass_shape(ir::UnitKind::UNIT_MOE, ir::NodeKind::FWD, ep1),
+  const auto t = segment_shares(m, 'E', NodeKind::FWD, pass_shape(UnitKind::UNIT_MOE, NodeKind::FWD, ep1),
                                 rows, T, 2);
   EXPECT_EQ(t, (std::vector<double>{1.0, 0.0}));
 }
@@ -274,4 +272,4 @@ TEST(FlopsAdamw, BytesPerElement) {
 }
 
 }  // namespace
-}  // namespace piper::sim
+}  // namespace piper::ir
