@@ -246,7 +246,7 @@ class Sim {
   }
 
   // The ranks comm instruction c runs over, `parties` of them in the plan: a data-parallel or
-  // world collective's stand for SimOptions::replicas times as many.
+  // world collective's parties stand for SimOptions::replicas times as many.
   int group_size(const Instr& c, size_t parties) const {
     if (p2p(c.kind)) return 2;
     const bool replicated = c.group == ir::GroupDim::GROUP_DP || c.group == ir::GroupDim::GROUP_WORLD;
