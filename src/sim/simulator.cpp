@@ -95,10 +95,14 @@ class Sim {
     last_unit_ = static_cast<int>(plan.model.units.size()) - 1;
     const ir::ZeroState kept[3] = {ir::ZeroState::ZERO_PARAMS, ir::ZeroState::ZERO_GRADS,
                                    ir::ZeroState::ZERO_MOMENTS};
+    // Buffers, shards and the expert-data group as the strategy at dp x replicas has them.
+    ir::Degrees full = dims_.degrees();
+    full.dp *= opts_.replicas;
+    expert_data_ = ir::replica_degree(true, full);
     for (const auto& u : plan.model.units) {
       UnitSize us;
-      us.numel = ir::local_numel(u, dims_.degrees());
-      for (const ir::FlatPart& p : ir::flat_parts(u, dims_.degrees(), {})) {
+      us.numel = ir::local_numel(u, full);
+      for (const ir::FlatPart& p : ir::flat_parts(u, full, {})) {
         us.shard += p.zero.len, us.padded += p.zero.padded;
         if (p.experts) us.expert_padded += p.zero.padded;
       }
@@ -231,6 +235,14 @@ class Sim {
     return b;
   }
 
+  // The ranks comm instruction c runs over, `parties` of them in the plan: a data-parallel or
+  // world collective's parties stand for SimOptions::replicas times as many.
+  int group_size(const Instr& c, size_t parties) const {
+    if (p2p(c.kind)) return 2;
+    const bool replicated = c.group == ir::GroupDim::GROUP_DP || c.group == ir::GroupDim::GROUP_WORLD;
+    return static_cast<int>(parties) * (replicated ? opts_.replicas : 1);
+  }
+
   // The time of a collective over n ranks: a data-parallel one moves the units' dense parts over
   // its n ranks and their experts over the expert-data group, one after the other.
   double comm_time(const Instr& c, int n) const {
@@ -242,9 +254,8 @@ class Sim {
       dense += 4.0 * static_cast<double>(z.padded - z.expert_padded);
       experts += 4.0 * static_cast<double>(z.expert_padded);
     }
-    const int edp = dims_.expert_data_degree();
     return cost_.comm_ms(op, n, static_cast<int64_t>(dense)) +
-           (experts > 0 && edp > 1 ? cost_.comm_ms(op, edp, static_cast<int64_t>(experts)) : 0.0);
+           (experts > 0 && expert_data_ > 1 ? cost_.comm_ms(op, expert_data_, static_cast<int64_t>(experts)) : 0.0);
   }
 
   // The completion time of comm instruction k of rank r, once every party has issued it.
@@ -257,8 +268,7 @@ class Sim {
     const std::vector<ir::Side> parties = play_.sides(r, k);
     double start = 0;
     for (auto [m, mk] : parties) start = std::max(start, R(m).issue[mk]);
-    const int n = p2p(c.kind) ? 2 : static_cast<int>(parties.size());
-    const double took = comm_time(c, n);
+    const double took = comm_time(c, group_size(c, parties.size()));
     const double end = start + took;
     if (!std::isfinite(end)) overflow(r, c.node, "", start, took);
     for (auto [m, mk] : parties) R(m).begin[mk] = start, completed(m, mk, end);
@@ -448,7 +458,8 @@ class Sim {
     SimResult out;
     double slowest = 0;
     for (const RankState& st : ranks_) slowest = std::max(slowest, st.res.finish_ms);
-    const double loss_sum = world_ > 1 ? cost_.comm_ms(CommOp::COMM_ALLREDUCE, world_, 8) : 0.0;
+    const int world = world_ * opts_.replicas;
+    const double loss_sum = world > 1 ? cost_.comm_ms(CommOp::COMM_ALLREDUCE, world, 8) : 0.0;
     out.step_ms = slowest + loss_sum;
     if (!std::isfinite(out.step_ms)) overflow(0, -1, "the step's loss all-reduce", slowest, loss_sum);
     double idle = 0;
@@ -506,6 +517,7 @@ class Sim {
   ir::ParallelDims dims_;
   ir::WorldPlay play_;  // every rank's player, matched
   int tp_ = 1, dp_ = 1, last_unit_ = 0;
+  int expert_data_ = 1;    // ranks of the expert-data group, replicas included
   std::vector<int> zero_;  // the ZeRO stage of each unit
   int64_t rows_ = 0;
   double act_bytes_ = 0;
@@ -567,6 +579,32 @@ std::vector<std::vector<double>> sharing(const std::vector<std::vector<std::pair
   return out;
 }
 
+// SimOptions::replicas: at least 1; above 1, a plan with data-parallel replicas to stand for more
+// (at dp 1 it has no data-parallel collectives), each rank on its own host, and dp x replicas
+// within the config's bound on parallel.dp.
+void check_replicas(const ir::Plan& plan, const SimOptions& opts) {
+  const int k = opts.replicas, dp = plan.strategy.dims().degree(ir::Axis::DP);
+  const auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument("sim: SimOptions::replicas = " + std::to_string(k) + ": " + why);
+  };
+  if (k < 1)
+    refuse("the plan's data-parallel replicas stand for `replicas` times as many; give at least 1 (1: the plan as "
+           "compiled)");
+  if (k == 1) return;
+  if (opts.ranks_per_host > 1)
+    refuse("ranks_per_host = " + std::to_string(opts.ranks_per_host) +
+           " makes ranks of a host slow each other down, and the ranks the replicas stand for would share hosts "
+           "otherwise than the plan's; give ranks_per_host 0 or 1, or replicas 1 with the plan compiled at its full dp");
+  if (dp < 2)
+    refuse("the plan has dp 1, so no data-parallel collectives to price over more replicas; compile it at dp 2 (dp = "
+           "ep with sharded experts) and give replicas = the full dp / the compiled dp");
+  if (int64_t{dp} * k > kMaxGroupRanks)
+    refuse("dp " + std::to_string(dp) + " x replicas is " + std::to_string(int64_t{dp} * k) +
+           ", beyond the " + std::to_string(kMaxGroupRanks) +
+           " data-parallel ranks a strategy may have (parallel.dp); give at most " +
+           std::to_string(kMaxGroupRanks / dp));
+}
+
 }  // namespace
 
 int64_t instructions(const ir::Plan& plan) {
@@ -576,6 +614,7 @@ int64_t instructions(const ir::Plan& plan) {
 }
 
 SimResult simulate(const ir::Plan& plan, const config::Config& cfg, const CostModel& cost, const SimOptions& opts) {
+  check_replicas(plan, opts);
   const int world = plan.strategy.world_size;
   // Each rank's program, lowered once for every round below.
   const std::vector<ir::Program> programs = ir::lower_all(plan.graph, world);

@@ -4,7 +4,8 @@
 // when every member of the group has issued them, the clipping norm summed
 // over the world before the first update), giving each rank's timeline, the
 // step time, the compute / exposed communication / bubble split and the peak
-// memory by category. Depends on ir and cost data only.
+// memory by category. A plan compiled at a few data-parallel replicas can be
+// priced as one with many (SimOptions::replicas). Depends on ir and cost data only.
 #pragma once
 
 #include <array>
@@ -58,6 +59,18 @@ struct SimOptions {
   // When set: what each rank's player issued, completed and ran, in order
   // (of the last simulation, with host sharing), to compare with other plays.
   std::vector<std::vector<ir::PlayEvent>>* play_log = nullptr;
+  // The plan's data-parallel replicas stand for `replicas` times as many. Every replica (with
+  // expert parallelism every group of ep consecutive dp ranks) plays the same program at the same
+  // times, so a plan compiled at dp and train.global_batch, simulated with replicas = k, is priced
+  // as the same strategy at dp x k and global_batch x k: each data-parallel collective runs over
+  // k times its ranks with that strategy's buffers (padding and ZeRO shards at dp x k), the
+  // experts' part over k times the expert-data group, the clipping norm and the step's loss
+  // all-reduce over world x k; ZeRO-sharded state holds the dp x k shards. Tensor-parallel and ep
+  // collectives and point-to-point transfers are unchanged. The results are the plan's ranks' (by
+  // symmetry, those of each full-strategy rank with the same tp and pp coordinates and its dp
+  // coordinate modulo the plan's dp). At least 1; above 1 needs dp >= 2, ranks_per_host 0 or 1, and
+  // dp x k at most kMaxGroupRanks (the bound of parallel.dp).
+  int replicas = 1;
 };
 
 // What the input makes impossible to simulate: a time that overflows, host
@@ -80,7 +93,8 @@ constexpr double kSharingTolerance = 1e-3;              // settled: no factor mo
 int64_t instructions(const ir::Plan& plan);
 
 // Simulates one training step of `plan` (compiled from `cfg`) on `cost`.
-// Throws std::out_of_range when the cost model lacks an entry the plan needs,
+// Throws std::invalid_argument for opts.replicas outside what SimOptions says,
+// std::out_of_range when the cost model lacks an entry the plan needs,
 // SimError when a time overflows or host sharing does not settle within
 // kMaxSharingRounds, std::logic_error when the programs cannot complete (a
 // deadlock; the verifier rejects those first).
