@@ -36,6 +36,24 @@ struct SimulateArgs {
 };
 int run_simulate(const SimulateArgs& a);
 
+// piper tune CONFIG --world N -o OUT.yaml: the fastest strategy under a memory
+// limit, searched on the simulator, written as a config (docs/tuner.md).
+struct TuneArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  int world = 0;
+  std::string cost;           // cost file (piper calibrate)
+  std::string hardware;       // analytic model: a table name or a hardware JSON file
+  double mem_gib = 0;         // memory limit per rank; 0: the hardware's memory
+  int ranks_per_host = 0;
+  double time_budget_s = 60;
+  std::string output;         // the tuned config to write
+  bool json = false;          // one JSON object on stdout
+  bool explain = false;       // the chosen strategy's cost breakdown
+  bool quiet = false;         // no progress line
+};
+int run_tune(const TuneArgs& a);
+
 // piper calibrate CONFIG -o FILE: measures this machine's cost model
 // (docs/calibration.md). Runs under mpirun like train and reports its own
 // errors (rank 0 prints; exit 2 for bad input).

@@ -11,6 +11,7 @@
 #include "ir/compile.hpp"
 #include "runtime/trainer.hpp"
 #include "trace/trace.hpp"
+#include "tune/tune.hpp"
 
 namespace piper::cli {
 
@@ -18,7 +19,7 @@ bool is_user_error(const std::exception& e) {
   return dynamic_cast<const config::ConfigError*>(&e) || dynamic_cast<const runtime::UserError*>(&e) ||
          dynamic_cast<const data::DataError*>(&e) || dynamic_cast<const ir::BuildError*>(&e) ||
          dynamic_cast<const ir::VerifyError*>(&e) || dynamic_cast<const checkpoint::CheckpointError*>(&e) ||
-         dynamic_cast<const trace::TraceError*>(&e);
+         dynamic_cast<const trace::TraceError*>(&e) || dynamic_cast<const tune::TuneError*>(&e);
 }
 
 int job_failed(const std::exception& e, const runtime::MpiEnv& env) {

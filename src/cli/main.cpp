@@ -1,4 +1,4 @@
-// main.cpp — the piper command line: train, plan, simulate, calibrate, plot, prepare, ckpt.
+// main.cpp — the piper command line: train, plan, simulate, tune, calibrate, plot, prepare, ckpt.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -134,6 +134,24 @@ int main(int argc, char** argv) {
                        "Ranks sharing one host's cores (host_cores of the cost file); default: one rank per core")
       ->check(CLI::Range(0, sim::kMaxWorld));
 
+  cli::TuneArgs tune_args;
+  auto* tune = app.add_subcommand("tune", "Search the fastest strategy under a memory limit and write it as a config");
+  tune->add_option("config", tune_args.config, "YAML config: the model and training to tune for")->required();
+  tune->add_option("--set", tune_args.sets, "Override a config key (repeatable)");
+  tune->add_option("--world", tune_args.world, "Ranks to tune for")->required()->check(CLI::Range(1, sim::kMaxWorld));
+  tune->add_option("--cost", tune_args.cost, "Cost file: from piper calibrate, or written by hand");
+  tune->add_option("--hardware", tune_args.hardware, "Analytic cost model: a hardware name or JSON file");
+  tune->add_option("--mem-gib", tune_args.mem_gib, "Memory limit per rank in GiB (default: the hardware's memory)")
+      ->check(CLI::PositiveNumber);
+  tune->add_option("--ranks-per-host", tune_args.ranks_per_host, "Ranks sharing one host's cores, as for simulate")
+      ->check(CLI::Range(0, sim::kMaxWorld));
+  tune->add_option("--time-budget-s", tune_args.time_budget_s, "Stop taking new candidates after this long")
+      ->check(CLI::PositiveNumber);
+  tune->add_option("-o,--output", tune_args.output, "The tuned config to write (YAML)")->required();
+  tune->add_flag("--json", tune_args.json, "Print one JSON object: the chosen strategy and the baselines");
+  tune->add_flag("--explain", tune_args.explain, "Print the chosen strategy's FLOPs, communication and memory");
+  tune->add_flag("--quiet", tune_args.quiet, "No progress line");
+
   cli::PlotArgs plot_args;
   auto* plot_cmd = app.add_subcommand("plot", "Draw a metrics JSONL (loss, throughput) or a Chrome trace (schedule) as SVG");
   plot_cmd->add_option("input", plot_args.input, "Metrics JSONL (train --metrics) or Chrome trace (--trace)")->required();
@@ -173,6 +191,7 @@ int main(int argc, char** argv) {
   try {
     if (*plan) return run_plan(config_path, sets, world, directives);
     if (*simulate) return cli::run_simulate(sim_args);
+    if (*tune) return cli::run_tune(tune_args);
     if (*plot_cmd) return cli::run_plot(plot_args);
     if (*ckpt) return run_ckpt(ckpt_path, verify->parsed());
     if (*prepare) {

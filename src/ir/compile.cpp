@@ -3,13 +3,16 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace piper::ir {
 
-Plan compile(const config::Config& cfg, int world_size) {
+Plan compile(const config::Config& cfg, int world_size) { return compile(cfg.model, expand(cfg, world_size)); }
+
+Plan compile(const config::ModelConfig& model, Strategy s) {
   Plan p;
-  p.model = make_model_graph(cfg.model);
-  p.strategy = expand(cfg, world_size);
+  p.model = make_model_graph(model);
+  p.strategy = std::move(s);
   p.graph = build(p.model, p.strategy);
   try {
     // Every parameter's pieces exist under these degrees (config::validate states the same rules by key).

@@ -26,5 +26,8 @@ struct Plan {
 // Builds and verifies the global DAG of a validated config for `world_size`
 // ranks. Throws BuildError or VerifyError.
 Plan compile(const config::Config& cfg, int world_size);
+// The same for a strategy made in code (the tuner's candidates): `s` as
+// ir::expand gives it, then edited (stages, placement, order).
+Plan compile(const config::ModelConfig& model, Strategy s);
 
 }  // namespace piper::ir

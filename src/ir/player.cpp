@@ -53,6 +53,8 @@ int Player::comm_index(int node) const {
 void Player::start() {
   issued_.assign(program_.comm.size(), 0);
   completed_.assign(program_.comm.size(), 0);
+  skip_.resize(program_.comm.size());
+  for (size_t k = 0; k < skip_.size(); ++k) skip_[k] = k + 1;
   comm_next_ = pc_ = wait_i_ = drain_i_ = 0;
   pumped_ = false;
 }
@@ -61,15 +63,30 @@ void Player::issue(PlayHost& host, size_t k, Progress& p) {
   host.issue(k);
   issued_[k] = 1;
   p.moved = true;
-  while (comm_next_ < issued_.size() && issued_[comm_next_]) ++comm_next_;
+  comm_next_ = next_unissued(comm_next_);
+}
+
+// The first unissued communication instruction from k on (its count when none), shortening the
+// skips it passes so that the next search jumps straight there.
+size_t Player::next_unissued(size_t k) {
+  size_t r = k;
+  while (r < issued_.size() && issued_[r]) r = skip_[r];
+  while (k < r && issued_[k]) {
+    const size_t next = skip_[k];
+    skip_[k] = r;
+    k = next;
+  }
+  return r;
 }
 
 // Issues every ready communication instruction; `done` compute instructions have run.
 void Player::pump(PlayHost& host, size_t done, Progress& p) {
   constexpr size_t kGroups = 4;  // GroupDim values
   bool blocked[kGroups] = {};
-  for (size_t k = comm_next_; k < program_.comm.size() && issuable_from_[k] <= done; ++k) {
-    if (issued_[k]) continue;
+  // Unissued instructions in order; issuable_from_ never decreases, so passing the issued ones
+  // stops where the plain scan would.
+  for (size_t k = next_unissued(comm_next_); k < program_.comm.size() && issuable_from_[k] <= done;
+       k = next_unissued(k + 1)) {
     const Instr& c = program_.comm[k];
     const bool p2p = is_p2p(c.kind);
     bool& group_blocked = blocked[static_cast<size_t>(c.group) % kGroups];

@@ -121,6 +121,10 @@ class Player {
   // Per step.
   std::vector<char> issued_, completed_;
   size_t comm_next_ = 0;  // first communication instruction not issued
+  // Per communication instruction: where the next unissued one may be, from an issued one on
+  // (skipped over by next_unissued, so that pump and finish pass the issued ones in one step).
+  std::vector<size_t> skip_;
+  size_t next_unissued(size_t k);
   size_t pc_ = 0;         // next compute instruction
   bool pumped_ = false;   // the pump before instruction pc_ ran
   size_t wait_i_ = 0;     // next of pc_'s waits to complete
