@@ -116,13 +116,13 @@ class ProgressLine {
 
 int run_tune(const TuneArgs& a) {
   config::Config cfg = config::load(a.config, a.sets);
+  if (!a.cost.empty() && a.mem_gib <= 0)
+    throw config::ConfigError("tune: no memory limit: a cost file does not say how much memory a rank has; give "
+                              "--mem-gib X (per rank)");
   tune::Request req;
   double memory = 0;
   req.cost = cost_for(a, cfg, &memory);
   if (a.mem_gib > 0) memory = a.mem_gib * double{1 << 30};
-  if (memory <= 0)
-    throw config::ConfigError("tune: no memory limit: a cost file does not say how much memory a rank has; give "
-                              "--mem-gib X (per rank)");
   req.cfg = cfg;
   req.world = a.world;
   req.mem_limit_bytes = memory;

@@ -430,7 +430,7 @@ void Search::outer() {
       d.recompute = kRecompute[r];
       const Layout bal = balanced(d), uni = uniform(d);
       const bool pipeline = base.pp > 1;
-      bool tuned = below(best_, s->lb[r]);
+      bool tuned = below(best_, std::max(s->lb[r], partition_bound(d, bal)));
       bool baseline = pipeline && slot && below(*slot, std::max(s->lb[r], partition_bound(d, uni)));
       if (!tuned && !baseline) break;  // more recomputation only adds work
       for (int zero = 0; zero <= (base.dp > 1 ? 3 : 0) && (tuned || baseline); ++zero) {
@@ -470,19 +470,36 @@ std::optional<Baseline> Search::baseline_of(const Degrees& d) const {
   }
 }
 
-// The lower bound of a partition with one chunk per rank (Search::lower_bound's rank bound at
-// these stages); 0 with more chunks, where only the shape's bound holds.
+// No step of this partition and placement is shorter, whatever the order: each rank waits for
+// the first forward to reach its lowest stage, runs its work, and after its last backward there
+// only its weight gradients can fill the time the last microbatch's input gradients take
+// through the stages below (Search::lower_bound's rank bound, for any placement).
 double Search::partition_bound(const Degrees& d, const Layout& l) const {
-  if (chunks_of(d) != 1 || d.pp < 2) return 0;
+  if (d.pp < 2) return 0;
   const UnitTimes t = unit_times(d);
-  std::vector<double> f(static_cast<size_t>(d.pp)), work(f.size()), bi(f.size()), w(f.size());
-  double before_f = 0, before_bi = 0, bound = 0;
-  for (int s = 0; s < d.pp; ++s) {
-    double sf = 0, sbi = 0, sw = 0, st = 0;
-    for (size_t u = 0; u < t.total.size(); ++u)
-      if (l.stage_of_unit[u] == s) sf += t.f[u], sbi += t.bi[u], sw += t.w[u], st += t.total[u];
-    bound = std::max(bound, before_f + d.microbatches * st + std::max(0.0, before_bi - d.microbatches * sw));
-    before_f += sf, before_bi += sbi;
+  const int stages = d.pp * chunks_of(d);
+  const std::vector<int> rank_of = !l.rank_of_stage.empty() ? l.rank_of_stage
+                                   : d.schedule == ScheduleKind::SCHEDULE_DUALPIPEV
+                                       ? ir::v_placement(d.pp)
+                                       : ir::loop_placement(d.pp, chunks_of(d));
+  std::vector<double> f(static_cast<size_t>(stages)), bi(f.size()), w(f.size()), work(f.size());
+  for (size_t u = 0; u < t.total.size(); ++u) {
+    const size_t s = static_cast<size_t>(l.stage_of_unit[u]);
+    f[s] += t.f[u], bi[s] += t.bi[u], w[s] += t.w[u], work[s] += t.total[u];
+  }
+  std::vector<double> rank_work(static_cast<size_t>(d.pp)), rank_w(rank_work.size());
+  std::vector<int> lowest(rank_work.size(), stages);
+  for (int s = 0; s < stages; ++s) {
+    const size_t r = static_cast<size_t>(rank_of[static_cast<size_t>(s)]);
+    rank_work[r] += work[static_cast<size_t>(s)], rank_w[r] += w[static_cast<size_t>(s)];
+    lowest[r] = std::min(lowest[r], s);
+  }
+  double bound = 0;
+  for (size_t r = 0; r < rank_work.size(); ++r) {
+    double before_f = 0, before_bi = 0;
+    for (int s = 0; s < lowest[r]; ++s) before_f += f[static_cast<size_t>(s)], before_bi += bi[static_cast<size_t>(s)];
+    const int m = d.microbatches;
+    bound = std::max(bound, before_f + m * rank_work[r] + std::max(0.0, before_bi - m * rank_w[r]));
   }
   return bound + std::max(0.0, req_.cost.step_overhead.at(d.microbatches));
 }
