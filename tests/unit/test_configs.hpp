@@ -33,6 +33,37 @@ inline config::ModelConfig small_model(const std::string& pattern) {
   return m;
 }
 
+// The small model with `pattern` and a global batch of `batch` sequences of `seq` tokens.
+inline config::Config small_config(const std::string& pattern, int64_t batch, int64_t seq) {
+  config::Config cfg;
+  cfg.model = small_model(pattern);
+  cfg.train.global_batch = batch;
+  cfg.train.seq_len = seq;
+  return cfg;
+}
+
+// A model big enough that the matrix products dominate: D 512, H 8, KV 4 (hd 64), F 1536,
+// d_inner 1024 (Hm 32 of P 32), G 4, N 32, V 1024; for E blocks 8 experts of hidden 1536, top 1.
+inline config::ModelConfig mid_model(const std::string& pattern) {
+  config::ModelConfig m;
+  m.pattern = pattern;
+  m.vocab_size = 1024;
+  m.d_model = 512;
+  m.n_heads = 8;
+  m.n_kv_heads = 4;
+  m.ffn_hidden = 1536;
+  m.d_state = 32;
+  m.head_dim = 32;
+  m.expand = 2;
+  m.n_groups = 4;
+  m.d_conv = 4;
+  m.ssd_chunk = 32;
+  m.n_experts = 8;
+  m.top_k = 1;
+  m.moe_ffn_hidden = 1536;
+  return m;
+}
+
 // The same small hybrid model as YAML, for tests of file positions (blocks 0..4: M * - M -; units
 // embed, layers.0..4, head): lines 1..8, so a directives section appended to it starts on line 9.
 inline const std::string kSmallModelYaml =

@@ -17,9 +17,12 @@
 #include "ir/placement.hpp"
 #include "ir/strategy.hpp"
 #include "ir/work.hpp"
+#include "unit/test_configs.hpp"
 
 namespace piper::ir {
 namespace {
+
+using piper::testing::mid_model;
 
 // Each stage's cost under `stage_of` (stages 0..stage_of.back()), summed along the model.
 std::vector<double> stage_costs(const std::vector<double>& cost, const std::vector<int>& stage_of) {
@@ -118,27 +121,6 @@ TEST(Balance, RefusesStageCountsAndCostsItCannotSplit) {
   EXPECT_NE(inf.find("unit 2 costs inf"), std::string::npos) << inf;
 }
 
-// A model big enough that the matrix products dominate: D 512, H 8, KV 4 (hd 64), F 1536,
-// d_inner 1024 (Hm 32 of P 32), G 4, N 32, V 1024; 8 experts of hidden 1536, top 1.
-config::ModelConfig mid_model(const std::string& pattern) {
-  config::ModelConfig m;
-  m.pattern = pattern;
-  m.vocab_size = 1024;
-  m.d_model = 512;
-  m.n_heads = 8;
-  m.n_kv_heads = 4;
-  m.ffn_hidden = 1536;
-  m.d_state = 32;
-  m.head_dim = 32;
-  m.expand = 2;
-  m.n_groups = 4;
-  m.d_conv = 4;
-  m.ssd_chunk = 32;
-  m.n_experts = 8;
-  m.top_k = 1;
-  m.moe_ffn_hidden = 1536;
-  return m;
-}
 
 // Each unit's cost is its forward plus its backward FLOPs over one sequence at tp 1.
 TEST(UnitCosts, AreForwardPlusBackwardFlopsOfOneSequence) {

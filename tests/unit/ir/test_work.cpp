@@ -8,28 +8,13 @@
 
 #include "ir/model_graph.hpp"
 #include "ir/work.hpp"
+#include "unit/test_configs.hpp"
 
 namespace piper::ir {
 namespace {
 
-// A model big enough that the matrix products dominate: D 512, H 8, KV 4 (hd 64), F 1536,
-// d_inner 1024 (Hm 32 of P 32), G 4, N 32, V 1024.
-config::ModelConfig mid_model(const std::string& pattern) {
-  config::ModelConfig m;
-  m.pattern = pattern;
-  m.vocab_size = 1024;
-  m.d_model = 512;
-  m.n_heads = 8;
-  m.n_kv_heads = 4;
-  m.ffn_hidden = 1536;
-  m.d_state = 32;
-  m.head_dim = 32;
-  m.expand = 2;
-  m.n_groups = 4;
-  m.d_conv = 4;
-  m.ssd_chunk = 32;
-  return m;
-}
+using piper::testing::mid_model;
+
 
 void expect_rel(double got, double want, double tol, const std::string& what) {
   EXPECT_LE(std::abs(got - want), tol * std::abs(want)) << what << ": got " << got << ", want " << want;
@@ -247,7 +232,8 @@ TEST(FlopsMoe, SegmentSharesFollowTheAllToAlls) {
 }
 
 TEST(FlopsErrors, RefusesMoeUnknownKindsAndBadTp) {
-  const auto m = mid_model("M*-");
+  config::ModelConfig m = mid_model("M*-");
+  m.n_experts = m.top_k = m.moe_ffn_hidden = 0;  // no expert sizes
   try {
     unit_work(m, 'E', Pass::PASS_F, 128, 128);
     ADD_FAILURE() << "MoE without its sizes accepted";

@@ -19,6 +19,8 @@
 namespace piper::sim {
 namespace {
 
+using piper::testing::small_config;
+
 using ir::ScheduleKind;
 
 // F = 1, B = 2 (BI = BW = 1) per block; the embedding, the head and the optimiser are free, and so
@@ -41,14 +43,6 @@ CostModel abstract_costs() {
   return m;
 }
 
-// The small test model with `pattern`, a global batch of `batch` sequences of `seq` tokens.
-config::Config small_config(const std::string& pattern, int64_t batch, int64_t seq) {
-  config::Config cfg;
-  cfg.model = testing::small_model(pattern);
-  cfg.train.global_batch = batch;
-  cfg.train.seq_len = seq;
-  return cfg;
-}
 
 config::Config pipeline_config(ScheduleKind kind, int p, int v, int m) {
   const int stages = p * (kind == ScheduleKind::SCHEDULE_DUALPIPEV ? 2 : v);

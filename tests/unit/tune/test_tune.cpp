@@ -21,13 +21,6 @@ namespace {
 
 using ir::ScheduleKind;
 
-config::Config small(const std::string& pattern, int64_t batch, int64_t seq) {
-  config::Config cfg;
-  cfg.model = testing::small_model(pattern);
-  cfg.train.global_batch = batch;
-  cfg.train.seq_len = seq;
-  return cfg;
-}
 
 // The analytic model of the small model on an H100 table entry, covering tp 1 and 2 and every
 // group size up to `world`.
@@ -136,7 +129,7 @@ TEST(Tune, FindsTheExhaustiveOptimumOnSmallCases) {
     int64_t batch;
   };
   for (const Case& k : {Case{"MM*-", 2, 4}, Case{"M*-M-", 4, 4}}) {
-    const config::Config cfg = small(k.pattern, k.batch, 64);
+    const config::Config cfg = testing::small_config(k.pattern, k.batch, 64);
     const double mem = 1e12;
     const Brute b = exhaustive(cfg, k.world, mem);
     const tune::Result r = tune::tune(request(cfg, k.world, mem));
@@ -151,7 +144,7 @@ TEST(Tune, FindsTheExhaustiveOptimumOnSmallCases) {
 
 // A limit that excludes the fastest strategies: the choice fits it, by the simulator's account.
 TEST(Tune, TheChoiceFitsTheMemoryLimit) {
-  const config::Config cfg = small("M*-M-", 8, 64);
+  const config::Config cfg = testing::small_config("M*-M-", 8, 64);
   const tune::Result free = tune::tune(request(cfg, 4, 1e12));
   const double limit = free.chosen.peak_mem_bytes * 0.8;
   const tune::Result r = tune::tune(request(cfg, 4, limit));
@@ -169,7 +162,7 @@ TEST(Tune, TheChoiceFitsTheMemoryLimit) {
 }
 
 TEST(Tune, NeverSlowerThanABaseline) {
-  const config::Config cfg = small("MM*-E-M*", 8, 64);
+  const config::Config cfg = testing::small_config("MM*-E-M*", 8, 64);
   const tune::Result r = tune::tune(request(cfg, 8, 1e12));
   for (int b = 0; b < tune::kBaselines; ++b) {
     const auto& e = r.baselines[static_cast<size_t>(b)];
@@ -184,7 +177,7 @@ TEST(Tune, NeverSlowerThanABaseline) {
 // The written config reads back, validates, and compiles to the chosen strategy; the same input
 // writes the same file, byte for byte.
 TEST(Tune, WritesAConfigThatReadsBackToTheChoice) {
-  config::Config cfg = small("MM*-M-", 8, 64);
+  config::Config cfg = testing::small_config("MM*-M-", 8, 64);
   cfg.source = "small.yaml";
   const tune::Request req = request(cfg, 4, 1e12);
   const tune::Result a = tune::tune(req);
@@ -201,7 +194,7 @@ TEST(Tune, WritesAConfigThatReadsBackToTheChoice) {
 }
 
 TEST(Tune, RefusesWhenNothingFitsAndSaysWhatWould) {
-  const config::Config cfg = small("M*-M-", 8, 64);
+  const config::Config cfg = testing::small_config("M*-M-", 8, 64);
   double least = 0;
   try {
     (void)tune::tune(request(cfg, 4, 1000.0));
@@ -223,7 +216,7 @@ TEST(Tune, RefusesWhenNothingFitsAndSaysWhatWould) {
 TEST(Tune, RefusesAWorldWithNoValidGrid) {
   // Of 7 ranks: tp 7 divides no size, 7 stages are more than the 6 units, 8 sequences do not
   // split over 7 replicas.
-  const config::Config cfg = small("M*-M", 8, 64);
+  const config::Config cfg = testing::small_config("M*-M", 8, 64);
   try {
     (void)tune::tune(request(cfg, 7, 1e12));
     FAIL() << "7 ranks were accepted";
