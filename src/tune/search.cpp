@@ -26,6 +26,9 @@ constexpr int kMaxVirtualStages = 4;       // interleaved chunks per rank tried
 constexpr int kPartitionRounds = 16;       // moves of the partition phase per candidate, at most
 constexpr int kOrderRounds = 8;            // rounds of the order phase, at most
 constexpr int kRefined = 4;                // candidates of the outer search given the inner phases
+// A candidate whose probe would play more instructions is left out (a step of so many
+// microbatches that its bubble is already small, and whose simulation would take seconds).
+constexpr double kMaxProbeInstructions = double{1 << 21};
 constexpr double kImproves = 1e-6;         // a change counts when the step shortens by more than this share
 constexpr std::array<Recompute, 3> kRecompute = {Recompute::RECOMPUTE_NONE, Recompute::RECOMPUTE_SELECTIVE,
                                                  Recompute::RECOMPUTE_FULL};
@@ -156,6 +159,7 @@ class Search {
   bool valid(const Degrees& d) const;
   void enumerate();
   Probe probe_for(const Degrees& d) const;
+  double probe_instructions(const Degrees& d) const;
   int64_t rows(const Degrees& d) const { return batch() / (d.dp * d.microbatches) * req_.cfg.train.seq_len; }
   UnitTimes unit_times(const Degrees& d) const;
   double lower_bound(const Degrees& d, Recompute r) const;
@@ -235,6 +239,7 @@ void Search::enumerate() {
           }
           for (const Degrees& k : kinds) {
             if (pp * chunks_of(k) > units) continue;  // a stage holds at least one unit
+            if (probe_instructions(k) > kMaxProbeInstructions) continue;
             if (!valid(k)) {
               if (tp == 1 && pp == 1 && invalid_why_.empty()) {
                 try {
@@ -266,6 +271,14 @@ Search::Probe Search::probe_for(const Degrees& d) const {
   p.world = d.tp * d.pp * dp;
   p.cfg = config_for(req_.cfg, d, dp, batch() / p.replicas);
   return p;
+}
+
+// About how many instructions the probe's ranks play: each rank runs its share of the units'
+// passes (forward, two backward halves) for every microbatch, with as many communication
+// instructions again.
+double Search::probe_instructions(const Degrees& d) const {
+  const Probe p = probe_for(d);
+  return static_cast<double>(p.world) * static_cast<double>(model_.units.size()) / d.pp * d.microbatches * 6;
 }
 
 // Each unit's time per microbatch at the candidate's degrees: its forward, the part of its
@@ -305,8 +318,9 @@ double Search::lower_bound(const Degrees& d, Recompute r) const {
   return bound + std::max(0.0, req_.cost.step_overhead.at(d.microbatches));
 }
 
-// No rank holds less state than the pipeline's parameters, gradients and moments spread evenly
-// over its stages, as the parameter store and the optimiser keep them (ir::flat_parts, zero_shards).
+// No rank holds less than the pipeline's parameters, gradients and moments, as the parameter
+// store and the optimiser keep them (ir::flat_parts, zero_shards), and one microbatch's saved
+// activations (the cost model's, less what recomputation drops), spread evenly over its stages.
 double Search::state_lower_bound(const Degrees& d) const {
   const ir::Degrees n{.tp = d.tp, .ep = d.ep, .dp = d.dp, .pp = d.pp};
   double bytes = 0;
@@ -316,6 +330,14 @@ double Search::state_lower_bound(const Degrees& d) const {
     const auto kept = [&](ir::ZeroState s) { return static_cast<double>(ir::zero_shards(d.zero, s) ? shard : padded); };
     bytes += 4 * kept(ir::ZeroState::ZERO_PARAMS) + 4 * kept(ir::ZeroState::ZERO_GRADS) +
              8 * kept(ir::ZeroState::ZERO_MOMENTS);
+    const char k = ir::unit_symbol(u.kind);
+    const int64_t r = rows(d);
+    double dropped = 0;
+    if (u.block >= 0 && d.recompute != Recompute::RECOMPUTE_NONE && u.kind != ir::UnitKind::UNIT_MOE)
+      dropped = ir::recompute_share(req_.cfg.model, k, d.recompute, r, req_.cfg.train.seq_len, d.tp).saved;
+    const sim::OpCost& oc = req_.cost.op(k, d.tp);  // an entry of another tp splits its rows as the work
+    const double at = static_cast<double>(r) * (oc.tp == d.tp ? 1.0 : static_cast<double>(oc.tp) / d.tp);
+    bytes += std::max(0.0, oc.saved.at(at)) * (1 - dropped);
   }
   return bytes / d.pp;
 }
@@ -433,7 +455,7 @@ void Search::outer() {
       bool tuned = below(best_, std::max(s->lb[r], partition_bound(d, bal)));
       bool baseline = pipeline && slot && below(*slot, std::max(s->lb[r], partition_bound(d, uni)));
       if (!tuned && !baseline) break;  // more recomputation only adds work
-      for (int zero = 0; zero <= (base.dp > 1 ? 3 : 0) && (tuned || baseline); ++zero) {
+      for (int zero = 0; zero <= (base.dp > 1 ? 3 : 0) && (tuned || baseline) && !out_of_time(); ++zero) {
         d.zero = zero;
         if (state_lower_bound(d) > req_.mem_limit_bytes || !valid(d)) continue;
         std::optional<Evaluated> e;
@@ -597,6 +619,7 @@ Evaluated Search::refine(Evaluated e, Layout l) {
 [[noreturn]] void Search::nothing_fits() {
   smallest_.reset();
   for (const Shape& s : shapes_) {
+    if (out_of_time()) break;
     Degrees d = s.d;
     d.zero = d.dp > 1 ? 3 : 0, d.recompute = Recompute::RECOMPUTE_FULL;
     if (!valid(d)) d.recompute = Recompute::RECOMPUTE_NONE;  // a model without recomputable blocks
