@@ -626,6 +626,10 @@ Evaluated Search::refine(Evaluated e, Layout l) {
     if (valid(d)) (void)evaluate(d, balanced(d), d.pp > 1 ? "partition by simulated cost" : "no pipeline");
   }
   const std::string limit = bytes_text(req_.mem_limit_bytes);
+  if (!smallest_ && budget_hit_)
+    throw TuneError("the time budget of " + std::to_string(static_cast<int>(req_.time_budget_s)) +
+                    " s (--time-budget-s) ended the search before it found a strategy within the memory limit of " +
+                    limit + " per rank on " + std::to_string(req_.world) + " ranks; give a longer budget");
   if (!smallest_)
     throw TuneError("no strategy fits the memory limit of " + limit + " per rank on " + std::to_string(req_.world) +
                     " ranks, and none could be simulated; check the cost model");
