@@ -47,6 +47,7 @@ bench: deps build corpus
 	@bench/schedules.py $(BUILD)
 	@bench/moe.py $(BUILD)
 	@bench/tuner.py $(BUILD)
+	@bench/tuner_measured.py $(BUILD)
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \

@@ -11,6 +11,7 @@ Standard library only. Environment: MPIRUN (default "mpirun --oversubscribe", pl
 --allow-run-as-root as root).
 """
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -85,35 +86,46 @@ def wait_idle(max_s):
             return
 
 
-def measure_once(piper, config, ranks, extra, steps, skip, data, work):
-    """(median step ms, median peak bytes of the largest rank, share of the CPUs others used)."""
-    metrics = os.path.join(work, "metrics.jsonl")
+def others_share(fn):
+    """(fn(), the share of the CPUs that processes other than this one and its children used meanwhile)."""
     busy0, own0 = cpu_busy_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = datetime.datetime.now()
-    run(mpirun() + ["-np", str(ranks), piper, "train", config, "--quiet", "--metrics", metrics,
-                    "--set", f"train.steps={steps}", "--set", f"data.path={data}"] + sets(extra))
+    out = fn()
     wall = (datetime.datetime.now() - t0).total_seconds()
     own1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (own1.ru_utime - own0.ru_utime) + (own1.ru_stime - own0.ru_stime)
-    other = max(0.0, cpu_busy_s() - busy0 - own) / (wall * os.cpu_count())
+    return out, max(0.0, cpu_busy_s() - busy0 - own) / (wall * os.cpu_count())
+
+
+# One training run: the median step time over the steps after the skipped ones, the median over
+# those steps of the largest rank's peak memory, the most any rank held in any of them, and the
+# share of the CPUs other processes used meanwhile.
+Measured = collections.namedtuple("Measured", "step_ms peak_bytes max_peak_bytes other")
+
+
+def measure_once(piper, config, ranks, args, steps, skip, data, work):
+    """Measured of `piper train config args` on `ranks` ranks for `steps` steps."""
+    metrics = os.path.join(work, "metrics.jsonl")
+    _, other = others_share(lambda: run(mpirun() + [
+        "-np", str(ranks), piper, "train", config, "--quiet", "--metrics", metrics, "--set", f"train.steps={steps}",
+        "--set", f"data.path={data}"] + args))
     rows = [json.loads(line) for line in open(metrics)][skip:]
-    step = statistics.median(r["step_ms"] for r in rows)
-    peak = statistics.median(max(x["peak_mem_bytes"] for x in r["ranks"]) for r in rows)
-    return step, peak, other
+    peaks = [max(x["peak_mem_bytes"] for x in r["ranks"]) for r in rows]
+    return Measured(statistics.median(r["step_ms"] for r in rows), statistics.median(peaks), max(peaks), other)
 
 
-def measure(piper, config, ranks, extra, steps, skip, data, work, retries, max_other):
+def measure(piper, config, ranks, args, steps, skip, data, work, retries, max_other):
     """Reruns while other processes took more than max_other of the CPUs; keeps the quietest run."""
     best = None
     for attempt in range(retries + 1):
         wait_idle(WAIT_IDLE_S)
-        m = measure_once(piper, config, ranks, extra, steps, skip, data, work)
-        if best is None or m[2] < best[2]:
+        m = measure_once(piper, config, ranks, args, steps, skip, data, work)
+        if best is None or m.other < best.other:
             best = m
-        if m[2] <= max_other:
+        if m.other <= max_other:
             break
-        print(f"sim_accuracy.py:   other processes used {100 * m[2]:.0f}% of the CPUs; measuring again",
-              file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])}:   other processes used {100 * m.other:.0f}% of the CPUs; "
+              "measuring again", file=sys.stderr)
     return best
 
 
@@ -158,10 +170,9 @@ def main():
                             "--set", f"data.path={data}"] + sets(["parallel.tp=2"]))
         for name, ranks, extra in chosen:
             print(f"sim_accuracy.py: round {rnd + 1}/{a.rounds}: {name}", file=sys.stderr)
-            m_step, m_peak, other = measure(piper, a.config, ranks, extra, a.steps, a.skip, data, work,
-                                            a.retries, a.max_other)
+            m = measure(piper, a.config, ranks, sets(extra), a.steps, a.skip, data, work, a.retries, a.max_other)
             s_step, s_peak = simulate(piper, a.config, ranks, extra, cost, data)
-            per[name].append((s_step, m_step, s_peak, m_peak, other))
+            per[name].append((s_step, m.step_ms, s_peak, m.peak_bytes, m.other))
     med = statistics.median
     rows = []
     for name, ranks, _ in chosen:
