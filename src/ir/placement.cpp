@@ -21,37 +21,6 @@ std::string unit_description(const UnitSpec& unit) {
 
 namespace {
 
-// A contiguous partition of n units into `stages` non-empty stages minimising the largest
-// value(c, u) of its stages, stage [c, u) holding units c..u-1: the stage of every unit, and that
-// largest value. Of equal partitions, the one with the smallest cut before the last stage, and so
-// on towards the first.
-struct Partition {
-  std::vector<int> stage_of;
-  double most = 0.0;
-};
-
-template <class Value>
-Partition min_max_partition(int n, int stages, const Value& value) {
-  const double inf = std::numeric_limits<double>::infinity();
-  // best[s][u]: the smallest largest value putting units [0, u) on s stages; cut[s][u]: where the last starts.
-  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
-  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
-  best[0][0] = 0.0;
-  for (int s = 1; s <= stages; ++s)
-    for (int u = s; u <= n - (stages - s); ++u)
-      for (int c = s - 1; c < u; ++c) {
-        const double v = std::max(best[s - 1][c], value(c, u));
-        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
-      }
-  Partition p{std::vector<int>(static_cast<size_t>(n), 0), best[stages][n]};
-  for (int s = stages, u = n; s > 0; --s) {
-    const int c = cut[s][u];
-    for (int i = c; i < u; ++i) p.stage_of[static_cast<size_t>(i)] = s - 1;
-    u = c;
-  }
-  return p;
-}
-
 void check_balance_input(const std::vector<double>& cost_of_unit, int stages) {
   const size_t n = cost_of_unit.size();
   if (stages < 1 || static_cast<size_t>(stages) > n)

@@ -3,7 +3,9 @@
 // names the units, the caller names the places (a config's file positions, or plain words).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +18,37 @@ namespace piper::ir {
 
 // "layers.3 (block 3, 'M')", "embed", "head": a unit as the placement rules name it.
 std::string unit_description(const UnitSpec& unit);
+
+// A contiguous partition of n units into `stages` non-empty stages minimising the largest
+// value(c, u) of its stages, stage [c, u) holding units c..u-1: the stage of every unit, and that
+// largest value. Of equal partitions, the one with the smallest cut before the last stage, and so
+// on towards the first.
+struct Partition {
+  std::vector<int> stage_of;
+  double most = 0.0;
+};
+
+template <class Value>
+Partition min_max_partition(int n, int stages, const Value& value) {
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][u]: the smallest largest value putting units [0, u) on s stages; cut[s][u]: where the last starts.
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(static_cast<size_t>(n) + 1, inf));
+  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(static_cast<size_t>(n) + 1, 0));
+  best[0][0] = 0.0;
+  for (int s = 1; s <= stages; ++s)
+    for (int u = s; u <= n - (stages - s); ++u)
+      for (int c = s - 1; c < u; ++c) {
+        const double v = std::max(best[s - 1][c], value(c, u));
+        if (v < best[s][u]) best[s][u] = v, cut[s][u] = c;
+      }
+  Partition p{std::vector<int>(static_cast<size_t>(n), 0), best[stages][n]};
+  for (int s = stages, u = n; s > 0; --s) {
+    const int c = cut[s][u];
+    for (int i = c; i < u; ++i) p.stage_of[static_cast<size_t>(i)] = s - 1;
+    u = c;
+  }
+  return p;
+}
 
 // The stage of every unit when no directive says: a contiguous partition of the units, unit u
 // costing cost_of_unit[u] (ir::unit_costs, or simulated times), into `stages` non-empty stages

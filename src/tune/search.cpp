@@ -101,23 +101,8 @@ std::pair<std::vector<int>, double> pipeline_partition(const UnitTimes& t, int s
   const auto rank_bound = [&](int c, int e) {  // the stage of units [c, e)
     return F[c] + mb * (T[e] - T[c]) + std::max(0.0, BI[c] - mb * (W[e] - W[c]));
   };
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(n + 1, inf));
-  std::vector<std::vector<int>> cut(best.size(), std::vector<int>(n + 1, 0));
-  best[0][0] = 0;
-  for (int s = 1; s <= stages; ++s)
-    for (int e = s; e <= n - (stages - s); ++e)
-      for (int c = s - 1; c < e; ++c) {
-        const double v = std::max(best[s - 1][c], rank_bound(c, e));
-        if (v < best[s][e]) best[s][e] = v, cut[s][e] = c;
-      }
-  std::vector<int> stage_of(static_cast<size_t>(n), 0);
-  for (int s = stages, e = n; s > 0; --s) {
-    const int c = cut[s][e];
-    for (int i = c; i < e; ++i) stage_of[static_cast<size_t>(i)] = s - 1;
-    e = c;
-  }
-  return {stage_of, best[static_cast<size_t>(stages)][n]};
+  ir::Partition p = ir::min_max_partition(n, stages, rank_bound);
+  return {std::move(p.stage_of), p.most};
 }
 
 class Search {
