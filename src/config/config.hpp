@@ -5,6 +5,7 @@
 // them for users.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -64,6 +65,13 @@ struct TrainConfig {
   int64_t sample_every = 0;     // generate a text sample every N steps; 0 = off
   int64_t sample_tokens = 64;   // length of a generated sample
   int64_t threads = 0;          // OpenMP threads per rank; 0 = leave OMP_NUM_THREADS / default
+  // Online strategy switching (docs/switching.md): the `switch:` list and a switch file.
+  std::string switch_file;        // a strategy file read at every step boundary when it appears or changes ("" = none)
+  double switch_buffer_mb = 64;   // staging memory per rank for moving state in a switch, MiB (> 0)
+  int64_t standby = 0;            // the last N ranks of the job start in reserve, for a grow (>= 0, < job size)
+  std::string switch_hardware;    // the tuner's hardware (a table name or a file) for a switch without a strategy
+  std::string switch_cost;        // or the tuner's cost file (piper calibrate); at most one of the two
+  double switch_tune_s = 10;      // the tuner's time budget for such a switch (> 0)
 
   bool operator==(const TrainConfig&) const = default;
 };
@@ -183,6 +191,34 @@ struct DirectivesConfig {
   bool operator==(const DirectivesConfig&) const = default;
 };
 
+// ---- strategy switches (docs/switching.md) --------------------------------------
+
+// One strategy change: what the job runs from `at_step` on (an entry of the `switch:` list) or from
+// the next step boundary (the switch file).
+struct SwitchTarget {
+  int64_t at_step = -1;                     // `switch:` entries: steps 0..at_step-1 run before it; -1 in a switch file
+  std::optional<int64_t> world;             // ranks of the new strategy; none: the current ranks less those leaving
+  std::vector<int64_t> leave;               // job ranks (as mpirun numbers them) that leave the job (switch file only)
+  std::optional<ParallelConfig> parallel;   // the new `parallel:` section: the current one with the keys written here set
+  DirectivesConfig directives;              // the new `directives:` (present: replaces the current ones)
+  bool has_strategy() const { return parallel.has_value() || directives.present; }  // false: the tuner chooses
+  std::string source;                       // "config.yaml" or the switch file's path
+  // Where each key of the entry was set, like Config::locations: "switch[1]" (the item),
+  // "switch[1].at_step", "switch[1].parallel.dp", "switch[1].directives[0]" ...; a switch file's keys
+  // are keyed without the "switch[i]." prefix ("parallel.dp", "leave").
+  std::map<std::string, std::string> locations;
+  bool operator==(const SwitchTarget&) const = default;
+
+  // The `parallel:` keys the target writes ("dp", "schedule"), in the order of the parallel section:
+  // those `locations` holds ("switch[1].parallel.dp"). `parallel` holds the defaults elsewhere;
+  // apply_switch sets only these keys.
+  std::vector<std::string> parallel_keys() const;
+  // "switch[1]" for an entry of the `switch:` list, "" for a switch file (or a target without locations).
+  std::string path() const;
+  // Same settings: every field but source and locations, and the same parallel_keys().
+  bool same_settings(const SwitchTarget& o) const;
+};
+
 struct Config {
   ModelConfig model;
   TrainConfig train;
@@ -190,6 +226,7 @@ struct Config {
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
   DirectivesConfig directives;
+  std::vector<SwitchTarget> switches;   // the `switch:` list, in step order
   std::string source = "<defaults>";  // file the config came from ("<defaults>" if none)
   std::string yaml_text;   // the resolved config, re-emitted as YAML
   // Where each "section.key" that was set came from: "file:line:col" (1-based)
@@ -202,11 +239,13 @@ struct Config {
   // first filter key), each of its keys at "directives[2].replicate.kind".
   std::map<std::string, std::string> locations;
 
-  // Same settings (model, train, data, parallel, directives); source,
-  // yaml_text and locations are not compared.
+  // Same settings (model, train, data, parallel, directives, switches); source,
+  // yaml_text and locations (also the switches') are not compared.
   bool same_settings(const Config& o) const {
     return model == o.model && train == o.train && data == o.data && checkpoint == o.checkpoint &&
-           parallel == o.parallel && directives == o.directives;
+           parallel == o.parallel && directives == o.directives &&
+           std::equal(switches.begin(), switches.end(), o.switches.begin(), o.switches.end(),
+                      [](const SwitchTarget& a, const SwitchTarget& b) { return a.same_settings(b); });
   }
 };
 
@@ -229,7 +268,9 @@ Config parse(const std::string& yaml_text, const std::string& source,
              const std::vector<std::string>& overrides = {});
 // Checks the rules the config owns: values in their ranges and bounds, model
 // sizes against each other, the strategy's sizes against the world size and
-// the batch; throws ConfigError listing every problem found, one per line.
+// the batch, and the `switch:` entries' steps and worlds (each entry's strategy is
+// validate_switch's, at the world it runs at); throws ConfigError listing every problem
+// found, one per line.
 // The rules of schedules, stages and hand-written orders belong to the IR:
 // ir::validate checks them too, and is what a command calls.
 void validate(const Config& cfg, int world_size);
@@ -256,6 +297,7 @@ class Positions {
   std::string ref(const std::string& key) const;
   // "file:line:col: path" for a path of Config::locations, or "path".
   std::string at(const std::string& path) const;
+  std::string at(const std::string& path, const std::string& shown) const;
 
  private:
   Config c_;
@@ -265,6 +307,22 @@ class Positions {
 // The candidate closest to `word`, or "" when none is close enough to be a
 // typo: the "did you mean" of a message.
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+// The config a target runs under: `current` with the target's `parallel:` keys set over its own
+// parallel section and its directives replaced by the target's (none when the target has none).
+// model, train, data and checkpoint are `current`'s (its switches too). yaml_text is re-emitted for
+// the result; its locations point at the target's keys for what the target set ("parallel.dp" at
+// "config.yaml:31:20", "directives[0]" at the entry's directive).
+Config apply_switch(const Config& current, const SwitchTarget& target);
+// A switch file's text: a YAML map with the keys `parallel`, `directives`, `world`, `leave` (all
+// optional; at least one). Throws ConfigError naming source:line:col and the key.
+SwitchTarget parse_switch(const std::string& yaml_text, const std::string& source);
+// Checks a target against the world it runs at (what validate() checks for the main strategy, on
+// apply_switch(current, target) at `world`), every message starting with the position of the entry
+// or of its key ("config.yaml:31:5: switch[1].parallel.dp=3: ..."), all problems listed, one per
+// line. A target without a strategy has only its world and leave checked: the tuner's choice is
+// checked when it is made. Throws ConfigError.
+void validate_switch(const Config& current, const SwitchTarget& target, int world);
 
 // The strategy the shorthand and the directives give together: the
 // `parallel:` values with every directive applied in order (zero from the

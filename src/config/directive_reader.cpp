@@ -133,11 +133,6 @@ bool has_filter_key(const YAML::Node& map) {
   return false;
 }
 
-std::string read_int(const YAML::Node& n, std::optional<int64_t>& out) {
-  int64_t v = 0;
-  if (n.IsScalar() && parse_int(n.Scalar(), v)) return out = v, "";
-  return "expected an integer, found " + describe(n);
-}
 std::string read_bool(const YAML::Node& n, std::optional<bool>& out) {
   bool v = false;
   if (n.IsScalar() && parse_bool(n.Scalar(), v)) return out = v, "";
@@ -158,10 +153,10 @@ std::string read_string(const YAML::Node& n, std::optional<std::string>& out) {
 // `directives:` — a list of one-key maps, each read into a Directive.
 void Reader::read_directives(const YAML::Node& key, const YAML::Node& list) {
   cfg_.directives.present = true;
-  cfg_.locations["directives"] = where(source_, key.Mark());
+  cfg_.locations[scope_ + kDirectives] = where(source_, key.Mark());
   if (list.IsNull()) return;
   if (!list.IsSequence()) {
-    fail(where(source_, list.Mark()) + ": directives: expected a list of directives (- split: {microbatches: 4}, "
+    fail(where(source_, list.Mark()) + ": " + scope_ + "directives: expected a list of directives (- split: {microbatches: 4}, "
          "- place: {pp: 2}, ...), found " + describe(list));
     return;
   }
@@ -169,7 +164,7 @@ void Reader::read_directives(const YAML::Node& key, const YAML::Node& list) {
 }
 
 void Reader::read_directive(size_t i, const YAML::Node& item) {
-  const std::string path = dpath(i);
+  const std::string path = scope_ + dpath(i);
   if (!item.IsMap() || item.size() != 1) {
     std::string found = describe(item);
     if (item.IsMap()) {

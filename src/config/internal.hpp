@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -37,12 +38,14 @@ bool is_section(std::string_view s);
 std::vector<std::string> keys_of(std::string_view section);
 
 extern const std::vector<std::string> kSections;
-constexpr const char* kDirectives = "directives";  // the one section that is a list, not keys
+constexpr const char* kDirectives = "directives";  // a section that is a list, not keys
+constexpr const char* kSwitch = "switch";          // the other one: the strategy changes (switch.cpp)
 constexpr const char* kOverrideWhere = "--set";   // Config::locations of a key an override set
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep);
 std::string unknown_section_message(const std::string& section);
-std::string unknown_key_message(const std::string& section, const std::string& key);
+// `scope` names where the section is ("switch[1]."; "" at the top level), which takes only its own keys.
+std::string unknown_key_message(const std::string& section, const std::string& key, const std::string& scope = "");
 
 // ---- scalars (keys.cpp) ------------------------------------------------------------------------
 
@@ -52,6 +55,8 @@ bool parse_int(std::string_view s, int64_t& out);
 bool parse_uint(std::string_view s, uint64_t& out);
 bool parse_double(std::string_view s, double& out);
 bool parse_bool(std::string_view s, bool& out);
+// A scalar integer into `out`; returns "" or "expected an integer, found Y".
+std::string read_int(const YAML::Node& n, std::optional<int64_t>& out);
 // Stores the scalar `n` into field `f` of `cfg`; returns "" or "expected X, found Y".
 std::string assign(const Field& f, Config& cfg, const YAML::Node& n);
 std::string quote(const std::string& s);  // a double-quoted YAML string
@@ -89,5 +94,11 @@ struct Applied {
   std::vector<EffectiveStrategy::Subset> split_subsets, zero_subsets;  // directives with a filter, in order
 };
 Applied apply_directives(const Config& c);
+
+// ---- switches (switch.cpp) ---------------------------------------------------------------------
+
+std::string spath(size_t i);  // "switch[i]"
+// The `switch:` list as to_yaml writes it; "" when there is none.
+std::string emit_switches(const std::vector<SwitchTarget>& list);
 
 }  // namespace piper::config::detail

@@ -51,6 +51,12 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(train, sample_every, "text sample every N steps; 0 = off"),
       PIPER_FIELD(train, sample_tokens, "length of a text sample"),
       PIPER_FIELD(train, threads, "OpenMP threads per rank; 0 = default"),
+      PIPER_FIELD(train, switch_file, "strategy file read at each step boundary; empty = none"),
+      PIPER_FIELD(train, switch_buffer_mb, "staging memory per rank for a switch, MiB"),
+      PIPER_FIELD(train, standby, "the last N ranks start in reserve, for a grow"),
+      PIPER_FIELD(train, switch_hardware, "the tuner's hardware for a switch without a strategy"),
+      PIPER_FIELD(train, switch_cost, "or the tuner's cost file (piper calibrate)"),
+      PIPER_FIELD(train, switch_tune_s, "the tuner's time budget for such a switch, seconds"),
       PIPER_FIELD(data, path, "token file"),
       PIPER_FIELD(checkpoint, dir, "checkpoint folder; empty = no checkpoints"),
       PIPER_FIELD(checkpoint, every, "save every N steps; 0 = at the end and on a signal only"),
@@ -112,17 +118,19 @@ std::string unknown_section_message(const std::string& section) {
            std::string(owners[0].substr(0, owners[0].find('.'))) + ":)";
   std::vector<std::string> all = kSections;
   all.push_back(kDirectives);
+  all.push_back(kSwitch);
   std::string near = closest(section, all);
   if (!near.empty()) msg += "; did you mean '" + near + "'?";
   return msg + " (sections are " + join(all, ", ") + ")";
 }
 
-std::string unknown_key_message(const std::string& section, const std::string& key) {
-  std::string msg = "unknown key '" + section + "." + key + "'";
+std::string unknown_key_message(const std::string& section, const std::string& key, const std::string& scope) {
+  std::string msg = "unknown key '" + scope + section + "." + key + "'";
   std::string near = closest(key, keys_of(section));
   if (!near.empty()) return msg + "; did you mean '" + near + "'?";
   for (const Field& f : fields())
-    if (key == f.key) return msg + "; did you mean '" + f.name() + "'? (it is in section '" + f.section + "')";
+    if (scope.empty() && key == f.key)
+      return msg + "; did you mean '" + f.name() + "'? (it is in section '" + f.section + "')";
   return msg + "; valid keys of '" + section + "' are " + join(keys_of(section), ", ");
 }
 
@@ -186,6 +194,12 @@ bool parse_bool(std::string_view s, bool& out) {
   if (std::find(yes.begin(), yes.end(), s) != yes.end()) return out = true, true;
   if (std::find(no.begin(), no.end(), s) != no.end()) return out = false, true;
   return false;
+}
+
+std::string read_int(const YAML::Node& n, std::optional<int64_t>& out) {
+  int64_t v = 0;
+  if (n.IsScalar() && parse_int(n.Scalar(), v)) return out = v, "";
+  return "expected an integer, found " + describe(n);
 }
 
 // Stores the scalar `n` into field `f` of `cfg`; returns "" or "expected X, found Y".
@@ -315,9 +329,11 @@ std::string Positions::ref(const std::string& key) const {
   return shown(key) + "=" + value(key) + " (" + origin + ")";
 }
 
-std::string Positions::at(const std::string& path) const {
+std::string Positions::at(const std::string& path, const std::string& shown_as) const {
   auto it = c_.locations.find(path);
-  return it == c_.locations.end() ? path : it->second + ": " + path;
+  return it == c_.locations.end() ? shown_as : it->second + ": " + shown_as;
 }
+
+std::string Positions::at(const std::string& path) const { return at(path, path); }
 
 }  // namespace piper::config

@@ -33,18 +33,15 @@ void Reader::read_root(const YAML::Node& root) {
       if (first_time(seen, section, k.Mark(), at, "section 'directives'")) read_directives(k, v);
       continue;
     }
+    if (section == kSwitch) {
+      if (first_time(seen, section, k.Mark(), at, "section 'switch'")) read_switches(v);
+      continue;
+    }
     if (!is_section(section)) {
       fail(at + ": " + unknown_section_message(section));
       continue;
     }
-    if (!first_time(seen, section, k.Mark(), at, "section '" + section + "'")) continue;
-    if (v.IsNull()) continue;  // "model:" with nothing under it
-    if (!v.IsMap()) {
-      fail(where(source_, v.Mark()) + ": section '" + section + "': expected a map of keys (" +
-           join(keys_of(section), ", ") + "), found " + describe(v));
-      continue;
-    }
-    read_section(section, v);
+    if (first_time(seen, section, k.Mark(), at, "section '" + section + "'")) read_section(section, v);
   }
 }
 
@@ -63,6 +60,8 @@ void Reader::apply_override(const std::string& text) {
   std::string value = text.substr(eq + 1);
   if (section == kDirectives)
     return fail(head + ": the directives section is a list; write it in the config file (docs/directives.md)");
+  if (section == kSwitch)
+    return fail(head + ": the switch section is a list; write it in the config file (docs/config.md, switch)");
   if (!is_section(section)) return fail(head + ": " + unknown_section_message(section));
   const Field* f = find_field(section, key);
   if (!f) return fail(head + ": " + unknown_key_message(section, key));
@@ -85,29 +84,36 @@ void Reader::apply_override(const std::string& text) {
 }
 
 void Reader::read_section(const std::string& section, const YAML::Node& map) {
+  if (map.IsNull()) return;  // "model:" with nothing under it
+  if (!map.IsMap()) {
+    fail(where(source_, map.Mark()) + ": section '" + scope_ + section + "': expected a map of keys (" +
+         join(keys_of(section), ", ") + "), found " + describe(map));
+    return;
+  }
   std::map<std::string, YAML::Mark> seen;
   for (const auto& kv : map) {
     YAML::Node k = kv.first, v = kv.second;
     std::string at = where(source_, k.Mark());
     if (!k.IsScalar()) {
-      fail(at + ": section '" + section + "': expected a key name, found " + describe(k));
+      fail(at + ": section '" + scope_ + section + "': expected a key name, found " + describe(k));
       continue;
     }
     const std::string& key = k.Scalar();
     const Field* f = find_field(section, key);
     if (!f) {
-      fail(at + ": " + unknown_key_message(section, key));
+      fail(at + ": " + unknown_key_message(section, key, scope_));
       continue;
     }
-    if (!first_time(seen, key, k.Mark(), at, "key '" + f->name() + "'")) continue;
+    const std::string name = scope_ + f->name();
+    if (!first_time(seen, key, k.Mark(), at, "key '" + name + "'")) continue;
     std::string err = assign(*f, cfg_, v);
     if (!err.empty()) {
       // yaml-cpp marks an empty value at the next token; the key is clearer.
       std::string vat = v.IsNull() ? at : where(source_, v.Mark());
-      fail(vat + ": " + f->name() + ": " + err);
+      fail(vat + ": " + name + ": " + err);
       continue;
     }
-    cfg_.locations[f->name()] = at;
+    cfg_.locations[name] = at;
   }
 }
 
@@ -194,15 +200,19 @@ Documents load_documents(const std::string& text) {
   return d;
 }
 
-}  // namespace
-
-Config parse(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides) {
-  Documents docs;
+// The documents of a config's or a switch file's text; a syntax error throws ConfigError naming the place.
+Documents load_text(const std::string& yaml_text, const std::string& source) {
   try {
-    docs = load_documents(normalise_line_breaks(yaml_text));
+    return load_documents(normalise_line_breaks(yaml_text));
   } catch (const YAML::Exception& e) {
     throw ConfigError(where(source, e.mark) + ": YAML syntax error: " + e.msg);
   }
+}
+
+}  // namespace
+
+Config parse(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides) {
+  const Documents docs = load_text(yaml_text, source);
   Reader reader(source);
   if (docs.count > 1)
     reader.fail(where(source, docs.second) + ": a second YAML document ('---'); a config is one document");
@@ -212,6 +222,26 @@ Config parse(const std::string& yaml_text, const std::string& source, const std:
   Config cfg = std::move(reader.config());
   cfg.yaml_text = to_yaml(cfg);
   return cfg;
+}
+
+SwitchTarget parse_switch(const std::string& yaml_text, const std::string& source) {
+  const Documents docs = load_text(yaml_text, source);
+  const std::string keys = "parallel, directives, world, leave";
+  Reader reader(source);
+  SwitchTarget t;
+  if (docs.count > 1)
+    reader.fail(where(source, docs.second) + ": a second YAML document ('---'); a switch file is one document");
+  const YAML::Node& root = docs.first;
+  if (docs.count == 0 || root.IsNull() || (root.IsMap() && root.size() == 0))
+    reader.fail(source + ": the switch file is empty; write the new strategy as a map of at least one of " + keys +
+                " (docs/switching.md)");
+  else if (!root.IsMap())
+    reader.fail(where(source, root.Mark()) + ": expected a map of the keys " + keys + " (docs/switching.md); found " +
+                describe(root));
+  else
+    reader.read_target(root, t, true);
+  if (!reader.errors().empty()) throw ConfigError(join(reader.errors(), "\n"));
+  return t;
 }
 
 Config load(const std::string& path, const std::vector<std::string>& overrides) {
@@ -237,7 +267,7 @@ std::string to_yaml(const Config& cfg) {
     out += "\n";
     for (const Directive& d : cfg.directives.list) out += "  - " + emit_directive(d) + "\n";
   }
-  return out;
+  return out + emit_switches(cfg.switches);
 }
 
 }  // namespace piper::config

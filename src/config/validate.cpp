@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <set>
 #include <tuple>
 
 #include "config/checked.hpp"
@@ -14,15 +16,28 @@ namespace {
 
 using namespace detail;
 
+// A switch target being checked (validate_switch): every message starts at the target or at one of
+// its own keys.
+struct Scope {
+  std::string head;           // "config.yaml:30:5: switch[1]", or the switch file's path
+  std::string prefix;         // what its paths are named under: "switch[1]." or ""
+  std::set<std::string> own;  // the "parallel.*" keys the target sets, itself or by its directives
+};
+
 // Messages about the keys of a config, and the checks that write them.
 class Checker {
  public:
-  explicit Checker(Positions where) : where_(std::move(where)) {}
+  explicit Checker(Positions where, std::optional<Scope> scope = std::nullopt)
+      : where_(std::move(where)), scope_(std::move(scope)) {}
 
-  std::string head(const std::string& key) const { return where_.head(key); }
-  std::string head(const std::string& key, const std::string& shown) const { return where_.head(key, shown); }
+  std::string head(const std::string& key) const { return own(key) ? where_.head(key) : scope_->head + ": " + ref(key); }
+  std::string head(const std::string& key, const std::string& shown) const {
+    return own(key) ? where_.head(key, shown) : scope_->head + ": " + shown;
+  }
   std::string ref(const std::string& key) const { return where_.ref(key); }
-  std::string at(const std::string& path) const { return where_.at(path); }
+  std::string at(const std::string& path) const { return scope_ ? where_.at(path, scope_->prefix + path) : where_.at(path); }
+  // What starts a message that heads with no key: "" for a config, the target's head for a switch.
+  std::string origin() const { return scope_ ? scope_->head + ": " : ""; }
 
   void fail(const std::string& msg) { errors_.push_back(msg); }
   const std::vector<std::string>& errors() const { return errors_; }
@@ -70,7 +85,11 @@ class Checker {
   }
 
  private:
+  // A key whose own position starts its messages: every key of a config, a target's own keys.
+  bool own(const std::string& key) const { return !scope_ || scope_->own.count(key) > 0; }
+
   Positions where_;
+  std::optional<Scope> scope_;
   std::vector<std::string> errors_;
 };
 
@@ -121,8 +140,8 @@ constexpr int64_t kMaxRanks = int64_t{1} << 16;      // dp, tp, pp each
 constexpr int64_t kMaxMicrobatches = int64_t{1} << 16;
 constexpr int64_t kMaxVirtualStages = 4096;
 constexpr int64_t kMaxUnitPasses = int64_t{1} << 20;  // (blocks + 2) x microbatches
-constexpr double kMaxBucketMb = 1048576.0;           // 1 TiB
-constexpr double kMaxCommTimeout = 1e9;              // seconds (~31 years): fits a nanosecond clock
+constexpr double kMaxMiB = 1048576.0;                // a buffer of 1 TiB (bucket_mb, switch_buffer_mb)
+constexpr double kMaxSeconds = 1e9;                  // ~31 years: fits a nanosecond clock
 
 // The MoE keys, when the pattern has an E block: given, in bounds, top_k <= n_experts.
 bool check_moe(const ModelConfig& m, Checker& ck) {
@@ -269,6 +288,54 @@ void check_train(const TrainConfig& t, Checker& ck) {
   ck.at_least("train.sample_every", t.sample_every, 0);
   ck.within("train.sample_tokens", t.sample_tokens, 1, kMaxSampleTokens, "2^16 tokens per generated sample, one forward pass each");
   ck.within("train.threads", t.threads, 0, kMaxThreads, "OpenMP threads per rank");
+  ck.real("train.switch_buffer_mb", t.switch_buffer_mb, 0, true, kMaxMiB, false,
+          "> 0 and at most 1048576 MiB (1 TiB) (typical: 64)");
+  ck.at_least("train.standby", t.standby, 0);
+  ck.real("train.switch_tune_s", t.switch_tune_s, 0, true, kMaxSeconds, false, "> 0 and at most 1e9 seconds");
+  if (!t.switch_hardware.empty() && !t.switch_cost.empty())
+    ck.fail(ck.head("train.switch_cost") + ": give train.switch_hardware or train.switch_cost, not both (" +
+            ck.ref("train.switch_hardware") + "); the tuner takes its costs from one of them");
+}
+
+// "file:line:col: path" for a path of the target's locations ("switch[1].at_step"), or "path".
+std::string target_at(const SwitchTarget& t, const std::string& path) {
+  auto it = t.locations.find(path);
+  return it == t.locations.end() ? path : it->second + ": " + path;
+}
+
+// What a target says besides its strategy: the ranks it runs at and the ranks that leave.
+void check_target_ranks(const SwitchTarget& t, const std::string& prefix, Checker& ck) {
+  if (t.world && *t.world < 1)
+    ck.fail(target_at(t, prefix + "world") + "=" + std::to_string(*t.world) +
+            ": must be at least 1 (the ranks of the new strategy)");
+  std::set<int64_t> seen;
+  for (int64_t r : t.leave) {
+    if (r < 0)
+      ck.fail(target_at(t, prefix + "leave") + ": " + std::to_string(r) +
+              " is no job rank; ranks count from 0, as mpirun numbers them");
+    else if (!seen.insert(r).second)
+      ck.fail(target_at(t, prefix + "leave") + ": rank " + std::to_string(r) + " is listed twice; list it once");
+  }
+}
+
+// The `switch:` entries: each at a step of the run, in step order, with a strategy or the tuner's
+// inputs to choose one. Their strategies are checked by validate_switch, at the world each runs at.
+void check_switches(const Config& c, Checker& ck) {
+  for (size_t i = 0; i < c.switches.size(); ++i) {
+    const SwitchTarget& t = c.switches[i];
+    const std::string path = spath(i);
+    const std::string step = target_at(t, path + ".at_step") + "=" + std::to_string(t.at_step);
+    if (t.at_step < 1 || t.at_step >= c.train.steps)
+      ck.fail(step + ": must be at least 1 and less than " + ck.ref("train.steps") +
+              ": steps 0..at_step-1 run before the switch");
+    else if (i > 0 && t.at_step <= c.switches[i - 1].at_step)
+      ck.fail(step + ": must be above " + spath(i - 1) + ".at_step=" + std::to_string(c.switches[i - 1].at_step) +
+              "; list the entries in step order, one switch per step");
+    check_target_ranks(t, path + ".", ck);
+    if (!t.has_strategy() && c.train.switch_hardware.empty() && c.train.switch_cost.empty())
+      ck.fail(target_at(t, path) + " has no strategy, so the tuner chooses one; set train.switch_hardware or "
+              "train.switch_cost");
+  }
 }
 
 // ep: carved out of dp (it divides dp), and whole experts per ep rank; only for a model with MoE blocks.
@@ -320,10 +387,10 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
             multiples_hint(c.train.global_batch, m));
   }
 
-  if (world_size < 1) ck.fail("world size " + std::to_string(world_size) + " must be at least 1");
+  if (world_size < 1) ck.fail(ck.origin() + "world size " + std::to_string(world_size) + " must be at least 1");
   if (dims_ok && world_size >= 1 && dp_tp_pp != world_size) {
     int64_t prod = dp_tp_pp;
-    ck.fail("world size " + std::to_string(world_size) + " != dp(" + std::to_string(p.dp) + ") x tp(" +
+    ck.fail(ck.origin() + "world size " + std::to_string(world_size) + " != dp(" + std::to_string(p.dp) + ") x tp(" +
             std::to_string(p.tp) + ") x pp(" + std::to_string(p.pp) + ") = " + std::to_string(prod) + "; launch " +
             std::to_string(prod) + " ranks (mpirun -n " + std::to_string(prod) + ") or change " +
             ck.ref("parallel.dp") + ", " + ck.ref("parallel.tp") + ", " + ck.ref("parallel.pp") +
@@ -357,9 +424,9 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
     if (sub.value > 0 && dims_ok && p.dp == 1)
       ck.fail(ck.at(sub.path + ".filter") + ": ZeRO shards over data-parallel ranks and " + ck.ref("parallel.dp") +
               "; use dp >= 2 or leave out the shard_* keys");
-  ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, kMaxBucketMb, false,
+  ck.real("parallel.bucket_mb", p.bucket_mb, 0, true, kMaxMiB, false,
           "> 0 and at most 1048576 MiB (1 TiB) (typical: 25)");
-  ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, kMaxCommTimeout, false,
+  ck.real("parallel.comm_timeout_s", p.comm_timeout_s, 0, true, kMaxSeconds, false,
           "> 0 and at most 1e9 seconds");
   if (p.order.empty()) ck.fail(ck.head("parallel.order") + ": empty; use e.g. tp-dp-pp");
 }
@@ -379,6 +446,22 @@ void validate(const Config& cfg, int world_size) {
             "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
   check_parallel(a, world_size, ck);
+  check_switches(cfg, ck);
+  if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));
+}
+
+void validate_switch(const Config& current, const SwitchTarget& target, int world) {
+  const std::string prefix = target.path().empty() ? "" : target.path() + ".";
+  Scope scope{target.path().empty() ? target.source : target_at(target, target.path()), prefix, {}};
+  const Applied a = apply_directives(apply_switch(current, target));
+  // The target's own keys are named by its paths: switch[1].parallel.dp, switch[1].directives[0].replicate.dp.
+  std::map<std::string, std::string> names;
+  for (const std::string& key : target.parallel_keys()) names["parallel." + key] = prefix + "parallel." + key;
+  for (const auto& [key, name] : a.names) names[key] = prefix + name;
+  for (const auto& [key, name] : names) scope.own.insert(key);
+  Checker ck(Positions(a.cfg, names), scope);
+  check_target_ranks(target, prefix, ck);
+  if (target.has_strategy()) check_parallel(a, world, ck);
   if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));
 }
 
