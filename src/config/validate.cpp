@@ -389,10 +389,11 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
 
   if (world_size < 1) ck.fail(ck.origin() + "world size " + std::to_string(world_size) + " must be at least 1");
   if (dims_ok && world_size >= 1 && dp_tp_pp != world_size) {
-    int64_t prod = dp_tp_pp;
+    const std::string prod = std::to_string(dp_tp_pp);
+    const std::string run = ck.origin().empty() ? "launch " + prod + " ranks (mpirun -n " + prod + ")"
+                                                : "run it at " + prod + " ranks (world: " + prod + ")";
     ck.fail(ck.origin() + "world size " + std::to_string(world_size) + " != dp(" + std::to_string(p.dp) + ") x tp(" +
-            std::to_string(p.tp) + ") x pp(" + std::to_string(p.pp) + ") = " + std::to_string(prod) + "; launch " +
-            std::to_string(prod) + " ranks (mpirun -n " + std::to_string(prod) + ") or change " +
+            std::to_string(p.tp) + ") x pp(" + std::to_string(p.pp) + ") = " + prod + "; " + run + " or change " +
             ck.ref("parallel.dp") + ", " + ck.ref("parallel.tp") + ", " + ck.ref("parallel.pp") +
             " so that their product is " + std::to_string(world_size));
   }
