@@ -1,5 +1,6 @@
 // fuzz_config.cpp — the config reader (src/config): YAML text with file positions into a Config, the
-// --set overrides, validation for several world sizes and the strategy the directives give.
+// --set overrides, validation for several world sizes, the strategy the directives give, and the
+// `switch:` entries applied and checked in turn.
 //
 // Input: YAML text; after the first NUL byte, one `section.key=value` override per line.
 // Refusal: config::ConfigError. Invariants on an accepted config: to_yaml() reads back (parse) to the same
@@ -49,6 +50,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)config::effective_strategy(cfg);
     } catch (const config::ConfigError&) {
     }
+  }
+  // Each `switch:` entry applied over the one before, and checked at a few worlds.
+  config::Config current = cfg;
+  for (const config::SwitchTarget& t : cfg.switches) {
+    for (int world : {1, 2, 4}) {
+      try {
+        config::validate_switch(current, t, world);
+      } catch (const config::ConfigError&) {
+      }
+    }
+    current = config::apply_switch(current, t);
   }
   return 0;
 }
