@@ -74,6 +74,24 @@ struct Stretch {
   int64_t global = 0, len = 0;
 };
 Stretch global_stretch(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i);
+// global_stretch for many local elements of one piece: the shape of each shard level worked out
+// once. walk: the stretches that cover local elements [lo, hi) in order (the last cut at hi); a
+// parameter split once is walked part after part without a division.
+class PieceStretches {
+ public:
+  PieceStretches(const ParamSpec& spec, const Degrees& n, const Coords& at);
+  Stretch at(int64_t i) const;
+  void walk(int64_t lo, int64_t hi, std::vector<Stretch>& out) const;
+
+ private:
+  struct Level {  // one shard, innermost first: the shape it splits and the piece of this rank
+    int degree = 1, coord = 0;
+    int64_t numel = 1, inner = 1, n_global = 0, n_local = 0;
+    std::vector<int64_t> parts;  // sizes along the split dimension (one part: the whole dimension)
+  };
+  std::vector<Level> levels_;
+  int64_t numel_ = 0;
+};
 int64_t global_index(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i);
 
 // ---- ZeRO: a rank's shard of a unit's flat local buffer ----

@@ -32,32 +32,6 @@ std::vector<std::vector<int64_t>> level_shapes(const ParamSpec& spec, const Degr
   return shapes;
 }
 
-// Local element i of the piece at coordinate c (of n) of `shape` split by `s`:
-// its index in `shape` and how many local elements from it stay contiguous there.
-Stretch level_stretch(const std::vector<int64_t>& shape, const Shard& s, int n, int c, int64_t i) {
-  const size_t d = static_cast<size_t>(s.dim);
-  if (n == 1) {
-    int64_t numel = 1;
-    for (int64_t x : shape) numel *= x;
-    return {i, numel - i};
-  }
-  int64_t inner = 1;
-  for (size_t k = d + 1; k < shape.size(); ++k) inner *= shape[k];
-  const int64_t n_global = shape[d], n_local = n_global / n;
-  const int64_t outer = i / (inner * n_local), cl = (i / inner) % n_local, rest = i % inner;
-  // Local coordinate cl lies in part k's piece; globally, piece c of part k.
-  int64_t local_start = 0, part_start = 0;
-  for (int64_t p : parts_of(s, shape)) {
-    const int64_t piece = p / n;
-    if (cl < local_start + piece) {
-      const int64_t g = part_start + c * piece + (cl - local_start);
-      return {(outer * n_global + g) * inner + rest, (local_start + piece - cl) * inner - rest};
-    }
-    local_start += piece, part_start += p;
-  }
-  throw std::logic_error("shard: local index " + std::to_string(i) + " outside its piece");
-}
-
 }  // namespace
 
 bool split_along(const ParamSpec& spec, Axis a) {
@@ -125,17 +99,87 @@ int64_t local_numel(const UnitSpec& unit, const Degrees& n) {
   return total;
 }
 
-Stretch global_stretch(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i) {
-  if (spec.shards.empty()) return {i, spec.numel() - i};
+PieceStretches::PieceStretches(const ParamSpec& spec, const Degrees& n, const Coords& at) : numel_(spec.numel()) {
   const auto shapes = level_shapes(spec, n);
-  // From the last shard back to the global shape; the run is as long as its shortest link.
-  Stretch out{i, std::numeric_limits<int64_t>::max()};
+  // From the last shard back to the global shape.
   for (size_t k = spec.shards.size(); k-- > 0;) {
     const Shard& s = spec.shards[k];
-    const Stretch st = level_stretch(shapes[k], s, n[s.axis], at[s.axis], out.global);
-    out = {st.global, std::min(out.len, st.len)};
+    const std::vector<int64_t>& shape = shapes[k];
+    const size_t d = static_cast<size_t>(s.dim);
+    Level l;
+    l.degree = n[s.axis];
+    l.coord = at[s.axis];
+    for (int64_t x : shape) l.numel *= x;
+    for (size_t j = d + 1; j < shape.size(); ++j) l.inner *= shape[j];
+    l.n_global = shape[d];
+    l.n_local = l.n_global / l.degree;
+    l.parts = parts_of(s, shape);
+    levels_.push_back(std::move(l));
+  }
+}
+
+// Local element i of the piece at coordinate c (of n) of a level's shape: its index in that shape
+// and how many local elements from it stay contiguous there; the run is as long as its shortest link.
+Stretch PieceStretches::at(int64_t i) const {
+  if (levels_.empty()) return {i, numel_ - i};
+  Stretch out{i, std::numeric_limits<int64_t>::max()};
+  for (const Level& l : levels_) {
+    const int64_t j = out.global;
+    if (l.degree == 1) {
+      out.len = std::min(out.len, l.numel - j);
+      continue;
+    }
+    const int64_t q = j / l.inner, rest = j - q * l.inner, outer = q / l.n_local, cl = q - outer * l.n_local;
+    // Local coordinate cl lies in part k's piece; globally, piece c of part k.
+    int64_t local_start = 0, part_start = 0;
+    bool found = false;
+    for (int64_t p : l.parts) {
+      const int64_t piece = p / l.degree;
+      if (cl < local_start + piece) {
+        const int64_t g = part_start + l.coord * piece + (cl - local_start);
+        out = {(outer * l.n_global + g) * l.inner + rest, std::min(out.len, (local_start + piece - cl) * l.inner - rest)};
+        found = true;
+        break;
+      }
+      local_start += piece, part_start += p;
+    }
+    if (!found) throw std::logic_error("shard: local index " + std::to_string(j) + " outside its piece");
   }
   return out;
+}
+
+void PieceStretches::walk(int64_t lo, int64_t hi, std::vector<Stretch>& out) const {
+  out.clear();
+  if (levels_.size() != 1 || levels_[0].degree == 1) {
+    for (int64_t i = lo; i < hi;) {
+      Stretch st = at(i);
+      st.len = std::min(st.len, hi - i);
+      out.push_back(st);
+      i += st.len;
+    }
+    return;
+  }
+  // One split: from the part holding lo, each stretch is the rest of a part's piece of one outer index.
+  const Level& l = levels_[0];
+  if (lo >= hi) return;
+  const int64_t q = lo / l.inner;
+  int64_t rest = lo - q * l.inner, outer = q / l.n_local, cl = q - outer * l.n_local;
+  size_t k = 0;
+  int64_t local_start = 0, part_start = 0;
+  while (cl >= local_start + l.parts[k] / l.degree) local_start += l.parts[k] / l.degree, part_start += l.parts[k], ++k;
+  for (int64_t i = lo; i < hi;) {
+    const int64_t piece = l.parts[k] / l.degree;
+    const int64_t g = (outer * l.n_global + part_start + l.coord * piece + (cl - local_start)) * l.inner + rest;
+    const int64_t len = std::min((local_start + piece - cl) * l.inner - rest, hi - i);
+    out.push_back({g, len});
+    i += len;
+    local_start += piece, part_start += l.parts[k], cl = local_start, rest = 0;
+    if (++k == l.parts.size()) k = 0, local_start = part_start = cl = 0, ++outer;
+  }
+}
+
+Stretch global_stretch(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i) {
+  return PieceStretches(spec, n, at).at(i);
 }
 
 int64_t global_index(const ParamSpec& spec, const Degrees& n, const Coords& at, int64_t i) {

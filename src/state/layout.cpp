@@ -3,6 +3,8 @@
 #include "state/layout.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <iterator>
 #include <map>
 #include <stdexcept>
 #include <utility>
@@ -90,6 +92,10 @@ const char* state_kind_name(StateKind k) {
   return "?";
 }
 
+ir::ZeroState zero_state_of(StateKind k) {
+  return k == StateKind::STATE_PARAM ? ir::ZeroState::ZERO_PARAMS : ir::ZeroState::ZERO_MOMENTS;
+}
+
 std::string dataset_name(StateKind kind, const std::string& param_name) {
   switch (kind) {
     case StateKind::STATE_PARAM: return "/model/" + param_name;
@@ -103,26 +109,23 @@ void local_to_global_runs(const ir::ParamSpec& spec, const ir::Degrees& n, const
                           int64_t hi, std::vector<Run>& runs, std::vector<int64_t>& local_start) {
   runs.clear();
   local_start.clear();
-  for (int64_t i = lo; i < hi;) {
-    const ir::Stretch st = ir::global_stretch(spec, n, at, i);
-    const int64_t len = std::min(st.len, hi - i);
+  thread_local std::vector<ir::Stretch> stretches;
+  ir::PieceStretches(spec, n, at).walk(lo, hi, stretches);
+  int64_t i = lo;
+  for (const ir::Stretch& st : stretches) {
     if (!runs.empty() && runs.back().end == st.global)
-      runs.back().end += len;
+      runs.back().end += st.len;
     else {
-      runs.push_back({st.global, st.global + len});
+      runs.push_back({st.global, st.global + st.len});
       local_start.push_back(i);
     }
-    i += len;
+    i += st.len;
   }
 }
 
 namespace {
 
 constexpr StateKind kKinds[] = {StateKind::STATE_PARAM, StateKind::STATE_EXP_AVG, StateKind::STATE_EXP_AVG_SQ};
-
-ir::ZeroState zero_state_of(StateKind k) {
-  return k == StateKind::STATE_PARAM ? ir::ZeroState::ZERO_PARAMS : ir::ZeroState::ZERO_MOMENTS;
-}
 
 // Whether `rank` writes the elements its piece of `p` holds as far as the
 // grid goes: along every axis the parameter is replicated over, coordinate 0
@@ -174,22 +177,142 @@ void unit_pieces(const ir::UnitSpec& spec, const LayoutParams& lp, const ir::Coo
   }
 }
 
-std::vector<Piece> pieces(const ir::ModelGraph& graph, const LayoutParams& lp, int rank, bool owned) {
+void check_rank(const ir::ModelGraph& graph, const LayoutParams& lp, int rank) {
   if (lp.devices_of_unit.size() != graph.units.size())
     throw std::invalid_argument("layout: devices_of_unit has " + std::to_string(lp.devices_of_unit.size()) +
                                 " units, the model " + std::to_string(graph.units.size()));
   if (rank < 0 || rank >= lp.dims.world_size())
     throw std::out_of_range("layout: rank " + std::to_string(rank) + " outside world " +
                             std::to_string(lp.dims.world_size()));
+}
+
+// The pieces of unit u on `rank` (none when the rank does not run it, or, owned, is not its writer).
+void pieces_of_unit(const ir::ModelGraph& graph, const LayoutParams& lp, int rank, size_t u, bool owned,
+                    std::vector<Piece>& out) {
+  const auto& devs = lp.devices_of_unit[u];
+  if (!std::binary_search(devs.begin(), devs.end(), rank)) return;
   const ir::Coords at = lp.dims.coords(rank);
+  if (owned && lp.dims.coord(devs.front(), ir::Axis::PP) != at.pp) return;
+  unit_pieces(graph.units[u], lp, at, owned, out);
+}
+
+std::vector<Piece> pieces(const ir::ModelGraph& graph, const LayoutParams& lp, int rank, bool owned) {
+  check_rank(graph, lp, rank);
   std::vector<Piece> out;
-  for (size_t u = 0; u < graph.units.size(); ++u) {
-    const auto& devs = lp.devices_of_unit[u];
-    if (std::find(devs.begin(), devs.end(), rank) == devs.end()) continue;
-    if (owned && lp.dims.coord(devs.front(), ir::Axis::PP) != at.pp) continue;
-    unit_pieces(graph.units[u], lp, at, owned, out);
-  }
+  for (size_t u = 0; u < graph.units.size(); ++u) pieces_of_unit(graph, lp, rank, u, owned, out);
   return out;
+}
+
+// Which source writes each element of one tensor: the owned runs of every source, which partition
+// it, sorted.
+struct Owner {
+  int64_t begin = 0, end = 0;
+  int src = 0;
+};
+using Owners = std::vector<Owner>;
+
+// The slot of a piece among its unit's tensors: parameter (spec order) x kind.
+size_t slot_of(const Piece& p, const std::map<std::string, size_t>& index) {
+  return index.at(p.param) * std::size(kKinds) + static_cast<size_t>(p.kind);
+}
+
+// Sorts `o`, made of sorted segments starting at `starts`, by merging neighbouring segments.
+void merge_segments(Owners& o, std::vector<size_t> starts) {
+  const auto by_begin = [](const Owner& a, const Owner& b) { return a.begin < b.begin; };
+  const auto at = [&o](size_t i) { return o.begin() + static_cast<std::ptrdiff_t>(i); };
+  starts.push_back(o.size());
+  while (starts.size() > 2) {
+    std::vector<size_t> next;
+    for (size_t i = 0; i + 1 < starts.size(); i += 2) {
+      next.push_back(starts[i]);
+      if (i + 2 < starts.size()) std::inplace_merge(at(starts[i]), at(starts[i + 1]), at(starts[i + 2]), by_begin);
+    }
+    next.push_back(o.size());
+    starts = std::move(next);
+  }
+}
+
+// The first owner at or after `j` whose end lies beyond `at`: galloping, since a destination's runs
+// come in order and mostly close together.
+size_t seek(const Owners& o, size_t j, int64_t at) {
+  size_t step = 1, lo = j, hi = j;
+  while (hi < o.size() && o[hi].end <= at) lo = hi, hi += step, step *= 2;
+  hi = std::min(hi, o.size());
+  return static_cast<size_t>(std::partition_point(o.begin() + static_cast<std::ptrdiff_t>(lo),
+                                                  o.begin() + static_cast<std::ptrdiff_t>(hi),
+                                                  [at](const Owner& x) { return x.end <= at; }) -
+                             o.begin());
+}
+
+// Appends `r` to the runs of source `src` among `by_src`, merging it with the last when adjacent.
+void add_run(std::vector<std::pair<int, std::vector<Run>>>& by_src, int src, Run r) {
+  auto it = std::find_if(by_src.begin(), by_src.end(), [src](const auto& e) { return e.first == src; });
+  if (it == by_src.end()) it = by_src.insert(by_src.end(), {src, {}});
+  if (!it->second.empty() && it->second.back().end == r.begin)
+    it->second.back().end = r.end;
+  else
+    it->second.push_back(r);
+}
+
+// The sources of one destination piece: what `local` (the piece the local source holds, or null)
+// has of it, then every other element from its owner.
+std::vector<std::pair<int, std::vector<Run>>> sources_of(const Piece& pc, const Owners& owners, int local_src,
+                                                         const Piece* local) {
+  std::vector<std::pair<int, std::vector<Run>>> by_src;
+  std::vector<Run> rest = pc.runs;
+  if (local) {
+    std::vector<Run> mine = intersect(pc.runs, local->runs);
+    if (!mine.empty()) {
+      rest = subtract(pc.runs, mine);
+      by_src.push_back({local_src, std::move(mine)});
+    }
+  }
+  size_t j = 0;
+  for (const Run& r : rest)
+    for (int64_t at = r.begin; at < r.end;) {
+      j = seek(owners, j, at);
+      if (j == owners.size() || owners[j].begin > at)
+        throw std::logic_error("plan_transfers: element " + std::to_string(at) + " of " + pc.param + " has no owner");
+      const int64_t hi = std::min(r.end, owners[j].end);
+      add_run(by_src, owners[j].src, {at, hi});
+      at = hi;
+    }
+  std::sort(by_src.begin(), by_src.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return by_src;
+}
+
+// The transfers of unit u, destination by destination.
+void unit_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const LayoutParams& to,
+                    const std::vector<int>& local_src, size_t u, std::vector<Transfer>& out) {
+  const ir::UnitSpec& unit = graph.units[u];
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < unit.params.size(); ++i) index[unit.params[i].name] = i;
+  std::vector<Owners> owners(unit.params.size() * std::size(kKinds));
+  std::vector<std::vector<size_t>> segments(owners.size());  // where each source's sorted runs start
+  std::vector<Piece> ps;
+  for (int s : from.devices_of_unit[u]) {
+    ps.clear();
+    pieces_of_unit(graph, from, s, u, true, ps);
+    for (const Piece& p : ps) {
+      Owners& o = owners[slot_of(p, index)];
+      segments[slot_of(p, index)].push_back(o.size());
+      for (const Run& r : p.runs) o.push_back({r.begin, r.end, s});
+    }
+  }
+  for (size_t k = 0; k < owners.size(); ++k) merge_segments(owners[k], segments[k]);
+  std::vector<Piece> mine, local;
+  std::vector<const Piece*> local_of(owners.size());
+  for (int d : to.devices_of_unit[u]) {
+    mine.clear(), local.clear();
+    pieces_of_unit(graph, to, d, u, false, mine);
+    const int ls = local_src.empty() ? -1 : local_src[static_cast<size_t>(d)];
+    if (ls >= 0) pieces_of_unit(graph, from, ls, u, false, local);
+    std::fill(local_of.begin(), local_of.end(), nullptr);
+    for (const Piece& p : local) local_of[slot_of(p, index)] = &p;
+    for (const Piece& pc : mine)
+      for (auto& [s, runs] : sources_of(pc, owners[slot_of(pc, index)], ls, local_of[slot_of(pc, index)]))
+        out.push_back({pc.kind, pc.param, unit.index, s, d, std::move(runs)});
+  }
 }
 
 }  // namespace
@@ -202,20 +325,35 @@ std::vector<Piece> owned_for_write(const ir::ModelGraph& graph, const LayoutPara
   return pieces(graph, lp, rank, true);
 }
 
-std::vector<Transfer> plan_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const LayoutParams& to) {
-  std::map<std::pair<StateKind, std::string>, std::vector<std::pair<int, std::vector<Run>>>> sources;
-  for (int s = 0; s < from.dims.world_size(); ++s)
-    for (Piece& pc : owned_for_write(graph, from, s)) sources[{pc.kind, pc.param}].emplace_back(s, std::move(pc.runs));
-  std::vector<Transfer> out;
-  for (int d = 0; d < to.dims.world_size(); ++d)
-    for (const Piece& pc : held(graph, to, d)) {
-      auto it = sources.find({pc.kind, pc.param});
-      if (it == sources.end()) continue;
-      for (const auto& [s, runs] : it->second) {
-        std::vector<Run> r = intersect(pc.runs, runs);
-        if (!r.empty()) out.push_back({pc.kind, pc.param, s, d, std::move(r)});
-      }
+std::vector<Transfer> plan_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const LayoutParams& to,
+                                     const std::vector<int>& local_src) {
+  check_rank(graph, from, 0);
+  check_rank(graph, to, 0);
+  if (!local_src.empty() && local_src.size() != static_cast<size_t>(to.dims.world_size()))
+    throw std::invalid_argument("plan_transfers: local_src has " + std::to_string(local_src.size()) +
+                                " entries, the destination layout " + std::to_string(to.dims.world_size()) + " ranks");
+  for (int s : local_src)
+    if (s < -1 || s >= from.dims.world_size())
+      throw std::out_of_range("plan_transfers: local source " + std::to_string(s) + " outside the source world " +
+                              std::to_string(from.dims.world_size()));
+  // Unit by unit, in parallel; joined in unit order, so the plan does not depend on the threads.
+  std::vector<std::vector<Transfer>> of_unit(graph.units.size());
+  std::exception_ptr failed;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t u = 0; u < graph.units.size(); ++u) {
+    try {
+      unit_transfers(graph, from, to, local_src, u, of_unit[u]);
+    } catch (...) {
+#pragma omp critical
+      if (!failed) failed = std::current_exception();
     }
+  }
+  if (failed) std::rethrow_exception(failed);
+  size_t n = 0;
+  for (const auto& v : of_unit) n += v.size();
+  std::vector<Transfer> out;
+  out.reserve(n);
+  for (auto& v : of_unit) std::move(v.begin(), v.end(), std::back_inserter(out));
   return out;
 }
 

@@ -40,12 +40,14 @@ int64_t total(const std::vector<Run>& runs);
 struct LayoutParams {
   ir::ParallelDims dims;
   std::vector<int> zero_of_unit;                  // from ir::Strategy: the ZeRO stage of each unit
-  std::vector<std::vector<int>> devices_of_unit;  // from ir::Plan: ranks running each unit
+  std::vector<std::vector<int>> devices_of_unit;  // from ir::Plan: ranks running each unit, ascending
 };
 LayoutParams layout_params(const ir::Plan& plan);
 
 enum class StateKind { STATE_PARAM, STATE_EXP_AVG, STATE_EXP_AVG_SQ };
 const char* state_kind_name(StateKind k);  // "param", "exp_avg", "exp_avg_sq"
+// What ir::zero_shards decides for a kind: the values' state or the moments'.
+ir::ZeroState zero_state_of(StateKind k);
 // "/model/<name>", "/optim/exp_avg/<name>", "/optim/exp_avg_sq/<name>"
 std::string dataset_name(StateKind kind, const std::string& param_name);
 
@@ -77,16 +79,22 @@ std::vector<Piece> held(const ir::ModelGraph& graph, const LayoutParams& lp, int
 // element (at every zero level, so writes spread over the dp group).
 std::vector<Piece> owned_for_write(const ir::ModelGraph& graph, const LayoutParams& lp, int rank);
 
-// For every destination rank's held pieces under `to`: which source rank's
-// owned_for_write runs under `from` provide them. Ordered by dst, then by the
-// dst's held order, then src.
+// For every destination rank's held pieces under `to`: which source ranks under `from` provide
+// them. `local_src[d]` is the rank of `from` on the same process as rank d of `to` (-1: none;
+// empty: none for any): what it holds of d's pieces (held, a replica or not) d copies from it;
+// every other element comes from the rank that owns it for writing (owned_for_write). Ordered by
+// unit, then dst, then the dst's held order, then src. Sources are found through the owners of
+// each tensor sorted by element, unit by unit: a destination piece meets only the sources of its
+// elements.
 struct Transfer {
   StateKind kind = StateKind::STATE_PARAM;
   std::string param;
+  int unit = -1;
   int src = 0, dst = 0;
   std::vector<Run> runs;
 };
-std::vector<Transfer> plan_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const LayoutParams& to);
+std::vector<Transfer> plan_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const LayoutParams& to,
+                                     const std::vector<int>& local_src = {});
 
 // Local offsets (in the piece's buffer) of the first element of each run of
 // `runs`, each of which must lie inside one run of the piece; throws
