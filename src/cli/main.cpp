@@ -1,4 +1,5 @@
 // main.cpp — the piper command line: train, plan, simulate, tune, calibrate, plot, prepare, ckpt.
+#include <algorithm>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -68,7 +69,7 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
   try {
     config::Config cfg = config::load(path, sets);
     env.set_timeout(cfg.parallel.comm_timeout_s);
-    ir::validate(cfg, env.world_size());
+    ir::validate(cfg, std::max(1, env.world_size() - static_cast<int>(cfg.train.standby)));
     runtime::train(cfg, opts, env);
     return 0;
   } catch (const std::exception& e) {

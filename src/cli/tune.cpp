@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <set>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -21,56 +20,11 @@ namespace piper::cli {
 
 namespace {
 
-constexpr int kMaxTp = 8;  // as the search's own bound: the tp degrees an analytic model covers
-
-// The analytic model covering every tp the search may try (those that divide the model's sizes)
-// and every group size of the world.
-sim::CostModel analytic_for(const config::Config& cfg, int world, const sim::Hardware& hw) {
-  std::vector<int> tps, groups;
-  for (int tp = 1; tp <= std::min(kMaxTp, world); ++tp) {
-    if (world % tp != 0) continue;
-    try {
-      (void)sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, {tp}, {});
-      tps.push_back(tp);
-    } catch (const std::invalid_argument&) {
-      // the model's sizes do not split over tp: the search's validation refuses it too
-    }
-  }
-  for (int g = 2; g <= world; ++g)
-    if (world % g == 0) groups.push_back(g);
-  return sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, tps, groups);
-}
-
 sim::CostModel cost_for(const TuneArgs& a, const config::Config& cfg, double* memory_bytes) {
   if (a.cost.empty() == a.hardware.empty())
     throw config::ConfigError("tune: give one of --cost FILE (from `piper calibrate CONFIG -o FILE`) or --hardware "
                               "NAME (an analytic model; `piper simulate --hardware help` lists them)");
-  try {
-    if (!a.cost.empty()) {
-      sim::CostModel c = sim::load_cost(a.cost);
-      std::set<char> missing;
-      for (const ir::UnitSpec& u : ir::make_model_graph(cfg.model).units) {
-        try {
-          (void)c.op(ir::unit_symbol(u.kind), 1);
-        } catch (const std::out_of_range&) {
-          missing.insert(ir::unit_symbol(u.kind));
-        }
-      }
-      if (!missing.empty()) {
-        std::string kinds;
-        for (char k : missing) kinds += (kinds.empty() ? "'" : ", '") + std::string(1, k) + "'";
-        throw config::ConfigError("tune: the cost file " + a.cost + " has no entry for unit kind(s) " + kinds +
-                                  ", which " + cfg.source + "'s model.pattern \"" + cfg.model.pattern +
-                                  "\" uses; measure them with `piper calibrate " + cfg.source + " -o " + a.cost + "`");
-      }
-      return c;
-    }
-    const sim::Hardware hw = sim::resolve_hardware(a.hardware);
-    *memory_bytes = hw.memory_bytes;
-    return analytic_for(cfg, a.world, hw);
-  } catch (const std::invalid_argument& e) {
-    throw config::ConfigError(std::string("tune: ") + e.what());
-  }
+  return tune::cost_model(cfg, a.world, a.cost, a.hardware, memory_bytes);
 }
 
 nlohmann::json result_json(const tune::Evaluated& e) {

@@ -667,6 +667,10 @@ bool mpi_thread_multiple() {
 }
 
 std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
+  return make_mpi_world(MPI_COMM_WORLD, options);
+}
+
+std::unique_ptr<Communicator> make_mpi_world(MPI_Comm base, const CommOptions& options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) throw CommError("piper comm: make_mpi_world before MPI is initialised (call init_mpi)");
@@ -687,14 +691,21 @@ std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options) {
   auto engine = start_engine(with_thread, options);
   start_liveness_responder();
   MPI_Comm comm = MPI_COMM_NULL;
-  PIPER_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  PIPER_MPI_CHECK(MPI_Comm_dup(base, &comm));
   PIPER_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
   int size = 0, flag = 0;
   int* tag_ub = nullptr;
   PIPER_MPI_CHECK(MPI_Comm_size(comm, &size));
   PIPER_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag));
-  std::vector<int> ranks(static_cast<size_t>(size));
-  for (int i = 0; i < size; ++i) ranks[static_cast<size_t>(i)] = i;
+  // Each group rank's rank in MPI_COMM_WORLD.
+  std::vector<int> mine(static_cast<size_t>(size)), ranks(static_cast<size_t>(size));
+  for (int i = 0; i < size; ++i) mine[static_cast<size_t>(i)] = i;
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  PIPER_MPI_CHECK(MPI_Comm_group(comm, &group));
+  PIPER_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  PIPER_MPI_CHECK(MPI_Group_translate_ranks(group, size, mine.data(), world, ranks.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
   return std::make_unique<MpiCommunicator>(comm, ranks, group_name("world", ranks), options, std::move(engine),
                                            flag && tag_ub ? *tag_ub : 32767);
 }

@@ -14,6 +14,8 @@
 // prints a one-time warning and falls back to progress inside test()/wait().
 #pragma once
 
+#include <mpi.h>
+
 #include <memory>
 #include <string>
 
@@ -35,6 +37,10 @@ bool mpi_thread_multiple();
 // with errors returned (and thrown as CommError) instead of aborting.
 // Collective; MPI must be initialised.
 std::unique_ptr<Communicator> make_mpi_world(const CommOptions& options = {});
+// The same over the processes of `base` (a subset of MPI_COMM_WORLD, e.g. the ranks that train after an
+// elastic switch), named "world [its world ranks]"; group ranks are `base`'s, world_rank() maps them to
+// MPI_COMM_WORLD. Collective over `base`; the caller keeps `base` (it is duplicated).
+std::unique_ptr<Communicator> make_mpi_world(MPI_Comm base, const CommOptions& options = {});
 
 // For messages: this process's world rank (-1 before MPI_Init) and host name.
 int mpi_world_rank();

@@ -15,8 +15,9 @@ std::vector<int> Model::all_units(const ir::ModelGraph& g, std::vector<int> unit
 }
 
 Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
-             backend::Backend& be, Sharding sharding, comm::Communicator* tp, comm::Communicator* ep)
-    : cfg_(cfg), graph_(graph), be_(be), params_(graph, all_units(graph, units), be, sharding) {
+             backend::Backend& be, Sharding sharding, comm::Communicator* tp, comm::Communicator* ep,
+             bool allocate_state)
+    : cfg_(cfg), graph_(graph), be_(be), params_(graph, all_units(graph, units), be, sharding, allocate_state) {
   units_.resize(graph.units.size());
   for (int u : all_units(graph, std::move(units)))
     units_[static_cast<size_t>(u)] = make_unit(graph.units[static_cast<size_t>(u)], cfg_, params_, be,

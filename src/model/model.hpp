@@ -15,10 +15,11 @@ namespace piper::model {
 
 class Model {
  public:
-  // Holds `units` (indices into graph.units); all of them when empty.
+  // Holds `units` (indices into graph.units); all of them when empty. With `allocate_state` false the
+  // parameter store starts without buffers (ParamStore's constructor).
   Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::vector<int> units,
         backend::Backend& be, Sharding sharding = {}, comm::Communicator* tp = nullptr,
-        comm::Communicator* ep = nullptr);
+        comm::Communicator* ep = nullptr, bool allocate_state = true);
 
   const config::ModelConfig& config() const { return cfg_; }
   const ir::ModelGraph& graph() const { return graph_; }

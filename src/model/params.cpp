@@ -18,7 +18,7 @@ constexpr ir::ZeroState kParams = ir::ZeroState::ZERO_PARAMS, kGrads = ir::ZeroS
 }  // namespace
 
 ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& units, backend::Backend& be,
-                       Sharding sharding)
+                       Sharding sharding, bool allocate)
     : graph_(graph), be_(be), sharding_(sharding) {
   const ir::Degrees degrees = sharding_.degrees();
   for (int u : units) {
@@ -41,20 +41,33 @@ ParamStore::ParamStore(const ir::ModelGraph& graph, const std::vector<int>& unit
       s.padded += part.zero.padded;
       s.shard += part.zero.len;
     }
-    if (sharding_.shards(u, kParams)) {
-      s.shard_values_t = Tensor(be, s.shard, MemCategory::MEM_PARAMS);
-      s.shard_values_t.zero();
-    } else {
-      s.values = Tensor(be, s.padded, MemCategory::MEM_PARAMS);
-      s.values.zero();
-    }
-    if (sharding_.shards(u, kGrads)) {
-      s.shard_grads_t = Tensor(be, s.shard, MemCategory::MEM_GRADS);
-      s.shard_grads_t.zero();
-    } else {
-      s.grads = Tensor(be, s.padded, MemCategory::MEM_GRADS);
-      s.grads.zero();
-    }
+    if (allocate) allocate_values(u);
+  }
+  if (allocate) allocate_grads();
+}
+
+void ParamStore::allocate_values(int unit) {
+  Slot& s = slot(unit);
+  Tensor& t = sharding_.shards(unit, kParams) ? s.shard_values_t : s.values;
+  t = Tensor(be_, sharding_.shards(unit, kParams) ? s.shard : s.padded, MemCategory::MEM_PARAMS);
+  t.zero();
+}
+
+void ParamStore::release_values(int unit) {
+  Slot& s = slot(unit);
+  s.values = Tensor();
+  s.shard_values_t = Tensor();
+}
+
+void ParamStore::release_grads() {
+  for (auto& [u, s] : slots_) s.grads = Tensor(), s.shard_grads_t = Tensor();
+}
+
+void ParamStore::allocate_grads() {
+  for (auto& [u, s] : slots_) {
+    Tensor& t = sharding_.shards(u, kGrads) ? s.shard_grads_t : s.grads;
+    t = Tensor(be_, sharding_.shards(u, kGrads) ? s.shard : s.padded, MemCategory::MEM_GRADS);
+    t.zero();
   }
 }
 

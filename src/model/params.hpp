@@ -45,8 +45,10 @@ struct Sharding {
 
 class ParamStore {
  public:
+  // With `allocate` false the store has the layout of every unit but no buffers yet: an online switch
+  // gives it its state block by block (allocate_values, then allocate_grads once every block is in).
   ParamStore(const ir::ModelGraph& graph, const std::vector<int>& units, backend::Backend& be,
-             Sharding sharding = {});
+             Sharding sharding = {}, bool allocate = true);
 
   // Initialises every value this rank stores from (seed, name, global index).
   void init(uint64_t seed);
@@ -87,6 +89,14 @@ class ParamStore {
   // Zeroes the gradients this rank keeps between steps (of one unit, or all).
   void zero_grads(int unit);
   void zero_grads();
+
+  // A unit's values buffer (the full one, or the shard at ZeRO-3), zeroed, and taking it back.
+  void allocate_values(int unit);
+  void release_values(int unit);
+  // The gradient buffers kept between steps, of every unit: released while a switch moves state, allocated
+  // (zeroed) again after it.
+  void release_grads();
+  void allocate_grads();
 
  private:
   struct Slot {

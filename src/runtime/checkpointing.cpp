@@ -58,7 +58,7 @@ std::vector<checkpoint::Run> runs_of(const std::vector<state::Run>& runs, size_t
 
 Checkpointer::Checkpointer(const config::Config& cfg, RankRuntime& runtime, const MpiEnv& env)
     : cfg_(cfg), rt_(runtime), env_(env) {
-  MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+  MPI_Comm_dup(env.comm(), &comm_);
 }
 
 Checkpointer::~Checkpointer() {

@@ -198,7 +198,7 @@ MemoryFit check_memory_fit(const config::Config& cfg, const ir::Plan& plan, cons
 
   // The ranks of this host share its memory.
   MPI_Comm node = MPI_COMM_NULL;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, env.rank(), MPI_INFO_NULL, &node);
+  MPI_Comm_split_type(env.comm(), MPI_COMM_TYPE_SHARED, env.rank(), MPI_INFO_NULL, &node);
   int on_host = 1;
   MPI_Comm_size(node, &on_host);
   double need = mine.total * (1.0 + kFitMargin) + kFitPerRankBytes, host_need = 0;
@@ -212,7 +212,7 @@ MemoryFit check_memory_fit(const config::Config& cfg, const ir::Plan& plan, cons
     double ratio;
     int rank;
   } in{host_avail > 0 ? host_need / host_avail : 0.0, env.rank()}, worst{0.0, 0};
-  MPI_Allreduce(&in, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  MPI_Allreduce(&in, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, env.comm());
 
   const std::string cats = "params " + fmt_bytes(mine.peak[0]) + ", grads " + fmt_bytes(mine.peak[1]) +
                            ", optimizer " + fmt_bytes(mine.peak[2]) + ", activations " + fmt_bytes(mine.peak[3]) +
@@ -242,9 +242,9 @@ MemoryFit check_memory_fit(const config::Config& cfg, const ir::Plan& plan, cons
   if (worst.ratio > 1.0) {
     // Every rank throws the same message, so rank 0 can print it.
     int len = static_cast<int>(message.size());
-    MPI_Bcast(&len, 1, MPI_INT, worst.rank, MPI_COMM_WORLD);
+    MPI_Bcast(&len, 1, MPI_INT, worst.rank, env.comm());
     message.resize(static_cast<size_t>(len));
-    MPI_Bcast(message.data(), len, MPI_CHAR, worst.rank, MPI_COMM_WORLD);
+    MPI_Bcast(message.data(), len, MPI_CHAR, worst.rank, env.comm());
     throw UserError(message);
   }
   g_oom_text = "out of memory on rank " + std::to_string(env.rank()) + " (" + env.host() +

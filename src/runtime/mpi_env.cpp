@@ -23,11 +23,19 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
 
 MpiEnv::~MpiEnv() { comm::finalize_mpi(); }
 
+void MpiEnv::use(MPI_Comm comm) {
+  comm_ = comm;
+  rank_ = -1, size_ = 0;
+  if (comm == MPI_COMM_NULL) return;
+  MPI_Comm_rank(comm, &rank_);
+  MPI_Comm_size(comm, &size_);
+}
+
 bool MpiEnv::all_equal(uint64_t value) const {
   std::vector<uint64_t> all(static_cast<size_t>(size_));
   MPI_Request r;
-  MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD, &r);
-  comm::wait_bounded(&r, 1, timeout_s_, "a check every rank makes (the plan hash)", MPI_COMM_WORLD);
+  MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_, &r);
+  comm::wait_bounded(&r, 1, timeout_s_, "a check every rank makes (the plan hash)", comm_);
   for (uint64_t v : all)
     if (v != value) return false;
   return true;
@@ -36,8 +44,8 @@ bool MpiEnv::all_equal(uint64_t value) const {
 bool MpiEnv::any(bool flag) const {
   int in = flag ? 1 : 0, out = 0;
   MPI_Request r;
-  MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r);
-  comm::wait_bounded(&r, 1, timeout_s_, "a check every rank makes (a flag any rank may raise)", MPI_COMM_WORLD);
+  MPI_Iallreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm_, &r);
+  comm::wait_bounded(&r, 1, timeout_s_, "a check every rank makes (a flag any rank may raise)", comm_);
   return out != 0;
 }
 

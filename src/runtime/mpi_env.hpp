@@ -1,6 +1,16 @@
-// mpi_env.hpp — MPI start-up and shutdown for the process (RAII), with the
-// few world-level checks every rank makes before any work.
+// mpi_env.hpp — MPI start-up and shutdown for the process (RAII), the
+// communicator of the ranks that train, and the few checks every one of them
+// makes before any work.
+//
+// The job's processes are MPI_COMM_WORLD; the ranks that train under the
+// current strategy are comm(), all of them at the start unless some are kept
+// in reserve (train.standby), and another set after an elastic switch
+// (docs/switching.md). rank() and world_size() are positions in comm(); every
+// collective check here and in the runtime's start-up (memory fit,
+// checkpoints, traces) runs over it.
 #pragma once
+
+#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -15,8 +25,14 @@ class MpiEnv {
   MpiEnv(const MpiEnv&) = delete;
   MpiEnv& operator=(const MpiEnv&) = delete;
 
+  // This process's rank among the ranks that train, and their number (-1 and 0 on a rank in reserve).
   int rank() const { return rank_; }
   int world_size() const { return size_; }
+  // The communicator of the ranks that train (MPI_COMM_NULL on a rank in reserve).
+  MPI_Comm comm() const { return comm_; }
+  // From now on the ranks that train are `comm` (MPI_COMM_NULL: this process is not one of them). The
+  // caller owns `comm` and keeps it alive while it is in use.
+  void use(MPI_Comm comm);
   const std::string& host() const { return host_; }
 
   // Bounds the waits of all_equal() and any() (parallel.comm_timeout_s once the config is read): a rank
@@ -31,6 +47,7 @@ class MpiEnv {
   [[noreturn]] void abort(int code) const;
 
  private:
+  MPI_Comm comm_ = MPI_COMM_WORLD;
   int rank_ = 0;
   int size_ = 1;
   std::string host_;

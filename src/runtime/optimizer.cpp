@@ -10,16 +10,28 @@ namespace piper::runtime {
 using backend::MemCategory;
 using backend::Tensor;
 
-Optimizer::Optimizer(model::Model& model, const config::TrainConfig& train) : model_(model), train_(train) {
-  model::ParamStore& ps = model.params();
-  for (int u : ps.units()) {
-    const int64_t n = ps.sharding().zero(u) >= 1 ? ps.shard_len(u) : ps.padded_numel(u);
-    auto& [m, v] = moments_.emplace(u, std::make_pair(Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER),
-                                                      Tensor(model.backend(), n, MemCategory::MEM_OPTIMIZER)))
-                       .first->second;
-    m.zero();
-    v.zero();
+Optimizer::Optimizer(model::Model& model, const config::TrainConfig& train, bool allocate)
+    : model_(model), train_(train) {
+  for (int u : model.params().units()) {
+    moments_[u];
+    if (!allocate) continue;
+    allocate_moment(u, 0);
+    allocate_moment(u, 1);
   }
+}
+
+void Optimizer::allocate_moment(int unit, int which) {
+  const model::ParamStore& ps = model_.params();
+  const int64_t n = ps.sharding().zero(unit) >= 1 ? ps.shard_len(unit) : ps.padded_numel(unit);
+  auto& mv = moments_.at(unit);
+  Tensor& t = which == 0 ? mv.first : mv.second;
+  t = Tensor(model_.backend(), n, MemCategory::MEM_OPTIMIZER);
+  t.zero();
+}
+
+void Optimizer::release_moment(int unit, int which) {
+  auto& mv = moments_.at(unit);
+  (which == 0 ? mv.first : mv.second) = Tensor();
 }
 
 float* Optimizer::moment(int unit, int which) {

@@ -17,8 +17,9 @@ namespace piper::runtime {
 
 class Optimizer {
  public:
-  // Zeroed moments for every unit `model` holds, in the optimizer memory category.
-  Optimizer(model::Model& model, const config::TrainConfig& train);
+  // Zeroed moments for every unit `model` holds, in the optimizer memory category; with `allocate` false
+  // none yet (an online switch allocates them moment by moment).
+  Optimizer(model::Model& model, const config::TrainConfig& train, bool allocate = true);
 
   // The sum of squares of the gradients this rank counts towards the global
   // norm: its data-parallel shard of each unit (after the reduction), a
@@ -37,6 +38,9 @@ class Optimizer {
   float* moment(int unit, int which);
   // Adam steps taken (the bias corrections' t); a checkpoint sets it on resume.
   int64_t steps() const { return steps_; }
+  // One moment's buffer of a unit, zeroed, and taking it back.
+  void allocate_moment(int unit, int which);
+  void release_moment(int unit, int which);
   void set_steps(int64_t n) { steps_ = n; }
 
  private:

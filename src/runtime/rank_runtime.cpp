@@ -2,7 +2,6 @@
 #include "runtime/rank_runtime.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -49,30 +48,37 @@ void load_batch(const data::TokenFile& tf, const config::TrainConfig& train, int
     b.mbs.push_back({b.inputs.data() + i * per * T, b.targets.data() + i * per * T, per, T, scale});
 }
 
+// A group of the plan's ranks as the world ranks Communicator::split takes.
+std::vector<int> in_world(const comm::Communicator& world, std::vector<int> ranks) {
+  for (int& r : ranks) r = world.world_rank(r);
+  return ranks;
+}
+
 }  // namespace
 
-RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan plan, comm::Communicator& world)
-    : RankRuntime(cfg, std::move(plan), ir::lower(plan.graph, world.rank()), world) {}
+RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan plan, comm::Communicator& world, StateStart start)
+    : RankRuntime(cfg, std::move(plan), ir::lower(plan.graph, world.rank()), world, start) {}
 
-RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program program, comm::Communicator& world)
+RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program program, comm::Communicator& world,
+                         StateStart start)
     : cfg_(cfg),
       plan_(std::move(plan)),
       rank_(world.rank()),
       grid_(plan_.strategy.dims()),
-      dp_(world.split(ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP), "dp")),
-      tp_(world.split(ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP), "tp")),
-      ep_(world.split(ir::group_members(grid_, rank_, ir::GroupDim::GROUP_EP), "ep")),
-      edp_(world.split(grid_.expert_data_group(rank_), "edp")),
+      dp_(world.split(in_world(world, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP)), "dp")),
+      tp_(world.split(in_world(world, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP)), "tp")),
+      ep_(world.split(in_world(world, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_EP)), "ep")),
+      edp_(world.split(in_world(world, grid_.expert_data_group(rank_)), "edp")),
       groups_{&world, dp_.get(), tp_.get(), ep_.get(), edp_.get()},
       held_units_(units_of(program)),
       model_(cfg.model, plan_.model, held_units_, backend::cpu(),
              {replica(), replicas(), plan_.strategy.replicate.zero_of_unit, grid_.coord(rank_, ir::Axis::TP),
               grid_.degree(ir::Axis::TP), grid_.coord(rank_, ir::Axis::EP), grid_.degree(ir::Axis::EP)},
-             tp_.get(), ep_.get()),
-      optimizer_(model_, cfg.train),
+             tp_.get(), ep_.get(), start == StateStart::INITIALISED),
+      optimizer_(model_, cfg.train, start == StateStart::INITIALISED),
       instructions_per_step_(program.compute.size() + program.comm.size()),
       executor_(model_, optimizer_, std::move(program), groups_) {
-  model_.params().init(cfg.train.seed);
+  if (start == StateStart::INITIALISED) model_.params().init(cfg.train.seed);
 }
 
 StepStats RankRuntime::step(const data::TokenFile& tokens) {
@@ -105,21 +111,18 @@ float* RankRuntime::state_buffer(const state::Piece& p) {
   return nullptr;
 }
 
-void RankRuntime::take_state(RankRuntime& from) {
-  if (from.plan_.hash != plan_.hash || from.rank_ != rank_)
-    throw std::invalid_argument("rank " + std::to_string(rank_) + ": cannot take the training state of rank " +
-                                std::to_string(from.rank_) + "'s runtime of plan " + std::to_string(from.plan_.hash) +
-                                " into plan " + std::to_string(plan_.hash) +
-                                "; state moves in place only between runtimes of the same plan on the same rank");
-  for (const state::Piece& p : state::held(plan_.model, layout(), rank_)) {
-    const float* src = from.state_buffer(p);
-    float* dst = state_buffer(p);
-    for (size_t r = 0; r < p.runs.size(); ++r)
-      std::memcpy(dst + p.local_offsets[r], src + p.local_offsets[r],
-                  static_cast<size_t>(p.runs[r].size()) * sizeof(float));
-  }
-  position_ = from.position_;
-  optimizer_.set_steps(from.optimizer_.steps());
+void RankRuntime::allocate_block(int unit, state::StateKind kind) {
+  if (kind == state::StateKind::STATE_PARAM)
+    model_.params().allocate_values(unit);
+  else
+    optimizer_.allocate_moment(unit, kind == state::StateKind::STATE_EXP_AVG ? 0 : 1);
+}
+
+void RankRuntime::release_block(int unit, state::StateKind kind) {
+  if (kind == state::StateKind::STATE_PARAM)
+    model_.params().release_values(unit);
+  else
+    optimizer_.release_moment(unit, kind == state::StateKind::STATE_EXP_AVG ? 0 : 1);
 }
 
 }  // namespace piper::runtime

@@ -5,9 +5,10 @@
 //
 // A runtime is built from a config, a compiled plan and the world
 // communicator, with freshly initialised parameters; existing training state
-// comes in afterwards, from a checkpoint (Checkpointer::load) or from another
-// runtime of the same strategy (take_state), so that switching strategies is
-// "build the new one, move the state, drop the old one".
+// comes in afterwards, from a checkpoint (Checkpointer::load) or, built empty,
+// block by block from the runtime of another strategy (runtime/switching.hpp),
+// so that switching strategies is "build the new one, move the state, drop the
+// old one".
 #pragma once
 
 #include <cstdint>
@@ -33,13 +34,20 @@ struct DataPosition {
   int64_t data_position = 0;  // samples consumed: the first sample of the next step
 };
 
+// What a runtime's training state starts as.
+enum class StateStart {
+  INITIALISED,  // parameters from train.seed, zeroed moments and gradients
+  EMPTY,        // no state buffers: a switch allocates and fills them block by block, then allocate_grads()
+};
+
 class RankRuntime {
  public:
-  // Collective over `world` (it splits the dp and tp groups): builds this
-  // rank's slice of the model with parameters initialised from train.seed,
-  // zeroed optimiser state, the executor of its program, at step 0. `cfg` and
-  // `world` must outlive the runtime.
-  RankRuntime(const config::Config& cfg, ir::Plan plan, comm::Communicator& world);
+  // Collective over `world` (it splits the dp and tp groups; world's group
+  // rank i is the plan's rank i): builds this rank's slice of the model with
+  // its state as `start` says, the executor of its program, at step 0. `cfg`
+  // and `world` must outlive the runtime.
+  RankRuntime(const config::Config& cfg, ir::Plan plan, comm::Communicator& world,
+              StateStart start = StateStart::INITIALISED);
   // The model and the executor refer to the plan and the groups held here.
   RankRuntime(const RankRuntime&) = delete;
   RankRuntime& operator=(const RankRuntime&) = delete;
@@ -81,14 +89,18 @@ class RankRuntime {
   state::LayoutParams layout() const { return state::layout_params(plan_); }
   float* state_buffer(const state::Piece& piece);
 
-  // Moves the training state of `from` — values, moments, Adam steps,
-  // position — into this runtime; `from` must have been built from the same
-  // plan (the same hash), so that both hold the same pieces. Drop `from` after.
-  void take_state(RankRuntime& from);
+  // One state block (a unit's values, exp_avg or exp_avg_sq buffer: state::BlockKey), zeroed, and taking
+  // it back: how a switch moves state in without holding two whole layouts.
+  void allocate_block(int unit, state::StateKind kind);
+  void release_block(int unit, state::StateKind kind);
+  // The gradient buffers kept between steps: released while a switch moves state, allocated again after.
+  void release_grads() { model_.params().release_grads(); }
+  void allocate_grads() { model_.params().allocate_grads(); }
 
  private:
   // The plan is moved in only once `program`, its lowering for this rank, exists.
-  RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program program, comm::Communicator& world);
+  RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program program, comm::Communicator& world,
+              StateStart start);
 
   const config::Config& cfg_;
   const ir::Plan plan_;

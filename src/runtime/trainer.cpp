@@ -27,18 +27,15 @@
 #include "io/regular_file.hpp"
 #include "kernels.hpp"
 #include "runtime/checkpointing.hpp"
+#include "runtime/elastic.hpp"
 #include "runtime/fit.hpp"
 #include "runtime/rank_runtime.hpp"
+#include "runtime/switching.hpp"
 #include "runtime/tracing.hpp"
 
 namespace piper::runtime {
 
 namespace {
-
-// SIGTERM / SIGUSR1 (what Slurm sends before a time limit or a preemption):
-// every rank checkpoints at the next step boundary and exits cleanly.
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 // PIPERPRM: magic, u32 version 1, u32 count; per tensor u32 name length, name,
 // u32 ndim, i64 dims, float32 data (little-endian, row-major).
@@ -138,7 +135,7 @@ void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
   const std::vector<int32_t> prompt = tok.encode("The ");
   // A stop signal cuts the sample short: the checkpoint at the step boundary comes first.
   auto out = m.generate(prompt, cfg.train.sample_tokens, cfg.train.seq_len,
-                        cfg.train.seed + static_cast<uint64_t>(step), 0.8f, [] { return g_stop_signal != 0; });
+                        cfg.train.seed + static_cast<uint64_t>(step), 0.8f, [] { return stop_requested(); });
   std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
 }
 
@@ -240,10 +237,10 @@ ir::Plan compile_checked(const config::Config& cfg, const MpiEnv& env) {
   return plan;
 }
 
-std::unique_ptr<comm::Communicator> make_world(const config::Config& cfg) {
+comm::CommOptions comm_options(const config::Config& cfg) {
   comm::CommOptions copts;
   copts.timeout_s = cfg.parallel.comm_timeout_s;
-  return comm::make_mpi_world(copts);
+  return copts;
 }
 
 // Rank 0 writes the metrics and the trace; every rank learns whether it can,
@@ -275,22 +272,29 @@ std::unique_ptr<std::ofstream> open_outputs(const TrainOptions& opts, const MpiE
   return metrics;
 }
 
-void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv& env) {
-  if (env.rank() != 0) return;
-  const ir::Plan& plan = rt.plan();
+// "dp 2, tp 1, pp 2, zero 1, zbh1": a strategy as the banner and the switch log print it.
+std::string strategy_text(const ir::Plan& plan) {
   // One ZeRO stage, or the stage of each unit where they differ.
   const std::vector<int>& zero = plan.strategy.replicate.zero_of_unit;
   std::string zero_text;
   for (size_t u = 0; u < zero.size(); ++u) zero_text += (u ? "," : "") + std::to_string(zero[u]);
   if (std::count(zero.begin(), zero.end(), zero.front()) == static_cast<std::ptrdiff_t>(zero.size()))
     zero_text = std::to_string(zero.front());
+  const ir::ParallelDims dims = plan.strategy.dims();
   const std::string ep_text = plan.strategy.shard.ep > 1 ? ", ep " + std::to_string(plan.strategy.shard.ep) : "";
-  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s) (dp %d, tp %d, pp %d%s, zero %s, %s), "
+  return "dp " + std::to_string(dims.degree(ir::Axis::DP)) + ", tp " + std::to_string(plan.strategy.shard.tp) +
+         ", pp " + std::to_string(plan.strategy.place.pp) + ep_text + ", zero " + zero_text + ", " +
+         (plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order");
+}
+
+void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv& env, int standby) {
+  if (env.rank() != 0) return;
+  const ir::Plan& plan = rt.plan();
+  const std::string reserve = standby > 0 ? " + " + std::to_string(standby) + " in reserve" : "";
+  std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s)%s (%s), "
               "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
-              plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), rt.replicas(),
-              plan.strategy.shard.tp, plan.strategy.place.pp, ep_text.c_str(), zero_text.c_str(),
-              plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order",
-              omp_get_max_threads(), kernels::blas_name(), plan.hash);
+              plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), reserve.c_str(),
+              strategy_text(plan).c_str(), omp_get_max_threads(), kernels::blas_name(), plan.hash);
   if (cfg.train.sample_every > 0 && !rt.holds_whole_model())
     std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
 }
@@ -421,56 +425,190 @@ void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions&
 struct RunLog {
   std::vector<double> step_ms;
   double first_loss = 0.0, last_loss = 0.0;
+  int64_t last_peak = 0;  // this rank's peak in its last step
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   bool stopped = false;  // by a signal
+  bool left = false;     // this process left the job in a switch
 };
 
-// Step boundary: a signal on any rank stops every rank, after a checkpoint.
-// Returns whether the run stops here.
-bool at_step_boundary(Checkpointer& ckpt, const RankRuntime& rt, const MpiEnv& env, int64_t& saved_at) {
-  const config::Config& cfg = rt.config();
-  const int64_t done = rt.position().step;
+// The strategy running now: its config and plan on every member, its runtime and checkpointer on the
+// ranks that train.
+struct Generation {
+  std::unique_ptr<config::Config> cfg;
+  std::unique_ptr<ir::Plan> plan;
+  std::unique_ptr<RankRuntime> rt;
+  std::unique_ptr<Checkpointer> ckpt;
+};
+
+// After a step (or a stop): the checkpoint that is due, or a background save reported. Returns whether
+// it saved.
+bool checkpoint_at_boundary(Generation& gen, bool ran, bool stop, const MpiEnv& env) {
+  const config::Config& cfg = *gen.cfg;
+  const int64_t done = gen.rt->position().step;
   const bool saving = !cfg.checkpoint.dir.empty();
-  const bool stop = env.any(g_stop_signal != 0);
-  if (saving && (stop || (cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0))) {
-    ckpt.save();
-    if (stop) ckpt.wait();  // the job ends: the file must be complete
-    saved_at = done;
+  const bool save = saving && (stop || (ran && cfg.checkpoint.every > 0 && done % cfg.checkpoint.every == 0));
+  if (save) {
+    gen.ckpt->save();
+    if (stop) gen.ckpt->wait();  // the job ends: the file must be complete
   } else {
-    ckpt.poll();
+    gen.ckpt->poll();
   }
   if (stop && env.rank() == 0)
     std::printf(saving ? "piper: checkpointed at step %" PRId64 " after signal\n"
                        : "piper: stopped at step %" PRId64 " after signal (no checkpoint.dir)\n",
                 done);
-  return stop;
+  return save;
 }
 
-// The steps from the runtime's position to train.steps, each with its hooks:
-// progress and metrics, a sample, the checkpoint or the stop; a last
-// checkpoint at the end when the last step has none.
-RunLog run_steps(RankRuntime& rt, const data::TokenFile& tokens, Checkpointer& ckpt, std::ofstream* metrics,
-                 const TrainOptions& opts, comm::Communicator& world, const MpiEnv& env) {
-  const config::Config& cfg = rt.config();
+// The metrics stream belongs to the strategy's rank 0, which a switch may move to another process.
+void follow_metrics(std::unique_ptr<std::ofstream>& metrics, const TrainOptions& opts, const MpiEnv& env) {
+  if (opts.metrics_path.empty()) return;
+  if (env.rank() != 0) metrics.reset();
+  else if (!metrics) metrics = std::make_unique<std::ofstream>(opts.metrics_path, std::ios::app);
+}
+
+// A switch's figures over every member: sums, the slowest, and each process's peaks.
+struct SwitchFigures {
+  double sent = 0, local = 0, stall_ms = 0, build_ms = 0, plan_ms = 0, move_ms = 0;
+  std::vector<double> peak, before;  // per member, in members order
+};
+
+SwitchFigures gather_switch(const MoveFigures& f, double stall_ms, int64_t before, Membership& m) {
+  const size_t n = m.members().size(), me = static_cast<size_t>(m.member_comm().rank());
+  std::vector<double> v(6 + 2 * n, 0.0);
+  v[0] = static_cast<double>(f.bytes_sent), v[1] = static_cast<double>(f.bytes_local);
+  v[6 + me] = static_cast<double>(f.peak_bytes), v[6 + n + me] = static_cast<double>(before);
+  m.member_comm().allreduce_double(v.data(), v.size());
+  // The slowest process's times: each takes its turn in a max over sums (one slot per figure).
+  std::vector<double> t(4 * n, 0.0);
+  const double mine[4] = {stall_ms, f.build_ms, f.plan_ms, f.move_ms};
+  for (size_t k = 0; k < 4; ++k) t[k * n + me] = mine[k];
+  m.member_comm().allreduce_double(t.data(), t.size());
+  SwitchFigures out;
+  out.sent = v[0], out.local = v[1];
+  double* slow[4] = {&out.stall_ms, &out.build_ms, &out.plan_ms, &out.move_ms};
+  for (size_t k = 0; k < 4; ++k) *slow[k] = *std::max_element(t.begin() + k * n, t.begin() + (k + 1) * n);
+  out.peak.assign(v.begin() + 6, v.begin() + 6 + n);
+  out.before.assign(v.begin() + 6 + n, v.end());
+  return out;
+}
+
+void report_switch(const Decision& d, const std::string& from, const std::string& to, int64_t step,
+                   const std::vector<int>& old_active, const std::vector<int>& members, const SwitchFigures& f,
+                   const MoveFigures& mine, int64_t buffer, std::ofstream* metrics, const MpiEnv& env) {
+  if (env.rank() != 0) return;
+  const double peak = *std::max_element(f.peak.begin(), f.peak.end());
+  const double before = *std::max_element(f.before.begin(), f.before.end());
+  std::printf("piper: switch at step %" PRId64 " (%s): %zu rank(s) (%s) -> %zu rank(s) (%s); moved %s over the "
+              "network and %s locally in %d rounds; step loop stalled %.1f ms (build %.1f, plan %.1f, move %.1f); "
+              "peak %s during the switch (the last step's %s)\n",
+              step, d.why.c_str(), old_active.size(), from.c_str(), d.active.size(), to.c_str(),
+              human_bytes(static_cast<int64_t>(f.sent)).c_str(), human_bytes(static_cast<int64_t>(f.local)).c_str(),
+              mine.rounds, f.stall_ms, f.build_ms, f.plan_ms, f.move_ms, human_bytes(static_cast<int64_t>(peak)).c_str(),
+              human_bytes(static_cast<int64_t>(before)).c_str());
+  if (!d.leaving.empty()) {
+    std::string ranks;
+    for (int r : d.leaving) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    std::printf("piper: rank(s) %s left the job\n", ranks.c_str());
+  }
+  std::fflush(stdout);
+  if (!metrics) return;
+  nlohmann::json j = {{"event", "switch"}, {"step", step}, {"why", d.why}, {"from", from}, {"to", to},
+                      {"active_before", old_active}, {"active_after", d.active}, {"leaving", d.leaving},
+                      {"members", members}, {"bytes_moved", f.sent}, {"bytes_local", f.local},
+                      {"rounds", mine.rounds}, {"stall_ms", f.stall_ms}, {"build_ms", f.build_ms},
+                      {"plan_ms", f.plan_ms}, {"move_ms", f.move_ms}, {"buffer_bytes", buffer},
+                      {"peak_bytes", f.peak}, {"before_peak_bytes", f.before}, {"config_yaml", d.config_yaml}};
+  *metrics << j.dump() << '\n';
+  metrics->flush();
+}
+
+// A SWITCH decision on every member: the new strategy's config and plan, its communicator, the state
+// moved, the old runtime dropped, the members and the active set renewed. Returns false on a process
+// that left the job.
+bool switch_strategy(Generation& gen, Membership& m, const Decision& d, int64_t last_peak,
+                     std::unique_ptr<std::ofstream>& metrics, const TrainOptions& opts, MpiEnv& env) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto cfg = std::make_unique<config::Config>(config::parse(d.config_yaml, "the strategy of " + d.why));
+  cfg->switches = gen.cfg->switches;
+  auto plan = std::make_unique<ir::Plan>(ir::compile(*cfg, static_cast<int>(d.active.size())));
+  if (gen.ckpt) gen.ckpt->wait();  // a background save of the old state finishes first
+  const int64_t step = gen.rt ? gen.rt->position().step : 0;
+  const std::vector<int> old_active = m.active(), members = m.members();
+  const std::string from = strategy_text(*gen.plan), to = strategy_text(*plan);
+
+  Membership::Next next = m.split(d.active);
+  MoveFigures fig;
+  const int64_t buffer = static_cast<int64_t>(gen.cfg->train.switch_buffer_mb * 1024 * 1024);
+  std::unique_ptr<RankRuntime> rt =
+      move_state(gen.rt.get(), {gen.plan.get(), m.procs(old_active)}, *cfg, {plan.get(), m.procs(d.active)},
+                 next.world.get(), m.member_comm(), buffer, fig);
+  gen.ckpt.reset();
+  gen.rt.reset();
+  const double stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const SwitchFigures f = gather_switch(fig, stall_ms, last_peak, m);
+  m.commit(std::move(next), d.leaving);
+  const bool leaving = std::find(d.leaving.begin(), d.leaving.end(), m.me()) != d.leaving.end();
+  gen.cfg = std::move(cfg);
+  gen.plan = std::move(plan);
+  gen.rt = std::move(rt);
+  if (gen.rt) gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env);
+  if (leaving) return false;
+  follow_metrics(metrics, opts, env);
+  int64_t at = step;
+  if (gen.rt) at = gen.rt->position().step;
+  report_switch(d, from, to, at, old_active, members, f, fig, buffer, metrics.get(), env);
+  return true;
+}
+
+// The steps from the runtime's position to train.steps, each with its hooks — progress and metrics, a
+// sample, the checkpoint — and the step boundary's decision after it: go on, stop, finish, or switch
+// strategy. A process in reserve takes part in every decision and trains once a switch takes it in.
+RunLog run_job(Generation& gen, Membership& m, Boundary& boundary, const data::TokenFile& tokens,
+               std::unique_ptr<std::ofstream>& metrics, const TrainOptions& opts, MpiEnv& env) {
   RunLog log;
-  int64_t saved_at = rt.position().step;
-  while (rt.position().step < cfg.train.steps) {
-    const StepResult r = run_step(rt, tokens, world);
-    if (log.step_ms.empty()) log.first_loss = r.loss;
-    log.step_ms.push_back(r.ms);
-    log.last_loss = r.loss;
-    report_step(r, rt, opts, metrics, env);
-    if (env.rank() == 0 && rt.holds_whole_model() && cfg.train.sample_every > 0 &&
-        (r.step + 1) % cfg.train.sample_every == 0)
-      print_sample(rt.model(), cfg, r.step);
-    std::fflush(stdout);
-    if (at_step_boundary(ckpt, rt, env, saved_at)) {
-      log.stopped = true;
-      return log;
+  for (;;) {
+    bool ran = false, finished = true;
+    int64_t step = 0;
+    if (gen.rt) {
+      const config::Config& cfg = *gen.cfg;
+      RankRuntime& rt = *gen.rt;
+      if (rt.position().step < cfg.train.steps) {
+        const StepResult r = run_step(rt, tokens, *m.world());
+        if (log.step_ms.empty()) log.first_loss = r.loss;
+        log.step_ms.push_back(r.ms);
+        log.last_loss = r.loss;
+        log.last_peak = r.mem.total_peak;
+        report_step(r, rt, opts, metrics.get(), env);
+        if (env.rank() == 0 && rt.holds_whole_model() && cfg.train.sample_every > 0 &&
+            (r.step + 1) % cfg.train.sample_every == 0)
+          print_sample(rt.model(), cfg, r.step);
+        std::fflush(stdout);
+        ran = true;
+      }
+      step = rt.position().step;
+      finished = step >= cfg.train.steps;
+    }
+    const Decision d = boundary.exchange(m, *gen.cfg, step, finished, !gen.rt);
+    const bool saved = gen.rt && checkpoint_at_boundary(gen, ran, d.event == Event::STOP, env);
+    switch (d.event) {
+      case Event::STOP:
+        log.stopped = true;
+        return log;
+      case Event::FINISH:
+        // The last step's checkpoint, unless the boundary just wrote it (or no step ran: a finished run resumed).
+        if (gen.rt && !gen.cfg->checkpoint.dir.empty() && ran && !saved) gen.ckpt->save();
+        return log;
+      case Event::SWITCH:
+        if (!switch_strategy(gen, m, d, log.last_peak, metrics, opts, env)) {
+          log.left = true;
+          return log;
+        }
+        break;
+      case Event::CONTINUE:
+        break;
     }
   }
-  if (!cfg.checkpoint.dir.empty() && saved_at < cfg.train.steps) ckpt.save();
-  return log;
 }
 
 void print_summary(const RunLog& log, RankRuntime& rt) {
@@ -501,31 +639,53 @@ std::string human_bytes(int64_t b) {
   return s;
 }
 
-void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env) try {
+void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try {
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
   const TraceSteps trace_steps = check_trace_options(opts);
+  const bool elastic = cfg.train.standby > 0 || !cfg.switches.empty() || !cfg.train.switch_file.empty();
+  if (elastic && !opts.trace_path.empty())
+    throw UserError("--trace " + opts.trace_path + ": a trace covers one strategy on one set of ranks, and this "
+                    "run can switch (train.standby, switch: or train.switch_file); trace a run without them");
+  const int processes = env.world_size();
+  if (cfg.train.standby >= processes)
+    throw UserError("train.standby=" + std::to_string(cfg.train.standby) + ": the job has " +
+                    std::to_string(processes) + " process(es), and at least one must train; keep at most " +
+                    std::to_string(processes - 1) + " in reserve");
   const std::unique_ptr<data::TokenFile> tokens = open_tokens(cfg, env);
-  ir::Plan plan = compile_checked(cfg, env);
-  const std::unique_ptr<comm::Communicator> world = make_world(cfg);
-  RankRuntime rt(cfg, std::move(plan), *world);
-  if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, rt, env);
-  const std::unique_ptr<std::ofstream> metrics = open_outputs(opts, env);
-  print_banner(cfg, rt, env);
+  Membership members(env, static_cast<int>(cfg.train.standby), comm_options(cfg));
 
-  Checkpointer ckpt(cfg, rt, env);
-  ckpt.preflight();
-  if (!opts.resume.empty()) resume(ckpt, opts.resume, cfg, *world, env);
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
-  const std::unique_ptr<TraceRecorder> recorder = start_trace(opts, trace_steps, rt, *world);
+  Generation gen;
+  gen.cfg = std::make_unique<config::Config>(cfg);
+  std::unique_ptr<std::ofstream> metrics;
+  if (members.training()) {
+    gen.plan = std::make_unique<ir::Plan>(compile_checked(cfg, env));
+    gen.rt = std::make_unique<RankRuntime>(*gen.cfg, *gen.plan, *members.world());
+    if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, *gen.rt, env);
+    metrics = open_outputs(opts, env);
+    print_banner(cfg, *gen.rt, env, static_cast<int>(cfg.train.standby));
+    gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env);
+    gen.ckpt->preflight();
+    if (!opts.resume.empty()) resume(*gen.ckpt, opts.resume, cfg, *members.world(), env);
+  } else {
+    gen.plan = std::make_unique<ir::Plan>(ir::compile(cfg, static_cast<int>(members.active().size())));
+  }
+  // Where a resumed run stands, on every member: the `switch:` entries behind it are passed over.
+  double at = gen.rt && env.rank() == 0 ? static_cast<double>(gen.rt->position().step) : 0.0;
+  members.member_comm().allreduce_double(&at, 1);
+  Boundary boundary(cfg, processes, static_cast<int64_t>(at), env);
+  install_signal_handlers();
+  const std::unique_ptr<TraceRecorder> recorder =
+      gen.rt ? start_trace(opts, trace_steps, *gen.rt, *members.world()) : nullptr;
 
-  const RunLog log = run_steps(rt, *tokens, ckpt, metrics.get(), opts, *world, env);
-  ckpt.wait();  // a background save finishes before the job does
+  const RunLog log = run_job(gen, members, boundary, *tokens, metrics, opts, env);
+  if (log.left) return leave_job(members.me());
+  if (!gen.rt) return;  // in reserve to the end
+  gen.ckpt->wait();  // a background save finishes before the job does
   std::fflush(stdout);
-  if (recorder) write_trace(*recorder, rt.plan(), cfg.source, opts.trace_path, env.rank(), env.world_size());
+  if (recorder) write_trace(*recorder, *gen.plan, cfg.source, opts.trace_path, env.rank(), env.world_size());
   if (log.stopped) return;
-  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, rt, env);
-  if (env.rank() == 0) print_summary(log, rt);
+  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, *gen.rt, env);
+  if (env.rank() == 0) print_summary(log, *gen.rt);
 } catch (const std::bad_alloc&) {
   out_of_memory(env);  // a user error with the memory figures, on every rank
 }

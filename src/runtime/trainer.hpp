@@ -30,7 +30,9 @@ class UserError : public std::runtime_error {
 // A byte count as the trainer's messages print it: "12.3 MiB".
 std::string human_bytes(int64_t bytes);
 
-// Trains the model of `cfg` with its strategy. Throws UserError for bad input.
-void train(const config::Config& cfg, const TrainOptions& opts, const MpiEnv& env);
+// Trains the model of `cfg` with its strategy, switching strategies and rank sets as its `switch:`
+// list, its switch file and leave notices say (docs/switching.md); `env` follows the ranks that train.
+// Throws UserError for bad input.
+void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env);
 
 }  // namespace piper::runtime

@@ -149,6 +149,7 @@ std::vector<MetricsRow> parse_metrics(const std::string& text_in, const std::str
       throw TraceError(where + ": not a JSON object: " + e.what());
     }
     if (!j.is_object()) throw TraceError(where + ": not a JSON object (expected one per step, as piper train --metrics writes)");
+    if (j.contains("event")) continue;  // a strategy switch between two steps (docs/switching.md)
     const auto st = j.find("step");
     if (st == j.end()) throw TraceError(where + ": no \"step\" (expected a metrics line of piper train --metrics)");
     if (!st->is_number_integer()) throw TraceError(where + ": \"step\" is " + st->dump() + ", not an integer");

@@ -21,7 +21,6 @@ using ir::Recompute;
 using ir::ScheduleKind;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kMaxTp = 8;                  // a tensor-parallel group stays within a node's NVLink domain
 constexpr int kMaxVirtualStages = 4;       // interleaved chunks per rank tried
 constexpr int kPartitionRounds = 16;       // moves of the partition phase per candidate, at most
 constexpr int kOrderRounds = 8;            // rounds of the order phase, at most

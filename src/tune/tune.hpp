@@ -117,6 +117,16 @@ std::string bytes_text(double bytes);
 
 Result tune(const Request& req);
 
+// The largest tensor-parallel degree the search tries: a tp group stays within a node's NVLink domain.
+constexpr int kMaxTp = 8;
+
+// The cost model a search at `world` runs on: the cost file (piper calibrate) when one is named, which
+// must cover every unit kind of cfg's model, else the analytic model of `hardware` (a table name or a
+// file) covering every tp the search may try and every group size of `world`, with the hardware's
+// memory in `memory_bytes` (left alone for a cost file). Throws TuneError saying what is wrong.
+sim::CostModel cost_model(const config::Config& cfg, int world, const std::string& cost_file,
+                          const std::string& hardware, double* memory_bytes);
+
 // The config `piper train` runs as it is: the model, train, data and
 // checkpoint sections of `cfg` with the chosen strategy as its parallel
 // shorthand and written out in full as directives, under a header saying what

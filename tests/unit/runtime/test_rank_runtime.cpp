@@ -21,6 +21,7 @@
 #include "runtime/checkpointing.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/rank_runtime.hpp"
+#include "runtime/switching.hpp"
 #include "unit/test_configs.hpp"
 
 namespace piper::runtime {
@@ -86,44 +87,62 @@ int64_t state_differences(RankRuntime& a, RankRuntime& b) {
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// A runtime's state moved (runtime/switching.hpp) into a runtime of `plan` on this one rank.
+std::unique_ptr<RankRuntime> moved(std::unique_ptr<RankRuntime> from, const config::Config& cfg, const ir::Plan& plan,
+                                   comm::Communicator& world, MoveFigures& fig) {
+  const ir::Plan old_plan = from->plan();
+  auto to = move_state(from.get(), {&old_plan, {0}}, cfg, {&plan, {0}}, &world, world, int64_t{1} << 16, fig);
+  from.reset();
+  return to;
+}
+
 TEST_F(RankRuntimeTest, StateMovedIntoANewRuntimeContinuesBitwise) {
-  auto first = make();
-  const StepStats s0 = first->step(*tokens_);
+  auto reference = make(), first = make();
+  const StepStats s0 = reference->step(*tokens_);
+  first->step(*tokens_);
   EXPECT_GT(s0.loss_sum, 0.0);
-  auto second = make();
   // The step changed the state: a fresh runtime differs, so the move below is what makes them agree.
-  const int64_t before = state_differences(*first, *second);
+  auto fresh = make();
+  const int64_t before = state_differences(*reference, *fresh);
   std::printf("[ runtime ] elements differing from a fresh runtime after one step: %lld\n",
               static_cast<long long>(before));
   EXPECT_GT(before, 0);
-  second->take_state(*first);
-  EXPECT_EQ(state_differences(*first, *second), 0);
+  fresh.reset();
+  MoveFigures fig;
+  const ir::Plan plan = ir::compile(cfg_, 1);
+  auto second = moved(std::move(first), cfg_, plan, *world_, fig);
+  EXPECT_EQ(state_differences(*reference, *second), 0);
+  EXPECT_EQ(fig.bytes_sent, 0);  // one process: every piece is a local copy
+  EXPECT_GT(fig.bytes_local, 0);
   EXPECT_EQ(second->position().step, 1);
   EXPECT_EQ(second->position().data_position, cfg_.train.global_batch);
   EXPECT_EQ(second->position().tokens_seen, cfg_.train.global_batch * cfg_.train.seq_len);
   EXPECT_EQ(second->optimizer().steps(), 1);
   for (int k = 0; k < 2; ++k) {
-    const StepStats a = first->step(*tokens_), b = second->step(*tokens_);
+    const StepStats a = reference->step(*tokens_), b = second->step(*tokens_);
     std::printf("[ runtime ] step %d: loss sum %.9g vs %.9g, grad norm %.9g vs %.9g\n", k + 1, a.loss_sum,
                 b.loss_sum, a.grad_norm, b.grad_norm);
     EXPECT_TRUE(same_bits(a.loss_sum, b.loss_sum));
     EXPECT_TRUE(same_bits(a.grad_norm, b.grad_norm));
     EXPECT_TRUE(same_bits(a.lr, b.lr));
-    EXPECT_EQ(state_differences(*first, *second), 0) << "after step " << k + 1;
+    EXPECT_EQ(state_differences(*reference, *second), 0) << "after step " << k + 1;
   }
 }
 
-TEST_F(RankRuntimeTest, StateOfAnotherPlanIsRefused) {
-  auto first = make();
+TEST_F(RankRuntimeTest, StateMovedIntoAnotherPlanKeepsEveryElement) {
+  auto reference = make(), first = make();
+  reference->step(*tokens_);
+  first->step(*tokens_);
   config::Config other = cfg_;
   other.parallel.microbatches = 1;
-  RankRuntime second(other, ir::compile(other, 1), *world_);
-  try {
-    second.take_state(*first);
-    FAIL() << "took the state of a runtime of another plan";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("same plan"), std::string::npos) << e.what();
-  }
+  const ir::Plan plan = ir::compile(other, 1);
+  ASSERT_NE(plan.hash, reference->plan().hash);
+  MoveFigures fig;
+  auto second = moved(std::move(first), other, plan, *world_, fig);
+  EXPECT_EQ(state_differences(*reference, *second), 0);
+  EXPECT_EQ(second->position().step, 1);
+  EXPECT_EQ(second->optimizer().steps(), 1);
+  std::printf("[ runtime ] move into microbatches 1: %lld bytes copied\n", static_cast<long long>(fig.bytes_local));
 }
 
 TEST_F(RankRuntimeTest, OptimiserStateAndPositionRoundTripThroughACheckpoint) {
