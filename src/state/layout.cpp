@@ -143,8 +143,6 @@ void unit_pieces(const ir::UnitSpec& spec, const LayoutParams& lp, const ir::Coo
                  std::vector<Piece>& out) {
   const ir::Degrees n = lp.dims.degrees();
   const int zero = lp.zero_of_unit.at(static_cast<size_t>(spec.index));
-  std::vector<Run> runs;
-  std::vector<int64_t> starts;
   for (const ir::FlatPart& part : ir::flat_parts(spec, n, at)) {
     const ir::FlatShard& z = part.zero;
     int64_t offset = 0;  // of the parameter's piece in the part
@@ -161,16 +159,14 @@ void unit_pieces(const ir::UnitSpec& spec, const LayoutParams& lp, const ir::Coo
         if (owned) b_lo = std::max(b_lo, z.offset), b_hi = std::min(b_hi, z.offset + z.len);
         const int64_t lo = std::max<int64_t>(0, b_lo - at_offset), hi = std::min(numel, b_hi - at_offset);
         if (lo >= hi) continue;
-        local_to_global_runs(p, n, at, lo, hi, runs, starts);
         Piece pc;
         pc.kind = kind;
         pc.param = p.name;
         pc.unit = spec.index;
-        pc.runs = runs;
+        local_to_global_runs(p, n, at, lo, hi, pc.runs, pc.local_offsets);
         // Where the part's elements start in the buffer the rank stores: its shard buffer, or its full buffer.
         const int64_t base = sharded ? part.shard_offset - z.offset : part.full_offset;
-        pc.local_offsets.reserve(starts.size());
-        for (int64_t s : starts) pc.local_offsets.push_back(base + at_offset + s);
+        for (int64_t& s : pc.local_offsets) s += base + at_offset;
         out.push_back(std::move(pc));
       }
     }
@@ -256,10 +252,14 @@ void add_run(std::vector<std::pair<int, std::vector<Run>>>& by_src, int src, Run
 
 // The sources of one destination piece: what `local` (the piece the local source holds, or null)
 // has of it, then every other element from its owner.
-std::vector<std::pair<int, std::vector<Run>>> sources_of(const Piece& pc, const Owners& owners, int local_src,
+std::vector<std::pair<int, std::vector<Run>>> sources_of(Piece& pc, const Owners& owners, int local_src,
                                                          const Piece* local) {
   std::vector<std::pair<int, std::vector<Run>>> by_src;
-  std::vector<Run> rest = pc.runs;
+  if (local && local->runs == pc.runs) {  // a replica kept: all of it
+    by_src.emplace_back(local_src, std::move(pc.runs));
+    return by_src;
+  }
+  std::vector<Run> rest;
   if (local) {
     std::vector<Run> mine = intersect(pc.runs, local->runs);
     if (!mine.empty()) {
@@ -268,7 +268,7 @@ std::vector<std::pair<int, std::vector<Run>>> sources_of(const Piece& pc, const 
     }
   }
   size_t j = 0;
-  for (const Run& r : rest)
+  for (const Run& r : by_src.empty() ? pc.runs : rest)
     for (int64_t at = r.begin; at < r.end;) {
       j = seek(owners, j, at);
       if (j == owners.size() || owners[j].begin > at)
@@ -309,7 +309,7 @@ void unit_transfers(const ir::ModelGraph& graph, const LayoutParams& from, const
     if (ls >= 0) pieces_of_unit(graph, from, ls, u, false, local);
     std::fill(local_of.begin(), local_of.end(), nullptr);
     for (const Piece& p : local) local_of[slot_of(p, index)] = &p;
-    for (const Piece& pc : mine)
+    for (Piece& pc : mine)
       for (auto& [s, runs] : sources_of(pc, owners[slot_of(pc, index)], ls, local_of[slot_of(pc, index)]))
         out.push_back({pc.kind, pc.param, unit.index, s, d, std::move(runs)});
   }
