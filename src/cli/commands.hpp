@@ -36,6 +36,20 @@ struct SimulateArgs {
 };
 int run_simulate(const SimulateArgs& a);
 
+// piper plan-switch FROM TO --world-from N --world-to M --hardware NAME: the plan of an online
+// switch of one model's state from FROM's strategy to TO's and its predicted time (docs/switching.md).
+// Processes 0..max(N, M)-1: the first min(N, M) in both layouts, the rest in one only.
+struct PlanSwitchArgs {
+  std::string from, to;                     // the two configs
+  std::vector<std::string> sets_from, sets_to;
+  int world_from = 0, world_to = 0;
+  std::string hardware;                     // a table name or a hardware JSON file
+  int ranks_per_host = 0;                   // processes to a host; 0: the hardware's devices_per_node
+  double buffer_mb = 64;                    // the largest message, MiB (each process stages one out, one in)
+  bool json = false;                        // one JSON object on stdout
+};
+int run_plan_switch(const PlanSwitchArgs& a);
+
 // piper tune CONFIG --world N -o OUT.yaml: the fastest strategy under a memory
 // limit, searched on the simulator, written as a config (docs/tuner.md).
 struct TuneArgs {

@@ -1,4 +1,4 @@
-// main.cpp — the piper command line: train, plan, simulate, tune, calibrate, plot, prepare, ckpt.
+// main.cpp — the piper command line: train, plan, simulate, plan-switch, tune, calibrate, plot, prepare, ckpt.
 #include <algorithm>
 #include <CLI/CLI.hpp>
 
@@ -135,6 +135,23 @@ int main(int argc, char** argv) {
                        "Ranks sharing one host's cores (host_cores of the cost file); default: one rank per core")
       ->check(CLI::Range(0, sim::kMaxWorld));
 
+  cli::PlanSwitchArgs ps_args;
+  auto* plan_switch = app.add_subcommand("plan-switch", "Plan an online switch of the state from one strategy to "
+                                                        "another and predict its time");
+  plan_switch->add_option("from", ps_args.from, "YAML config of the running strategy")->required();
+  plan_switch->add_option("to", ps_args.to, "YAML config of the strategy to switch to (the same model)")->required();
+  plan_switch->add_option("--set-from", ps_args.sets_from, "Override a key of FROM (repeatable)");
+  plan_switch->add_option("--set-to", ps_args.sets_to, "Override a key of TO (repeatable)");
+  plan_switch->add_option("--world-from", ps_args.world_from, "Ranks of FROM")->required()->check(CLI::Range(1, sim::kMaxWorld));
+  plan_switch->add_option("--world-to", ps_args.world_to, "Ranks of TO")->required()->check(CLI::Range(1, sim::kMaxWorld));
+  plan_switch->add_option("--hardware", ps_args.hardware, "The cluster: a hardware name or JSON file (help lists them)");
+  plan_switch->add_option("--ranks-per-host", ps_args.ranks_per_host,
+                          "Processes to a host, numbered host by host (default: the hardware's devices per node)")
+      ->check(CLI::Range(0, sim::kMaxWorld));
+  plan_switch->add_option("--buffer-mb", ps_args.buffer_mb, "The largest message in MiB (default 64)")
+      ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
+  plan_switch->add_flag("--json", ps_args.json, "Print one JSON object");
+
   cli::TuneArgs tune_args;
   auto* tune = app.add_subcommand("tune", "Search the fastest strategy under a memory limit and write it as a config");
   tune->add_option("config", tune_args.config, "YAML config: the model and training to tune for")->required();
@@ -192,6 +209,7 @@ int main(int argc, char** argv) {
   try {
     if (*plan) return run_plan(config_path, sets, world, directives);
     if (*simulate) return cli::run_simulate(sim_args);
+    if (*plan_switch) return cli::run_plan_switch(ps_args);
     if (*tune) return cli::run_tune(tune_args);
     if (*plot_cmd) return cli::run_plot(plot_args);
     if (*ckpt) return run_ckpt(ckpt_path, verify->parsed());
