@@ -75,7 +75,7 @@ def region(runs):
         "<!-- bench:switch-sim:begin -->",
         f"Simulated {datetime.date.today()} by `bench/switch_sim.py` (part of `make bench`):",
         f"`piper plan-switch {CONFIG} {CONFIG} --hardware {HARDWARE} --ranks-per-host {RANKS_PER_HOST}` with the",
-        "worlds and `--set-from` / `--set-to` of each row, 64 MiB messages. Moved: over the network; local: copied",
+        "worlds and `--set-from` / `--set-to` of each row, 64 MiB staging (32 MiB messages). Moved: over the network; local: copied",
         "within a process. Peak above: the most any process holds during the switch beyond the larger of what it",
         f"holds before and after. Planning: the wall time of `plan_switch` on this machine ({os.cpu_count()} CPUs,",
         "shared with other work while it ran), the two plans' compilation not included.", "",

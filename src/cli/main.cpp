@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   plan_switch->add_option("--ranks-per-host", ps_args.ranks_per_host,
                           "Processes to a host, numbered host by host (default: the hardware's devices per node)")
       ->check(CLI::Range(0, sim::kMaxWorld));
-  plan_switch->add_option("--buffer-mb", ps_args.buffer_mb, "The largest message in MiB (default 64)")
+  plan_switch->add_option("--buffer-mb", ps_args.buffer_mb, "Staging per process in MiB, one message out and one in (default 64, as train.switch_buffer_mb)")
       ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
   plan_switch->add_flag("--json", ps_args.json, "Print one JSON object");
 

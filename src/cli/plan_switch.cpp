@@ -139,7 +139,7 @@ int run_plan_switch(const PlanSwitchArgs& a) {
   const Side from = load_side("FROM", a.from, a.sets_from, a.world_from);
   const Side to = load_side("TO", a.to, a.sets_to, a.world_to);
   check_same_model(a, from.cfg, to.cfg);
-  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(a.buffer_mb * kMiB) / state::kStateElemBytes);
+  const int64_t chunk = state::chunk_elems(static_cast<int64_t>(a.buffer_mb * kMiB));
 
   const auto t0 = std::chrono::steady_clock::now();
   const state::SwitchPlan plan =

@@ -96,7 +96,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
       for (size_t r = 0; r < tr.runs.size(); ++r)
         std::memcpy(dst.base + dst.offsets[r], src.base + src.offsets[r],
                     static_cast<size_t>(tr.runs[r].size()) * sizeof(float));
-      fig.bytes_local += state::total(tr.runs) * static_cast<int64_t>(sizeof(float));
+      fig.bytes_local += state::total(tr.runs) * state::kStateElemBytes;
     }
     for (const state::Round& round : step.rounds) {
       const state::Message* send = nullptr;
@@ -114,7 +114,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
           std::memcpy(out + pos, src.base + off, static_cast<size_t>(len) * sizeof(float));
         });
         pending.push_back(members.isend(out, static_cast<size_t>(send->count), send->dst, kSwitchTag));
-        fig.bytes_sent += send->count * static_cast<int64_t>(sizeof(float));
+        fig.bytes_sent += send->count * state::kStateElemBytes;
       }
       comm::wait_all(pending);
       if (recv) {
@@ -123,7 +123,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
         for_each_segment(tr.runs, dst.offsets, recv->first, recv->count, [&](int64_t off, int64_t len, int64_t pos) {
           std::memcpy(dst.base + off, in + pos, static_cast<size_t>(len) * sizeof(float));
         });
-        fig.bytes_received += recv->count * static_cast<int64_t>(sizeof(float));
+        fig.bytes_received += recv->count * state::kStateElemBytes;
       }
     }
     if (holds(from, unit)) from.rt->release_block(unit, step.block.kind);
@@ -154,7 +154,7 @@ std::unique_ptr<RankRuntime> move_state(RankRuntime* old_rt, const MoveSide& fro
   fig.build_ms = ms_since(t0);
 
   t0 = Clock::now();
-  const int64_t chunk = std::max<int64_t>(1, buffer_bytes / 2 / static_cast<int64_t>(sizeof(float)));
+  const int64_t chunk = state::chunk_elems(buffer_bytes);
   const state::LayoutParams lp_from = state::layout_params(*from.plan), lp_to = state::layout_params(*to.plan);
   const state::SwitchPlan plan =
       state::plan_switch(from.plan->model, lp_from, from.procs, lp_to, to.procs, chunk);

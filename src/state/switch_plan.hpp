@@ -3,6 +3,7 @@
 // Pure: every rank computes the same plan from the two layouts; src/runtime executes it.
 #pragma once
 
+#include <algorithm>
 #include <compare>
 #include <cstdint>
 #include <vector>
@@ -57,6 +58,10 @@ struct SwitchPlan {
   int64_t bytes_local() const;
   size_t messages() const;
 };
+
+// The largest message of a switch that stages `buffer_bytes` per process (train.switch_buffer_mb,
+// `piper plan-switch --buffer-mb`): half of it, since a process holds one message out and one in.
+inline int64_t chunk_elems(int64_t buffer_bytes) { return std::max<int64_t>(1, buffer_bytes / 2 / kStateElemBytes); }
 
 // `from_proc[i]` is the process of `from`'s rank i, `to_proc[j]` of `to`'s rank j (processes are
 // 0..processes-1, the largest given plus one; a process holds at most one rank of each layout and

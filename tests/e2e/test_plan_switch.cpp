@@ -45,7 +45,7 @@ TEST(PlanSwitchCli, JsonHasTheFiguresOfThePlan) {
   EXPECT_GT(j.at("predicted_s").get<double>(), 0);
   EXPECT_NEAR(j.at("predicted_s").get<double>(), j.at("network_s").get<double>() + j.at("local_s").get<double>(),
               1e-12);
-  EXPECT_EQ(j.at("chunk_bytes").get<double>(), 64.0 * 1024 * 1024);
+  EXPECT_EQ(j.at("chunk_bytes").get<double>(), 32.0 * 1024 * 1024);  // half the default 64 MiB staging
   EXPECT_GE(j.at("planning_s").get<double>(), 0);
 }
 
@@ -68,7 +68,7 @@ TEST(PlanSwitchCli, SmallerBuffersCutMoreMessages) {
   const nlohmann::json big = json_of(kShrink), small = json_of(std::string(kShrink) + " --buffer-mb 0.0009765625");
   ASSERT_FALSE(big.empty());
   ASSERT_FALSE(small.empty());
-  EXPECT_EQ(small.at("chunk_bytes").get<double>(), 1024.0);
+  EXPECT_EQ(small.at("chunk_bytes").get<double>(), 512.0);  // half the staging
   EXPECT_EQ(small.at("bytes_moved"), big.at("bytes_moved"));
   EXPECT_GT(small.at("messages").get<int>(), big.at("messages").get<int>());
   EXPECT_GT(small.at("rounds").get<int>(), big.at("rounds").get<int>());
@@ -83,7 +83,7 @@ TEST(PlanSwitchCli, TextNamesTheStrategiesAndTheParts) {
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* s : {"tp1 pp1 dp4 zero1", "tp1 pp1 dp2 zero3", "4 processes (the first 2 in both layouts)",
                         "above max(before, after)", "over the network", "copied locally", "21 blocks", "rounds",
-                        "messages of at most 64.00 MiB", "predicted switch", "local copies"})
+                        "messages of at most 32.00 MiB", "predicted switch", "local copies"})
     EXPECT_NE(r.output.find(s), std::string::npos) << "no \"" << s << "\" in:\n" << r.output;
 }
 
