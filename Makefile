@@ -48,6 +48,7 @@ bench: deps build corpus
 	@bench/moe.py $(BUILD)
 	@bench/tuner.py $(BUILD)
 	@bench/tuner_measured.py $(BUILD)
+	@bench/switching.py $(BUILD)
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
