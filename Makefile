@@ -49,6 +49,7 @@ bench: deps build corpus
 	@bench/tuner.py $(BUILD)
 	@bench/tuner_measured.py $(BUILD)
 	@bench/switch_sim.py $(BUILD)
+	@bench/switching.py $(BUILD)
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \

@@ -212,9 +212,10 @@ def time_region(runs):
     return "\n".join(lines)
 
 
-def write_region(out, name, block):
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts/doc-region.py"), out, name], input=block, text=True,
-                   check=True)
+def write_region(out, name, block, prefix="bench:"):
+    """The block into `out` between <!-- PREFIXNAME:begin --> and <!-- PREFIXNAME:end --> (scripts/doc-region.py)."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts/doc-region.py"), out, name, prefix], input=block,
+                   text=True, check=True)
 
 
 def int_list(text):

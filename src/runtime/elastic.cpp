@@ -148,6 +148,12 @@ std::vector<int> Membership::procs(const std::vector<int>& world_ranks) const {
   return out;
 }
 
+void Membership::finish(bool patient, double timeout_s) {
+  MPI_Request r;
+  MPI_Ibarrier(member_mpi_, &r);
+  wait_request(&r, patient, timeout_s, "the end of the job (every process still in it)", member_mpi_);
+}
+
 Membership::Next Membership::split(const std::vector<int>& active) {
   Next next;
   next.active = active;
@@ -342,9 +348,7 @@ Decision Boundary::resolve(const Membership& m, const config::Config& current, c
 void leave_job(int world_rank) {
   std::fflush(stdout);
   std::fflush(stderr);
-  const char* v = std::getenv("OMPI_MCA_orte_allowed_exit_without_sync");
-  const std::string allowed = v ? v : "";
-  if (allowed == "1" || allowed == "true" || allowed == "yes" || allowed == "t" || allowed == "y") std::_Exit(0);
+  if (early_exit_allowed()) std::_Exit(0);
   std::fprintf(stderr, "piper: rank %d has left the training; it exits when the job ends (start mpirun with "
                "--mca orte_allowed_exit_without_sync 1 to let a leaving rank exit at once)\n", world_rank);
   std::fflush(stderr);

@@ -66,6 +66,10 @@ class Membership {
   // Collective over members, after the state has moved and the old runtime is gone: `next` becomes the
   // active set (and env's communicator), and the processes in `leaving` are no longer members.
   void commit(Next next, const std::vector<int>& leaving);
+  // Collective over members, the last communication of a run that ends (not of a process leaving): no
+  // member finalizes MPI before every other one is done (MpiEnv: MPI_Finalize may not wait for them). A
+  // process in reserve passes patient = true and waits without spinning.
+  void finish(bool patient, double timeout_s);
 
  private:
   MpiEnv& env_;
@@ -116,8 +120,8 @@ class Boundary {
 };
 
 // Leaves the job after a switch moved this process's state away: at once where the launcher allows a
-// process to end without MPI_Finalize (Open MPI's orte_allowed_exit_without_sync, or Slurm's srun),
-// else when the job ends (MPI_Finalize waits for every process). Returns only in the second case.
+// process to end without MPI_Finalize (early_exit_allowed()), else when the job ends (MPI_Finalize waits
+// for every process). Returns only in the second case.
 void leave_job(int world_rank);
 
 }  // namespace piper::runtime

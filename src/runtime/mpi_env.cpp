@@ -7,11 +7,19 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace piper::runtime {
 
+bool early_exit_allowed() {
+  const char* v = std::getenv("OMPI_MCA_orte_allowed_exit_without_sync");
+  const std::string allowed = v ? v : "";
+  return allowed == "1" || allowed == "true" || allowed == "yes" || allowed == "t" || allowed == "y";
+}
+
 MpiEnv::MpiEnv(int* argc, char*** argv) {
+  if (early_exit_allowed()) setenv("OMPI_MCA_async_mpi_finalize", "1", 0);  // read by MPI_Init
   comm::init_mpi(argc, argv);  // MPI_THREAD_MULTIPLE: the communicator's progress thread
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);

@@ -17,9 +17,17 @@
 
 namespace piper::runtime {
 
+// Whether the launcher lets a process end without MPI_Finalize while the job goes on (Open MPI's
+// orte_allowed_exit_without_sync: `mpirun --mca orte_allowed_exit_without_sync 1`), so that a rank
+// leaving an elastic job can exit at once (leave_job, docs/switching.md).
+bool early_exit_allowed();
+
 class MpiEnv {
  public:
-  // Initialises MPI (works as a singleton without mpirun as well as under it).
+  // Initialises MPI (works as a singleton without mpirun as well as under it). Where early_exit_allowed(),
+  // MPI_Finalize is set not to wait at Open MPI's closing fence (async_mpi_finalize): that fence also
+  // counts the processes that left, and may then wait for them forever; train() ends with a barrier over
+  // the processes still in the job instead (Membership::finish).
   MpiEnv(int* argc, char*** argv);
   ~MpiEnv();
   MpiEnv(const MpiEnv&) = delete;

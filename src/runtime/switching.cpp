@@ -152,6 +152,10 @@ std::unique_ptr<RankRuntime> move_state(RankRuntime* old_rt, const MoveSide& fro
   std::unique_ptr<RankRuntime> fresh;
   if (new_world) fresh = std::make_unique<RankRuntime>(to_cfg, *to.plan, *new_world, StateStart::EMPTY);
   fig.build_ms = ms_since(t0);
+  if (!old_rt && !fresh) {  // in reserve before and after: nothing to send or take, only the position to hear
+    (void)share_position(Side{}, members);
+    return nullptr;
+  }
 
   t0 = Clock::now();
   const int64_t chunk = state::chunk_elems(buffer_bytes);

@@ -39,12 +39,13 @@ struct MoveSide {
   std::vector<int> procs;
 };
 
-// Collective over `members`, every process of either layout. `old_rt` is this
-// process's runtime under `from` (null on a process joining); `new_world` the
-// communicator of `to`'s ranks (null on a process leaving), over which the new
-// runtime of `to_cfg` and `to.plan` is built. Returns it (null on a process
-// leaving) holding the old runtime's state, position and Adam steps; the old
-// runtime keeps no state buffers and is dropped by the caller.
+// Collective over `members`: every process of either layout, and those in
+// reserve under both. `old_rt` is this process's runtime under `from` (null on
+// a process joining or in reserve); `new_world` the communicator of `to`'s
+// ranks (null on a process leaving or staying in reserve), over which the new
+// runtime of `to_cfg` and `to.plan` is built. Returns it (null without
+// `new_world`) holding the old runtime's state, position and Adam steps; the
+// old runtime keeps no state buffers and is dropped by the caller.
 // `buffer_bytes` is the staging of one process (one chunk out, one in).
 std::unique_ptr<RankRuntime> move_state(RankRuntime* old_rt, const MoveSide& from, const config::Config& to_cfg,
                                         const MoveSide& to, comm::Communicator* new_world,

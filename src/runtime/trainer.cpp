@@ -631,6 +631,17 @@ void print_summary(const RunLog& log, RankRuntime& rt) {
               human_bytes(mem.peak[3]).c_str(), human_bytes(mem.peak[4]).c_str());
 }
 
+// The end of a run on a rank that trains: a background save finished, the trace written, and unless a
+// signal stopped it, the final parameters and the summary.
+void wrap_up(Generation& gen, const RunLog& log, TraceRecorder* recorder, const TrainOptions& opts, MpiEnv& env) {
+  gen.ckpt->wait();  // a background save finishes before the job does
+  std::fflush(stdout);
+  if (recorder) write_trace(*recorder, *gen.plan, gen.cfg->source, opts.trace_path, env.rank(), env.world_size());
+  if (log.stopped) return;
+  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, *gen.rt, env);
+  if (env.rank() == 0) print_summary(log, *gen.rt);
+}
+
 }  // namespace
 
 std::string human_bytes(int64_t b) {
@@ -679,13 +690,8 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
 
   const RunLog log = run_job(gen, members, boundary, *tokens, metrics, opts, env);
   if (log.left) return leave_job(members.me());
-  if (!gen.rt) return;  // in reserve to the end
-  gen.ckpt->wait();  // a background save finishes before the job does
-  std::fflush(stdout);
-  if (recorder) write_trace(*recorder, *gen.plan, cfg.source, opts.trace_path, env.rank(), env.world_size());
-  if (log.stopped) return;
-  if (!opts.dump_final_path.empty()) dump_params(opts.dump_final_path, *gen.rt, env);
-  if (env.rank() == 0) print_summary(log, *gen.rt);
+  if (gen.rt) wrap_up(gen, log, recorder.get(), opts, env);
+  members.finish(!gen.rt, gen.cfg->parallel.comm_timeout_s);  // a process in reserve to the end waits here
 } catch (const std::bad_alloc&) {
   out_of_memory(env);  // a user error with the memory figures, on every rank
 }

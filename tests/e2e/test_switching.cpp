@@ -341,6 +341,28 @@ TEST(Elastic, LeaveNoticeBySignal) {
   EXPECT_EQ(events_of(rows)[0]["active_after"], nlohmann::json::array({0}));
 }
 
+// Ranks that stay in reserve through a switch take part in it without state: 4 processes, 2 training and
+// 2 in reserve; at step 3 the job shrinks to 1 rank (rank 1 joins the reserve, ranks 2 and 3 stay in it),
+// at step 6 it grows to all 4.
+TEST(Elastic, ReserveStaysThroughAShrinkAndJoinsLater) {
+  TempDir tmp("elastic-reserve");
+  const std::string config = tmp.write(
+      "reserve.yaml", read_text(source("config/tiny.yaml")) +
+                          "\nswitch:\n  - {at_step: 3, world: 1, parallel: {dp: 1}}\n"
+                          "  - {at_step: 6, world: 4, parallel: {dp: 4}}\n");
+  const std::string metrics = tmp.file("s.jsonl");
+  auto r = run(mpi(4) + piper() + " train " + config + common_sets() +
+               " --set parallel.dp=2 --set train.standby=2 --metrics " + metrics);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto rows = read_metrics(metrics);
+  const auto events = events_of(rows);
+  ASSERT_EQ(events.size(), 2u) << r.output;
+  EXPECT_EQ(events[0]["active_after"], nlohmann::json::array({0})) << events[0].dump();
+  EXPECT_EQ(events[1]["active_after"], nlohmann::json::array({0, 1, 2, 3})) << events[1].dump();
+  EXPECT_EQ(events[1]["step"], 6);
+  EXPECT_EQ(steps_of(rows).size(), static_cast<size_t>(kSteps));
+}
+
 // A switch file that does not parse, and one that names every rank as leaving: the job says why and
 // trains on under its strategy.
 TEST(Elastic, RefusedSwitchFilesKeepTheJobRunning) {

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# test_slurm.sh — jobs/slurm/train.sbatch on a real one-node Slurm (scripts/slurm-local.sh).
+# test_slurm.sh — jobs/slurm/train.sbatch and jobs/slurm/elastic.sbatch on a real one-node Slurm
+# (scripts/slurm-local.sh).
 #   tests/slurm/test_slurm.sh [SOURCE_DIR [PIPER_EXE]]
 # Part 1 (training): a short job trains config/tiny.yaml on 2 ranks and finishes.
 # Part 2 (checkpoint): a longer job gets SIGUSR1
 # (scancel --signal=USR1 --batch), checkpoints, requeues itself and resumes from the checkpoint.
+# Part 3 (elastic): a job on 4 ranks + 2 in reserve gets a preemption notice (SIGUSR2) and shrinks to
+# 2 ranks, then SIGHUP and grows back to 4, and finishes; every step is in its metrics once.
 # Needs root (or sudo) for the daemons; stops them on every exit.
 set -euo pipefail
 
@@ -52,10 +55,12 @@ wait_for() {
   done
   fail "no line /$2/ in $1 after $3 s (job state $( [[ -n ${4:-} ]] && job_state "$4"))"
 }
-submit() {  # submit NAME NTASKS VAR=VALUE...: prints the job id
-  local name=$1 n=$2; shift 2
-  (cd "$src" && env "$@" sbatch --parsable --job-name="$name" --ntasks="$n" \
-     --output="$work/$name-%j.out" jobs/slurm/train.sbatch) | cut -d';' -f1
+submit() {  # submit SCRIPT NAME NTASKS VAR=VALUE...: prints the job id
+  local script=$1 name=$2 n=$3 over=()
+  shift 3
+  (( n > $(nproc) )) && over=(--overcommit)  # more tasks than the node's CPUs
+  (cd "$src" && env "$@" sbatch --parsable --job-name="$name" --ntasks="$n" "${over[@]}" \
+     --output="$work/$name-%j.out" "$script") | cut -d';' -f1
 }
 
 ran=()
@@ -66,7 +71,7 @@ has_resume=1
 # ---- part 1: a short job trains and finishes -----------------------------------------------
 resume=()
 if [[ $has_resume -eq 1 ]]; then resume=(CKPT_DIR="$work/ckpt-train"); else resume=(RESUME=); fi
-id=$(submit train 2 "${common[@]}" "${resume[@]}" METRICS="$work/train.jsonl" \
+id=$(submit jobs/slurm/train.sbatch train 2 "${common[@]}" "${resume[@]}" METRICS="$work/train.jsonl" \
      EXTRA="--set parallel.dp=2 --set train.steps=5 --set train.log_every=1 --set data.path=$corpus")
 echo "test_slurm: part 1: job $id (2 ranks, 5 steps)"
 state=$(wait_done "$id" 180)
@@ -82,7 +87,7 @@ echo "test_slurm: part 1 passed: job $id trained 5 steps and finished"
 # ---- part 2: signal -> checkpoint -> requeue -> resume ---------------------------------------
 if [[ $has_resume -eq 1 ]]; then
   ckpt=$work/ckpt
-  id=$(submit resume 2 "${common[@]}" CKPT_DIR="$ckpt" METRICS="$work/resume.jsonl" \
+  id=$(submit jobs/slurm/train.sbatch resume 2 "${common[@]}" CKPT_DIR="$ckpt" METRICS="$work/resume.jsonl" \
        EXTRA="--set parallel.dp=2 --set train.steps=400 --set train.log_every=1 --set checkpoint.every=100000 --set data.path=$corpus")
   out=$work/resume-$id.out
   echo "test_slurm: part 2: job $id (2 ranks, 400 steps)"
@@ -108,4 +113,35 @@ if [[ $has_resume -eq 1 ]]; then
 else
   fail "unreachable: checkpointing is always tested"
 fi
+
+# ---- part 3: preemption notice -> shrink 4 -> 2 ranks; SIGHUP -> grow back to 4 ---------------------
+steps=600
+id=$(submit jobs/slurm/elastic.sbatch elastic 6 "${common[@]}" ACTIVE=4 STANDBY=2 CKPT_DIR="$work/ckpt-elastic" \
+     METRICS="$work/elastic.jsonl" SWITCH_FILE="$work/switch-elastic.yaml" \
+     EXTRA="--set parallel.dp=4 --set train.steps=$steps --set train.log_every=1 --set train.threads=1 --set train.switch_tune_s=2 --set data.path=$corpus")
+out=$work/elastic-$id.out
+echo "test_slurm: part 3: job $id (4 ranks + 2 in reserve, $steps steps)"
+wait_for "$out" '^step +[0-9]+ ' 120 "$id"
+scancel --signal=USR2 --batch "$id"
+wait_for "$out" 'rank\(s\) 2, 3 left the job' 120 "$id"
+wait_for "$out" 'switch at step [0-9]+ .*: 4 rank\(s\) .* -> 2 rank\(s\)' 10 "$id"
+scancel --signal=HUP --batch "$id"
+wait_for "$out" 'switch at step [0-9]+ .*: 2 rank\(s\) .* -> 4 rank\(s\)' 120 "$id"
+state=$(wait_done "$id" 300)
+[[ $state == COMPLETED ]] || fail "elastic job $id ended $state"
+grep -q '^summary:' "$out" || fail "elastic job $id printed no summary"
+[[ $(grep -Ec '^step +[0-9]+ ' "$out") -eq $steps ]] || fail "elastic job $id printed $(grep -Ec '^step +[0-9]+ ' "$out") step lines, not $steps"
+# Two switch events (4 -> 2 ranks, ranks 2 and 3 leaving; 2 -> 4, the reserve joining) and every step once, in order.
+python3 - "$work/elastic.jsonl" "$steps" <<'PY' || fail "elastic job $id: its metrics ($work/elastic.jsonl) are not as expected"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+events = [r for r in rows if "event" in r]
+steps = [r["step"] for r in rows if "event" not in r]
+shape = [(len(e["active_before"]), len(e["active_after"]), e["leaving"]) for e in events]
+print(f"test_slurm: switches {shape} at steps {[e['step'] for e in events]}; {len(steps)} step lines")
+ok = shape == [(4, 2, [2, 3]), (2, 4, [])] and steps == list(range(int(sys.argv[2])))
+sys.exit(0 if ok else 1)
+PY
+ran+=("elastic shrink/grow")
+echo "test_slurm: part 3 passed: job $id shrank to 2 ranks on a notice, grew back to 4 and finished"
 echo "test_slurm: passed; parts run: ${ran[*]}"
