@@ -20,6 +20,12 @@ corpus=$(dirname "$piper")/data/corpus.tok
 work=$(mktemp -d /tmp/piper-slurm.XXXXXX)
 cleanup() {
   local rc=$?
+  # A job still running (a failed wait) would outlive the daemons: its processes (the batch shell, mpirun,
+  # the ranks), as slurmd lists them.
+  local pids=""
+  [[ -f $work/slurm.conf ]] && pids=$(SLURM_CONF=$work/slurm.conf scontrol listpids 2>/dev/null | awk 'NR > 1 {print $1}')
+  # shellcheck disable=SC2086
+  [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
   "$src/scripts/slurm-local.sh" stop "$work" >/dev/null 2>&1 || true
   if [[ $rc -ne 0 ]]; then
     echo "test_slurm: FAILED (rc $rc); job outputs and daemon logs:" >&2
