@@ -158,7 +158,8 @@ def region(rounds, saves, walls, lines):
         "|---|---:|---|",
         f"| online switch A -> B: step loop stalled | {stall:.0f} ms | {each(get('stall_ms'))} |",
         f"| of which build / plan / move | {med(get('build_ms')):.0f} / {med(get('plan_ms')):.0f} / {move:.0f} ms | |",
-        f"| moved over the network / copied locally | {moved / MIB:.0f} / {local / MIB:.0f} MiB | |",
+        f"| moved over the network / copied locally | {moved / MIB:.0f} / {local / MIB:.0f} MiB in {rounds[0]['rounds']} "
+        "rounds | |",
         f"| achieved bandwidth (moved / move time, all ranks together) | {achieved:.0f} MiB/s | |",
         f"| checkpoint under A: step loop stalled (synchronous save) | {med(saves):.0f} ms | {each(saves)} |",
         f"| restart under B: `mpirun` to exit, `--resume` of that checkpoint | {med(walls):.0f} ms | {each(walls)} |",
@@ -178,9 +179,13 @@ def region(rounds, saves, walls, lines):
         name = f"{b / MIB:.0f} MiB" + (" (the switch's chunk)" if b == chunk else "")
         out.append(f"| {name} | {j['ms']:.1f} ms | {j['mib_s']:.0f} | {j['mib_s'] * NP:.0f} MiB/s |")
     at_chunk = lines[chunk]["mib_s"] * NP
+    per_round = moved / MIB / rounds[0]["rounds"]
     out += ["", f"The switch's move reaches {100 * achieved / at_chunk:.0f}% of the communicator's bandwidth at its "
-            "chunk size; the rest of its move time is the local copies, the allocation of the new blocks and the "
-            "rounds in which not every rank sends.", "<!-- switch-bench:end -->"]
+            f"chunk size: its {rounds[0]['rounds']} rounds carry {per_round:.1f} MiB each on average over all ranks "
+            f"(a round of full chunks would carry {NP * chunk / MIB:.0f} MiB), as the state moves block by block and "
+            "tensor by tensor, and each round is a rendezvous of processes that share the cores; the rest of the "
+            "move time is the packing into and out of the staging chunks, the local copies and the first touch of "
+            "the new blocks.", "<!-- switch-bench:end -->"]
     return "\n".join(out)
 
 
