@@ -132,7 +132,8 @@ def p2p(build, sizes):
 
 
 def chunk_bytes(event):
-    """The largest message of a switch: half its staging buffer in whole floats (one chunk out, one in)."""
+    """The largest message of a switch: half its staging buffer in whole floats (one chunk out, one in;
+    state::chunk_elems)."""
     return event["buffer_bytes"] // 2 // 4 * 4
 
 
