@@ -56,6 +56,20 @@ void for_each_segment(const std::vector<state::Run>& runs, const std::vector<int
   }
 }
 
+// The local offset where the elements [first, first + count) of the runs start when they lie back to back
+// in the buffer, else -1.
+int64_t stretch_start(const std::vector<state::Run>& runs, const std::vector<int64_t>& offsets, int64_t first,
+                      int64_t count) {
+  int64_t start = -1, next = -1;
+  bool together = true;
+  for_each_segment(runs, offsets, first, count, [&](int64_t off, int64_t len, int64_t) {
+    if (start < 0) start = off;
+    else together = together && off == next;
+    next = off + len;
+  });
+  return together ? start : -1;
+}
+
 // This process's side of the moves: its rank in each layout and its pieces there.
 struct Side {
   RankRuntime* rt = nullptr;
@@ -98,6 +112,16 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
                     static_cast<size_t>(tr.runs[r].size()) * sizeof(float));
       fig.bytes_local += state::total(tr.runs) * state::kStateElemBytes;
     }
+    // Where each transfer of the step lies on either side, located once for all its messages.
+    std::map<size_t, Located> at_src, at_dst;
+    auto src_of = [&](size_t t) -> const Located& {
+      auto it = at_src.find(t);
+      return it != at_src.end() ? it->second : at_src.emplace(t, locate_in(*from.rt, from.pieces, plan.transfers[t])).first->second;
+    };
+    auto dst_of = [&](size_t t) -> const Located& {
+      auto it = at_dst.find(t);
+      return it != at_dst.end() ? it->second : at_dst.emplace(t, locate_in(*to.rt, to.pieces, plan.transfers[t])).first->second;
+    };
     for (const state::Round& round : step.rounds) {
       const state::Message* send = nullptr;
       const state::Message* recv = nullptr;
@@ -105,24 +129,40 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
         if (m.src == me) send = &m;
         if (m.dst == me) recv = &m;
       }
+      // A message that lies back to back in its buffer goes from (or into) the buffer itself; the others
+      // through the staging.
       std::vector<comm::Request> pending;
-      if (recv) pending.push_back(members.irecv(in, static_cast<size_t>(recv->count), recv->src, kSwitchTag));
+      float* recv_into = nullptr;
+      if (recv) {
+        const state::Transfer& tr = plan.transfers[recv->transfer];
+        const Located& dst = dst_of(recv->transfer);
+        const int64_t at = stretch_start(tr.runs, dst.offsets, recv->first, recv->count);
+        recv_into = at >= 0 ? dst.base + at : in;
+        pending.push_back(members.irecv(recv_into, static_cast<size_t>(recv->count), recv->src, kSwitchTag));
+      }
       if (send) {
         const state::Transfer& tr = plan.transfers[send->transfer];
-        const Located src = locate_in(*from.rt, from.pieces, tr);
-        for_each_segment(tr.runs, src.offsets, send->first, send->count, [&](int64_t off, int64_t len, int64_t pos) {
-          std::memcpy(out + pos, src.base + off, static_cast<size_t>(len) * sizeof(float));
-        });
-        pending.push_back(members.isend(out, static_cast<size_t>(send->count), send->dst, kSwitchTag));
+        const Located& src = src_of(send->transfer);
+        const int64_t at = stretch_start(tr.runs, src.offsets, send->first, send->count);
+        const float* from_buf = src.base + std::max<int64_t>(at, 0);
+        if (at < 0) {
+          for_each_segment(tr.runs, src.offsets, send->first, send->count, [&](int64_t off, int64_t len, int64_t pos) {
+            std::memcpy(out + pos, src.base + off, static_cast<size_t>(len) * sizeof(float));
+          });
+          from_buf = out;
+        }
+        pending.push_back(members.isend(from_buf, static_cast<size_t>(send->count), send->dst, kSwitchTag));
         fig.bytes_sent += send->count * state::kStateElemBytes;
       }
       comm::wait_all(pending);
       if (recv) {
-        const state::Transfer& tr = plan.transfers[recv->transfer];
-        const Located dst = locate_in(*to.rt, to.pieces, tr);
-        for_each_segment(tr.runs, dst.offsets, recv->first, recv->count, [&](int64_t off, int64_t len, int64_t pos) {
-          std::memcpy(dst.base + off, in + pos, static_cast<size_t>(len) * sizeof(float));
-        });
+        if (recv_into == in) {
+          const state::Transfer& tr = plan.transfers[recv->transfer];
+          const Located& dst = dst_of(recv->transfer);
+          for_each_segment(tr.runs, dst.offsets, recv->first, recv->count, [&](int64_t off, int64_t len, int64_t pos) {
+            std::memcpy(dst.base + off, in + pos, static_cast<size_t>(len) * sizeof(float));
+          });
+        }
         fig.bytes_received += recv->count * state::kStateElemBytes;
       }
     }
