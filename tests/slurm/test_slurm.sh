@@ -22,18 +22,22 @@ cleanup() {
   local rc=$?
   # A job still running (a failed wait) would outlive the daemons: its processes (the batch shell, mpirun,
   # the ranks), as slurmd lists them.
+  # (Every command here may fail without ending the cleanup: set -e still applies inside a trap.)
   local pids=""
-  [[ -f $work/slurm.conf ]] && pids=$(SLURM_CONF=$work/slurm.conf scontrol listpids 2>/dev/null | awk 'NR > 1 {print $1}')
+  if [[ -f $work/slurm.conf ]]; then
+    pids=$(SLURM_CONF=$work/slurm.conf scontrol listpids 2>/dev/null | awk 'NR > 1 {print $1}') || pids=""
+  fi
   # shellcheck disable=SC2086
-  [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
+  if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
   "$src/scripts/slurm-local.sh" stop "$work" >/dev/null 2>&1 || true
   if [[ $rc -ne 0 ]]; then
     echo "test_slurm: FAILED (rc $rc); job outputs and daemon logs:" >&2
     for f in "$work"/*.out "$work"/log/*.log; do [[ -f $f ]] && { echo "== $f"; tail -n 40 "$f"; }; done >&2
     echo "test_slurm: kept $work" >&2
   else
-    rm -rf "$work"
+    rm -rf "$work" 2>/dev/null || true  # a daemon may still be closing its log as the folder goes
   fi
+  exit "$rc"  # the test's own outcome, whatever the cleanup's last command returned
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
