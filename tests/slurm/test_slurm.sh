@@ -20,15 +20,16 @@ corpus=$(dirname "$piper")/data/corpus.tok
 work=$(mktemp -d /tmp/piper-slurm.XXXXXX)
 cleanup() {
   local rc=$?
-  # A job still running (a failed wait) would outlive the daemons: its processes (the batch shell, mpirun,
-  # the ranks), as slurmd lists them.
+  # A job of this test still running (a failed wait) would outlive the daemons: its processes (the batch
+  # shell, mpirun, the ranks), as slurmd lists them; only this test's jobs (two local clusters on one
+  # host share Slurm's default ports, so slurmd may list another run's jobs too).
   # (Every command here may fail without ending the cleanup: set -e still applies inside a trap.)
-  local pids=""
-  if [[ -f $work/slurm.conf ]]; then
-    pids=$(SLURM_CONF=$work/slurm.conf scontrol listpids 2>/dev/null | awk 'NR > 1 {print $1}') || pids=""
-  fi
-  # shellcheck disable=SC2086
-  if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
+  local id pid
+  for id in $(cat "$work/jobs" 2>/dev/null || true); do
+    for pid in $(SLURM_CONF=$work/slurm.conf scontrol listpids "$id" 2>/dev/null | awk 'NR > 1 {print $1}' || true); do
+      kill -KILL "$pid" 2>/dev/null || true
+    done
+  done
   "$src/scripts/slurm-local.sh" stop "$work" >/dev/null 2>&1 || true
   if [[ $rc -ne 0 ]]; then
     echo "test_slurm: FAILED (rc $rc); job outputs and daemon logs:" >&2
@@ -69,8 +70,11 @@ submit() {  # submit SCRIPT NAME NTASKS VAR=VALUE...: prints the job id
   local script=$1 name=$2 n=$3 over=()
   shift 3
   (( n > $(nproc) )) && over=(--overcommit)  # more tasks than the node's CPUs
-  (cd "$src" && env "$@" sbatch --parsable --job-name="$name" --ntasks="$n" "${over[@]}" \
-     --output="$work/$name-%j.out" "$script") | cut -d';' -f1
+  local id
+  id=$(cd "$src" && env "$@" sbatch --parsable --job-name="$name" --ntasks="$n" "${over[@]}" \
+       --output="$work/$name-%j.out" "$script" | cut -d';' -f1)
+  echo "$id" >> "$work/jobs"  # for the cleanup
+  echo "$id"
 }
 
 ran=()
