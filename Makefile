@@ -53,12 +53,12 @@ bench: deps build corpus
 
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-	  -DPIPER_LIBFUZZER=ON -DPIPER_SANITIZE=ON $(CMAKE_FLAGS)
+	  -DPIPER_LIBFUZZER=ON -DPIPER_SANITIZE=ON -DPIPER_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_tests
 	tests/fuzz/run-libfuzzer.sh $(FUZZ_BUILD) $(FUZZ_TIME) $(FUZZ_READERS)
 
 sanitize: deps
-	cmake -S . -B $(ASAN_BUILD) -DPIPER_SANITIZE=ON $(CMAKE_FLAGS)
+	cmake -S . -B $(ASAN_BUILD) -DPIPER_SANITIZE=ON -DPIPER_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@scripts/make-corpus.sh $(ASAN_BUILD)
 	tests/sanitizers/run.sh $(ASAN_BUILD) $(JOBS) "$(SANITIZE_TESTS)" "$(SANITIZE_MPI_TESTS)" "$(SANITIZE_E2E)"
