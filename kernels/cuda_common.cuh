@@ -16,22 +16,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
+
+#include "cuda_check.hpp"
 
 namespace piper::kernels::cuda {
-
-// Throws std::runtime_error naming the call, the file and line, and CUDA's error.
-inline void check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("CUDA error in ") + what + " at " + file + ":" +
-                             std::to_string(line) + ": " + cudaGetErrorName(e) + " (" +
-                             cudaGetErrorString(e) + ")");
-}
-#define PIPER_CUDA_CHECK(expr) ::piper::kernels::cuda::check((expr), #expr, __FILE__, __LINE__)
-// After a kernel launch: a bad configuration shows here, with the kernel's name.
-#define PIPER_CUDA_LAUNCHED(kernel) \
-  ::piper::kernels::cuda::check(cudaGetLastError(), "launch of " kernel, __FILE__, __LINE__)
 
 constexpr int kThreads = 256;  // threads of a one-dimensional block
 constexpr int kWarp = 32;
