@@ -79,4 +79,12 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(m);
 }
 
+// The sum of x[0, n) in double over one block, returned to every thread: each thread sums its
+// strided share in order, then block_sum; the order is fixed for a fixed block size.
+__device__ __forceinline__ double block_sum_of(const double* x, int64_t n, double* scratch) {
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  return block_sum(s, scratch);
+}
+
 }  // namespace piper::kernels::cuda
