@@ -21,6 +21,7 @@
 #include "cuda_common.cuh"
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
