@@ -2,11 +2,11 @@
 //
 // x[B,Tn,C], w[C,K], bias[C] -> y[B,Tn,C]
 //   y[b,t,c] = bias[c] + sum_{k<K} w[c,k] * x[b, t-(K-1)+k, c]   (x[b,<0,c] = 0)
-// y and dx: one thread per element. dw and dbias: one block per 32 channels and tap (the bias is
-// tap K), summing over all B*Tn rows in a fixed order (column_sum), so no partial buffers and no
-// atomics.
+// y and dx: one thread per element. dw and dbias: partial sums per kPartialRows rows, then summed
+// over the partials in order (add_column_sums), so they are the same from run to run.
 #include "conv1d_cuda.hpp"
 #include "cuda_common.cuh"
+#include "tensor_ops_cuda.hpp"
 
 namespace piper::kernels::cuda {
 namespace {
@@ -37,30 +37,33 @@ __global__ void conv1d_dx_kernel(const T* dy, const T* w, T* dx, int64_t Tn, int
   }
 }
 
-// Block (channel tile blockIdx.x, tap k = blockIdx.y): dw[c,k] += sum_rows dy * x(shifted), or for
-// k == K, dbias[c] += sum_rows dy.
+// Partials of rows block r = blockIdx.y, one thread per element e of dw [C*K] and dbias [C]:
+//   part_w[r, c*K + k] = sum_rows dy[m,c] * x[m - (K-1-k), c]   (rows with t >= K-1-k)
+//   part_b[r, c]       = sum_rows dy[m,c]
 template <class T>
-__global__ void conv1d_dw_kernel(const T* dy, const T* x, float* dw, float* dbias, int64_t rows,
-                                 int64_t Tn, int64_t C, int64_t K) {
-  __shared__ float scratch[kThreads];
-  const int64_t c = blockIdx.x * int64_t(kWarp) + threadIdx.x % kWarp, k = blockIdx.y;
-  const int64_t shift = K - 1 - k;  // tap k of row (b,t) reads x at t - shift
-  const float sum = column_sum(
-      rows,
-      [&](int64_t r) {
-        if (c >= C) return 0.0f;
-        const float g = to_f32(dy[r * C + c]);
-        if (k == K) return g;
-        return r % Tn >= shift ? g * to_f32(x[(r - shift) * C + c]) : 0.0f;
-      },
-      scratch);
-  if (threadIdx.x < kWarp && c < C) {
-    if (k == K)
-      dbias[c] += sum;
+__global__ void conv1d_dw_partial(const T* dy, const T* x, float* part_w, float* part_b, int64_t rows,
+                                  int64_t Tn, int64_t C, int64_t K) {
+  const int64_t m0 = blockIdx.y * kPartialRows;
+  const int64_t m1 = rows < m0 + kPartialRows ? rows : m0 + kPartialRows;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < C * (K + 1); e += int64_t(gridDim.x) * blockDim.x) {
+    const bool bias = e >= C * K;
+    const int64_t c = bias ? e - C * K : e / K, shift = bias ? 0 : K - 1 - e % K;
+    float s = 0;
+    for (int64_t m = m0; m < m1; ++m) {
+      const float g = to_f32(dy[m * C + c]);
+      if (bias)
+        s += g;
+      else if (m % Tn >= shift)
+        s += g * to_f32(x[(m - shift) * C + c]);
+    }
+    if (bias)
+      part_b[blockIdx.y * C + c] = s;
     else
-      dw[c * K + k] += sum;
+      part_w[blockIdx.y * C * K + e] = s;
   }
 }
+
+int64_t partial_blocks(int64_t rows) { return (rows + kPartialRows - 1) / kPartialRows; }
 
 }  // namespace
 
@@ -73,23 +76,31 @@ void conv1d_fwd(const T* x, const T* w, const T* bias, T* y, int64_t B, int64_t 
   PIPER_CUDA_LAUNCHED("conv1d_fwd");
 }
 
+int64_t conv1d_bwd_workspace_bytes(int64_t B, int64_t Tn, int64_t C, int64_t K) {
+  return partial_blocks(B * Tn) * C * (K + 1) * static_cast<int64_t>(sizeof(float));
+}
+
 template <class T>
 void conv1d_bwd(const T* dy, const T* x, const T* w, T* dx, float* dw, float* dbias, int64_t B,
-                int64_t Tn, int64_t C, int64_t K, cudaStream_t s) {
+                int64_t Tn, int64_t C, int64_t K, void* work, cudaStream_t s) {
   const int64_t n = B * Tn * C;
   if (n == 0) return;
   conv1d_dx_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(dy, w, dx, Tn, C, K, n);
   PIPER_CUDA_LAUNCHED("conv1d_bwd (dx)");
-  const dim3 grid(static_cast<unsigned>((C + kWarp - 1) / kWarp), static_cast<unsigned>(K + 1));
-  conv1d_dw_kernel<T><<<grid, kThreads, 0, s>>>(dy, x, dw, dbias, B * Tn, Tn, C, K);
-  PIPER_CUDA_LAUNCHED("conv1d_bwd (dw, dbias)");
+  const int64_t R = partial_blocks(B * Tn);
+  float* part_w = static_cast<float*>(work);  // [R, C*K]
+  float* part_b = part_w + R * C * K;         // [R, C]
+  conv1d_dw_partial<T><<<dim3(blocks_for(C * (K + 1)), static_cast<unsigned>(R)), kThreads, 0, s>>>(dy, x, part_w, part_b, B * Tn, Tn, C, K);
+  PIPER_CUDA_LAUNCHED("conv1d_bwd (dw, dbias partials)");
+  add_column_sums(part_w, R, C * K, dw, s);
+  add_column_sums(part_b, R, C, dbias, s);
 }
 
 #define PIPER_INSTANTIATE(T)                                                                       \
   template void conv1d_fwd<T>(const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t, \
                               cudaStream_t);                                                       \
   template void conv1d_bwd<T>(const T*, const T*, const T*, T*, float*, float*, int64_t, int64_t,   \
-                              int64_t, int64_t, cudaStream_t);
+                              int64_t, int64_t, void*, cudaStream_t);
 PIPER_INSTANTIATE(float)
 PIPER_INSTANTIATE(__nv_bfloat16)
 #undef PIPER_INSTANTIATE

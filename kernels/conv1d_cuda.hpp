@@ -14,9 +14,11 @@ namespace piper::kernels::cuda {
 template <class T>
 void conv1d_fwd(const T* x, const T* w, const T* bias, T* y, int64_t B, int64_t Tn, int64_t C,
                 int64_t K, cudaStream_t s);
+// Scratch of conv1d_bwd: the dw and dbias partials of each kPartialRows rows.
+int64_t conv1d_bwd_workspace_bytes(int64_t B, int64_t Tn, int64_t C, int64_t K);
 // dx[B,Tn,C] overwritten; dw[C,K], dbias[C] (f32) accumulated
 template <class T>
 void conv1d_bwd(const T* dy, const T* x, const T* w, T* dx, float* dw, float* dbias, int64_t B,
-                int64_t Tn, int64_t C, int64_t K, cudaStream_t s);
+                int64_t Tn, int64_t C, int64_t K, void* work, cudaStream_t s);
 
 }  // namespace piper::kernels::cuda

@@ -79,25 +79,4 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(m);
 }
 
-// Column sums of a [rows, cols] quantity, deterministic: a block of kThreads threads covers 32
-// adjacent columns (threadIdx.x % 32, the caller maps it to its column); the kThreads / 32 lanes
-// (threadIdx.x / 32) take every (kThreads / 32)-th row, and the lane partials are added in lane
-// order. f(r) is row r's value in the calling thread's column (0 past the last column). Every
-// thread of the block calls it (blockDim.x == kThreads); lane 0 (threadIdx.x < 32) gets the sum.
-// `scratch` holds kThreads floats.
-template <class F>
-__device__ __forceinline__ float column_sum(int64_t rows, F f, float* scratch) {
-  constexpr int lanes = kThreads / kWarp;
-  const int col = threadIdx.x % kWarp, lane = threadIdx.x / kWarp;
-  float acc = 0;
-  for (int64_t r = lane; r < rows; r += lanes) acc += f(r);
-  __syncthreads();  // scratch may still be read by a previous call
-  scratch[threadIdx.x] = acc;
-  __syncthreads();
-  float s = 0;
-  if (lane == 0)
-    for (int l = 0; l < lanes; ++l) s += scratch[l * kWarp + col];
-  return s;
-}
-
 }  // namespace piper::kernels::cuda

@@ -3,12 +3,13 @@
 // y[M,Di], z[M,Di], w[Di]; G contiguous groups of Dg = Di/G channels per row.
 //   g = y * silu(z);  rstd[m,grp] = 1/sqrt(mean_{i in grp} g_i^2 + eps);  out = g * rstd * w
 // One block per (row, group) for the forward and the dy/dz backward (block_sum over the group);
-// dw sums over the rows in a fixed order (column_sum), 32 channels per block.
+// dw from partials per kPartialRows rows summed in order (add_column_sums).
 #include <stdexcept>
 #include <string>
 
 #include "cuda_common.cuh"
 #include "gated_rmsnorm_cuda.hpp"
+#include "tensor_ops_cuda.hpp"
 
 namespace piper::kernels::cuda {
 namespace {
@@ -65,22 +66,23 @@ __global__ void gated_rmsnorm_bwd_kernel(const T* dout, const T* y, const T* z, 
   }
 }
 
-// dw[i] += sum_m dout[m,i] * n[m,i]; 32 channels per block.
+// part[r, i] = sum over the rows m of block r = blockIdx.y of dout[m,i] * n[m,i]
 template <class T>
-__global__ void gated_rmsnorm_dw_kernel(const T* dout, const T* y, const T* z, const float* rstd,
-                                        float* dw, int64_t M, int64_t Di, int64_t G) {
-  __shared__ float scratch[kThreads];
-  const int64_t i = blockIdx.x * int64_t(kWarp) + threadIdx.x % kWarp, grp = i / (Di / G);
-  const float sum = column_sum(
-      M,
-      [&](int64_t m) {
-        if (i >= Di) return 0.0f;
-        const int64_t e = m * Di + i;
-        return to_f32(dout[e]) * gated(to_f32(y[e]), to_f32(z[e])) * rstd[m * G + grp];
-      },
-      scratch);
-  if (threadIdx.x < kWarp && i < Di) dw[i] += sum;
+__global__ void gated_rmsnorm_dw_partial(const T* dout, const T* y, const T* z, const float* rstd,
+                                         float* part, int64_t M, int64_t Di, int64_t G) {
+  const int64_t m0 = blockIdx.y * kPartialRows, m1 = M < m0 + kPartialRows ? M : m0 + kPartialRows;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < Di; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t grp = i / (Di / G);
+    float s = 0;
+    for (int64_t m = m0; m < m1; ++m) {
+      const int64_t e = m * Di + i;
+      s += to_f32(dout[e]) * gated(to_f32(y[e]), to_f32(z[e])) * rstd[m * G + grp];
+    }
+    part[blockIdx.y * Di + i] = s;
+  }
 }
+
+int64_t partial_blocks(int64_t M) { return (M + kPartialRows - 1) / kPartialRows; }
 
 void check_groups(const char* op, int64_t Di, int64_t G) {
   if (G <= 0 || Di % G != 0)
@@ -100,23 +102,29 @@ void gated_rmsnorm_fwd(const T* y, const T* z, const T* w, T* out, float* rstd, 
   PIPER_CUDA_LAUNCHED("gated_rmsnorm_fwd");
 }
 
+int64_t gated_rmsnorm_bwd_workspace_bytes(int64_t M, int64_t Di) {
+  return partial_blocks(M) * Di * static_cast<int64_t>(sizeof(float));
+}
+
 template <class T>
 void gated_rmsnorm_bwd(const T* dout, const T* y, const T* z, const T* w, const float* rstd, T* dy,
-                       T* dz, float* dw, int64_t M, int64_t Di, int64_t G, cudaStream_t s) {
+                       T* dz, float* dw, int64_t M, int64_t Di, int64_t G, void* work, cudaStream_t s) {
   check_groups("gated_rmsnorm_bwd", Di, G);
   if (M == 0 || Di == 0) return;
   gated_rmsnorm_bwd_kernel<T><<<blocks_for(M * G, 1), kThreads, 0, s>>>(dout, y, z, w, rstd, dy, dz, M * G, Di, G);
   PIPER_CUDA_LAUNCHED("gated_rmsnorm_bwd (dy, dz)");
-  const unsigned grid = static_cast<unsigned>((Di + kWarp - 1) / kWarp);
-  gated_rmsnorm_dw_kernel<T><<<grid, kThreads, 0, s>>>(dout, y, z, rstd, dw, M, Di, G);
-  PIPER_CUDA_LAUNCHED("gated_rmsnorm_bwd (dw)");
+  const int64_t R = partial_blocks(M);
+  auto* part = static_cast<float*>(work);
+  gated_rmsnorm_dw_partial<T><<<dim3(blocks_for(Di), static_cast<unsigned>(R)), kThreads, 0, s>>>(dout, y, z, rstd, part, M, Di, G);
+  PIPER_CUDA_LAUNCHED("gated_rmsnorm_bwd (dw partials)");
+  add_column_sums(part, R, Di, dw, s);
 }
 
 #define PIPER_INSTANTIATE(T)                                                                     \
   template void gated_rmsnorm_fwd<T>(const T*, const T*, const T*, T*, float*, int64_t, int64_t,  \
                                      int64_t, float, cudaStream_t);                              \
   template void gated_rmsnorm_bwd<T>(const T*, const T*, const T*, const T*, const float*, T*, T*, \
-                                     float*, int64_t, int64_t, int64_t, cudaStream_t);
+                                     float*, int64_t, int64_t, int64_t, void*, cudaStream_t);
 PIPER_INSTANTIATE(float)
 PIPER_INSTANTIATE(__nv_bfloat16)
 #undef PIPER_INSTANTIATE

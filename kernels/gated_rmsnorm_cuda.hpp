@@ -15,9 +15,11 @@ namespace piper::kernels::cuda {
 template <class T>
 void gated_rmsnorm_fwd(const T* y, const T* z, const T* w, T* out, float* rstd, int64_t M,
                        int64_t Di, int64_t G, float eps, cudaStream_t s);
+// Scratch of gated_rmsnorm_bwd: the dw partials of each kPartialRows rows.
+int64_t gated_rmsnorm_bwd_workspace_bytes(int64_t M, int64_t Di);
 // dy, dz [M,Di] overwritten; dw[Di] (f32) accumulated
 template <class T>
 void gated_rmsnorm_bwd(const T* dout, const T* y, const T* z, const T* w, const float* rstd, T* dy,
-                       T* dz, float* dw, int64_t M, int64_t Di, int64_t G, cudaStream_t s);
+                       T* dz, float* dw, int64_t M, int64_t Di, int64_t G, void* work, cudaStream_t s);
 
 }  // namespace piper::kernels::cuda
