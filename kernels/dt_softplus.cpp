@@ -9,13 +9,9 @@ namespace piper::kernels {
 namespace {
 // Below this many elements a parallel region costs more than it saves (log1p/exp are scalar).
 constexpr int64_t kParallelMin = int64_t(1) << 13;
-// Above this softplus(v) == v to float and double precision alike (torch's threshold).
-template <class T>
-constexpr T kLinearAbove = T(20);
-
 template <class T>
 inline T softplus(T v) {
-  return v > kLinearAbove<T> ? v : std::log1p(std::exp(v));
+  return v > T(kSoftplusLinearAbove) ? v : std::log1p(std::exp(v));
 }
 // d softplus / dv; exp(-v) -> inf for very negative v gives 0, never NaN.
 template <class T>

@@ -6,6 +6,9 @@
 
 namespace piper::kernels {
 
+// Above this softplus(v) == v to float and double precision alike (torch's threshold).
+inline constexpr double kSoftplusLinearAbove = 20;
+
 // dt_raw[M,Hm], dt_bias[Hm] -> dt[M,Hm]
 template <class T>
 void dt_softplus_fwd(const T* dt_raw, const T* dt_bias, T* dt, int64_t M, int64_t Hm);

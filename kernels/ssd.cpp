@@ -67,10 +67,7 @@ Dims dims_of(const SsdShape& s) {
   d.P = s.P;
   d.G = s.G;
   d.N = s.N;
-  // chunk <= 0, or a chunk longer than the sequence: one chunk of the sequence's length (the
-  // same numbers; the [L, L] scratch stays within the sequence).
-  const int64_t whole = std::max<int64_t>(s.Tn, 1);
-  d.L = s.chunk > 0 ? std::min(s.chunk, whole) : whole;
+  d.L = ssd_chunk_length(s);
   int64_t square = 0;  // the [L, L] scratch, checked here, outside any parallel region
   if (__builtin_mul_overflow(d.L, d.L, &square))
     throw std::length_error("ssd: chunk length " + std::to_string(d.L) + " squared does not fit 64 bits");

@@ -14,6 +14,13 @@ struct SsdShape {
   int64_t B, Tn, Hm, P, G, N;
   int64_t chunk;  // chunk length L of the SSD algorithm (the reference ignores it)
 };
+// The chunk length the chunked scan uses: `chunk`, or one chunk of the sequence's length where
+// chunk <= 0 or the chunk is longer than the sequence (the same numbers; the [L, L] scratch stays
+// within the sequence).
+inline int64_t ssd_chunk_length(const SsdShape& s) {
+  const int64_t whole = s.Tn > 1 ? s.Tn : 1;
+  return s.chunk > 0 && s.chunk < whole ? s.chunk : whole;
+}
 // Floats of saved state the chunked forward writes for its backward:
 // B * n_chunks * Hm * P * N (the state entering each chunk).
 int64_t ssd_saved_size(const SsdShape& s);
