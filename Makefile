@@ -37,7 +37,7 @@ run: deps build corpus
 	  $(BUILD)/piper train $(CONFIG)
 
 test: deps build corpus
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS); rc=$$?; cd $(CURDIR) && scripts/not-run.sh $(BUILD); exit $$rc
 
 bench: deps build corpus
 	@scripts/bench.sh $(BUILD)

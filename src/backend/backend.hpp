@@ -250,7 +250,11 @@ class Backend {
 
 // The process-wide CPU backend.
 Backend& cpu();
-// Every backend this build has, the CPU first: what the op runner tests.
+// The process-wide CUDA backend on the process's current CUDA device, made at the first call;
+// nullptr where there is none, and then `why` (when given) says why: a build without PIPER_CUDA,
+// no CUDA device or driver.
+Backend* cuda(std::string* why = nullptr);
+// Every backend this process can compute on, the CPU first: what the op runner tests.
 std::vector<Backend*> registered_backends();
 
 // A buffer on a backend, released when it goes out of scope.

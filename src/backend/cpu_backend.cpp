@@ -398,8 +398,6 @@ Backend& cpu() {
   return backend;
 }
 
-std::vector<Backend*> registered_backends() { return {&cpu()}; }
-
 Tensor::Tensor(Backend& b, int64_t numel, MemCategory category)
     : Tensor(b, Shape{numel}, category) {}
 
