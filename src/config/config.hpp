@@ -65,6 +65,10 @@ struct TrainConfig {
   int64_t sample_every = 0;     // generate a text sample every N steps; 0 = off
   int64_t sample_tokens = 64;   // length of a generated sample
   int64_t threads = 0;          // OpenMP threads per rank; 0 = leave OMP_NUM_THREADS / default
+  // Held-out evaluation (docs/data.md, "Held-out data"): the mean loss over the first eval_batches
+  // global batches of the held-out sequences, after every eval_every-th step and the last.
+  int64_t eval_every = 0;       // 0 = off; > 0 needs held-out data (data.eval_fraction or data.eval_path)
+  int64_t eval_batches = 4;     // held-out batches of global_batch sequences each (>= 1)
   // Online strategy switching (docs/switching.md): the `switch:` list and a switch file.
   std::string switch_file;        // a strategy file read at every step boundary when it appears or changes ("" = none)
   double switch_buffer_mb = 64;   // staging memory per rank for moving state in a switch, MiB (> 0)
@@ -90,6 +94,9 @@ struct CheckpointConfig {
 
 struct DataConfig {
   std::string path = "build/data/corpus.tok";  // token file (docs/data.md)
+  // Held-out data, at most one of the two (docs/data.md, "Held-out data").
+  double eval_fraction = 0.0;  // the last ceil(eval_fraction x sequences) of `path` held out, in [0, 1)
+  std::string eval_path;       // or a token file of held-out sequences ("" = none)
 
   bool operator==(const DataConfig&) const = default;
 };

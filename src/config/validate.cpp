@@ -297,6 +297,29 @@ void check_train(const TrainConfig& t, Checker& ck) {
             ck.ref("train.switch_hardware") + "); the tuner takes its costs from one of them");
 }
 
+// Held-out data and its evaluation (docs/data.md, "Held-out data"). What the token files hold (enough
+// sequences to train on and to evaluate) is checked by train once it has opened them.
+void check_eval(const Config& c, Checker& ck) {
+  const TrainConfig& t = c.train;
+  const DataConfig& d = c.data;
+  ck.real("data.eval_fraction", d.eval_fraction, 0, false, 1, true,
+          "in [0, 1): the share of the token file's sequences held out (0 = none; 1 would leave nothing to "
+          "train on; typical: 0.01)");
+  if (d.eval_fraction > 0 && !d.eval_path.empty())
+    ck.fail(ck.head("data.eval_path") + ": give data.eval_fraction or data.eval_path, not both (" +
+            ck.ref("data.eval_fraction") + "); the held-out sequences come from one of them");
+  const bool every_ok = ck.at_least("train.eval_every", t.eval_every, 0);
+  if (ck.within("train.eval_batches", t.eval_batches, 1, kMaxBatch, "2^24 batches per evaluation") &&
+      t.global_batch >= 1 && t.seq_len >= 1)
+    ck.product_within("train.eval_batches", {"train.global_batch", "train.seq_len"}, "the tokens of an evaluation",
+                      {{"eval_batches", t.eval_batches}, {"global_batch", t.global_batch}, {"seq_len", t.seq_len}},
+                      kMaxRunTokens, "2^62 tokens (the sample index of the held-out data is 64-bit)");
+  if (every_ok && t.eval_every > 0 && d.eval_fraction == 0 && d.eval_path.empty())
+    ck.fail(ck.head("train.eval_every") + ": evaluates on held-out data, and there is none: set "
+            "data.eval_fraction (e.g. 0.01, the last 1% of the token file's sequences) or data.eval_path (a token "
+            "file of held-out sequences)");
+}
+
 // "file:line:col: path" for a path of the target's locations ("switch[1].at_step"), or "path".
 std::string target_at(const SwitchTarget& t, const std::string& path) {
   auto it = t.locations.find(path);
@@ -446,6 +469,7 @@ void validate(const Config& cfg, int world_size) {
     ck.fail(ck.head("checkpoint.on_error") + ": must be 'stop' (end the job, exit 3) or 'continue' (warn and "
             "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
+  check_eval(cfg, ck);
   check_parallel(a, world_size, ck);
   check_switches(cfg, ck);
   if (!ck.errors().empty()) throw ConfigError(join(ck.errors(), "\n"));

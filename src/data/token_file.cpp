@@ -211,21 +211,26 @@ int32_t TokenFile::at(int64_t i) const {
   return load(i);
 }
 
-void TokenFile::sample(int64_t g, int64_t T, int32_t* out) const {
+void TokenFile::sample(const TokenRange& r, int64_t g, int64_t T, int32_t* out) const {
   if (g < 0 || T < 1) {
     fail(path_, "sample(g=" + std::to_string(g) + ", T=" + std::to_string(T) +
                     ") is invalid (expected g >= 0 and T >= 1)");
   }
-  // first = (g * T) mod n, without overflow for any g, T.
-  const auto n = static_cast<u128>(size_);
+  if (r.first < 0 || r.count < 1 || r.first > size_ - r.count) {
+    fail(path_, "tokens [" + std::to_string(r.first) + ", " + std::to_string(r.first) + " + " +
+                    std::to_string(r.count) + ") are not a non-empty stretch of its " + std::to_string(size_) +
+                    " tokens");
+  }
+  // (g * T) mod count, without overflow for any g, T.
+  const auto n = static_cast<u128>(r.count);
   auto pos = static_cast<int64_t>(static_cast<u128>(g) % n * (static_cast<u128>(T) % n) % n);
   int64_t left = T + 1;  // out[0..T]
-  while (left > 0) {     // contiguous runs up to the end of the file, then wrap to 0
-    const int64_t run = std::min(left, size_ - pos);
+  while (left > 0) {     // contiguous runs up to the end of the range, then wrap to its start
+    const int64_t run = std::min(left, r.count - pos);
     if (id_width_ == 2) {
-      copy_ids<uint16_t>(ids_, pos, run, out);
+      copy_ids<uint16_t>(ids_, r.first + pos, run, out);
     } else {
-      copy_ids<uint32_t>(ids_, pos, run, out);
+      copy_ids<uint32_t>(ids_, r.first + pos, run, out);
     }
     out += run;
     left -= run;

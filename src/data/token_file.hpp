@@ -29,6 +29,14 @@ inline constexpr uint32_t kTokenFormatVersion = 1;
 inline constexpr int64_t kTokenHeaderBytes = 32;
 inline constexpr int64_t kTokenMinCount = 2;  // one input and its next-token target
 
+// A stretch of a token file's ids, [first, first + count): what the samples of the training order or of
+// the held-out data are drawn from (docs/data.md, "Held-out data").
+struct TokenRange {
+  int64_t first = 0;
+  int64_t count = 0;
+  bool operator==(const TokenRange&) const = default;
+};
+
 // A validated, read-only, memory-mapped token file. Opening checks the header, the file size
 // and every id (< vocab size), so a TokenFile that exists is well formed.
 class TokenFile {
@@ -48,10 +56,16 @@ class TokenFile {
   // Token i, 0 <= i < size(); throws DataError otherwise.
   int32_t at(int64_t i) const;
 
-  // Global sample g (docs/model.md, "Data order"): out[i] = token (g*T + i) mod size(), for
-  // i = 0..T, i.e. T + 1 tokens (inputs out[0..T-1], targets out[1..T]) wrapping to the start
-  // of the file. out has room for T + 1 ids. Throws DataError unless g >= 0 and T >= 1.
-  void sample(int64_t g, int64_t T, int32_t* out) const;
+  // Every id of the file: {0, size()}.
+  TokenRange all() const { return {0, size_}; }
+
+  // Global sample g of the range r (docs/model.md, "Data order"): out[i] = token r.first +
+  // (g*T + i) mod r.count, for i = 0..T, i.e. T + 1 tokens (inputs out[0..T-1], targets
+  // out[1..T]) wrapping to the start of the range. out has room for T + 1 ids. Throws DataError
+  // unless g >= 0, T >= 1 and r is a non-empty stretch of the file.
+  void sample(const TokenRange& r, int64_t g, int64_t T, int32_t* out) const;
+  // The same over the whole file.
+  void sample(int64_t g, int64_t T, int32_t* out) const { sample(all(), g, T, out); }
 
  private:
   int32_t load(int64_t i) const;  // unchecked

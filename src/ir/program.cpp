@@ -66,6 +66,24 @@ Program lower(const Graph& g, int rank) {
   return lower_slice(g, rank, nodes, slot);
 }
 
+Program forward_program(const Program& training) {
+  auto forward = [](const Instr& in) { return in.pass == Pass::PASS_F || in.payload == Payload::PAYLOAD_ACTIVATION; };
+  std::set<int> kept;
+  for (const auto* stream : {&training.compute, &training.comm})
+    for (const Instr& in : *stream)
+      if (forward(in)) kept.insert(in.node);
+  Program p;
+  p.rank = training.rank;
+  for (auto [from, to] : {std::pair{&training.compute, &p.compute}, std::pair{&training.comm, &p.comm}})
+    for (const Instr& in : *from) {
+      if (!forward(in)) continue;
+      Instr copy = in;
+      std::erase_if(copy.waits, [&](int w) { return kept.count(w) == 0; });
+      to->push_back(std::move(copy));
+    }
+  return p;
+}
+
 std::vector<Program> lower_all(const Graph& g, int world_size) {
   std::vector<std::vector<std::pair<int, int>>> of(static_cast<size_t>(world_size));  // per rank: (node, slot)
   for (const Node& nd : g.nodes())

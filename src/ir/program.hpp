@@ -42,6 +42,14 @@ Program lower(const Graph& g, int rank);
 // once per rank.
 std::vector<Program> lower_all(const Graph& g, int world_size);
 
+// The forward part of a rank's training program, what an evaluation plays (docs/architecture.md,
+// "Evaluation"): every FWD segment, the activations' SEND and RECV, the collectives of the forward
+// passes (tensor-parallel sums, the vocab-parallel loss, MoE dispatch and combine) and the ZeRO-3
+// gathers before them, in the training program's order; each wait on a dropped instruction is
+// dropped with it. Its every stream is a subsequence of the training program's, so it plays
+// without deadlock wherever the training program does.
+Program forward_program(const Program& training);
+
 // 64-bit FNV-1a of the graph's canonical form; ranks compare it at start.
 uint64_t plan_hash(const Graph& g);
 // The same, also covering every parameter's name and global shape.

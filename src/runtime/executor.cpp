@@ -45,8 +45,13 @@ comm::Communicator* Groups::of(ir::GroupDim g) const {
   return nullptr;
 }
 
-Executor::Executor(model::Model& model, Optimizer& optimizer, ir::Program program, Groups groups)
-    : model_(model), optimizer_(optimizer), program_(std::move(program)), player_(program_), groups_(groups) {
+Executor::Executor(model::Model& model, Optimizer& optimizer, ir::Program program, Groups groups, Passes passes)
+    : model_(model),
+      optimizer_(optimizer),
+      program_(std::move(program)),
+      player_(program_),
+      groups_(groups),
+      passes_(passes) {
   last_unit_ = static_cast<int>(model.graph().units.size()) - 1;
   for (const ir::Instr& c : program_.comm) group_of(c);  // every group this program talks over exists
   for (const ir::Instr& in : program_.compute)
@@ -140,8 +145,11 @@ void Executor::run_segment(const ir::Instr& in) {
       a.y = get(acts_, {u, i}, "the output activation");
     }
     stats_->loss_sum += unit.run(NodeKind::FWD, in.segment, i, a);
+    if (!last) return;
+    const bool point_after = unit.shape(NodeKind::FWD).points.size() == static_cast<size_t>(in.segment) + 1;
+    if (passes_ == Passes::FORWARD && !point_after) forward_done(u, i);
     const auto r = recomputed_.find({u, i});
-    if (last && r != recomputed_.end()) unit.drop(i, r->second);
+    if (r != recomputed_.end()) unit.drop(i, r->second);
     return;
   }
   // BWD_W of a unit with an input gradient reads only what its BWD_I kept; the
@@ -163,6 +171,13 @@ void Executor::run_segment(const ir::Instr& in) {
   take(grads_, {u + 1, i});
   take(acts_, {u - 1, i});
   if (u > 0) grads_[{u, i}] = std::move(grad_in);
+}
+
+// Passes::FORWARD: a unit's forward is complete (its last segment, or the collective after it), and no
+// backward reads what it saved or its input activation.
+void Executor::forward_done(int unit, int mb) {
+  model_.unit(unit).release(mb);
+  take(acts_, {unit - 1, mb});
 }
 
 // RECOMP: the unit's dropped state again, from its input activation (kept until its backward).
@@ -279,6 +294,9 @@ bool Executor::complete(size_t k) {
   inflight_[k].clear();
   if (c.kind == NodeKind::REDUCE_SCATTER)
     for (int u : c.units) model_.params().release_full_grads(u);
+  if (passes_ == Passes::FORWARD && c.payload == Payload::PAYLOAD_UNIT && c.pass == ir::Pass::PASS_F &&
+      c.segment + 1 == model_.unit(c.unit).shape(NodeKind::FWD).segments)  // the collective that ends the forward
+    forward_done(c.unit, c.microbatch);
   if (!ir::is_zero3_gather(c)) held_[k].clear();
   return true;
 }

@@ -10,6 +10,7 @@
 // Program does.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <utility>
 #include <vector>
@@ -44,9 +45,15 @@ struct StepStats {
   double idle_ms = 0.0;    // time waiting for another stage's data (bubble)
 };
 
+// What a program runs: a training step, or only its forward (an evaluation: ir::forward_program),
+// where each unit releases what its forward saved, and its input activation, as soon as the forward
+// is done, since no backward reads them.
+enum class Passes : uint8_t { TRAINING, FORWARD };
+
 class Executor : private ir::PlayHost {
  public:
-  Executor(model::Model& model, Optimizer& optimizer, ir::Program program, Groups groups);
+  Executor(model::Model& model, Optimizer& optimizer, ir::Program program, Groups groups,
+           Passes passes = Passes::TRAINING);
 
   // Runs every instruction of the program once. `mbs[i]` is microbatch i of
   // this rank's data-parallel replica.
@@ -66,6 +73,7 @@ class Executor : private ir::PlayHost {
   void run(size_t i) override;
 
   void run_segment(const ir::Instr& in);
+  void forward_done(int unit, int mb);
   void recompute(const ir::Instr& in);
   void norm_squares();
   void finish_norm();
@@ -84,6 +92,7 @@ class Executor : private ir::PlayHost {
   ir::Program program_;
   ir::Player player_;
   Groups groups_;
+  Passes passes_;
   int last_unit_ = 0;
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u

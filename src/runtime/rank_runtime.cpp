@@ -26,18 +26,18 @@ struct StepBatch {
   std::vector<model::MicroBatch> mbs;
 };
 
-// Samples g = first + j of the global batch (docs/model.md, "Data order"):
+// Samples g = first + j of the global batch (docs/model.md, "Data order") from `range`:
 // replica `replica` of `replicas` takes the contiguous share [replica * GB /
 // replicas, (replica + 1) * GB / replicas), split into `n_mb` equal
 // microbatches in sample order.
-void load_batch(const data::TokenFile& tf, const config::TrainConfig& train, int64_t first, int n_mb, int replica,
-                int replicas, StepBatch& b) {
+void load_batch(const data::TokenFile& tf, const data::TokenRange& range, const config::TrainConfig& train,
+                int64_t first, int n_mb, int replica, int replicas, StepBatch& b) {
   const int64_t GB = train.global_batch, T = train.seq_len, share = GB / replicas;
   b.inputs.resize(static_cast<size_t>(share * T));
   b.targets.resize(static_cast<size_t>(share * T));
   std::vector<int32_t> seq(static_cast<size_t>(T + 1));
   for (int64_t j = 0; j < share; ++j) {
-    tf.sample(first + replica * share + j, T, seq.data());
+    tf.sample(range, first + replica * share + j, T, seq.data());
     std::copy(seq.begin(), seq.end() - 1, b.inputs.begin() + j * T);
     std::copy(seq.begin() + 1, seq.end(), b.targets.begin() + j * T);
   }
@@ -77,20 +77,33 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
              tp_.get(), ep_.get(), start == StateStart::INITIALISED),
       optimizer_(model_, cfg.train, start == StateStart::INITIALISED),
       instructions_per_step_(program.compute.size() + program.comm.size()),
+      evaluator_(model_, optimizer_, ir::forward_program(program), groups_, Passes::FORWARD),
       executor_(model_, optimizer_, std::move(program), groups_) {
   if (start == StateStart::INITIALISED) model_.params().init(cfg.train.seed);
 }
 
-StepStats RankRuntime::step(const data::TokenFile& tokens) {
+StepStats RankRuntime::step(const data::TokenFile& tokens, const data::TokenRange& range) {
   StepBatch batch;
-  load_batch(tokens, cfg_.train, position_.data_position, plan_.strategy.split.microbatches, replica(), replicas(),
-             batch);
+  load_batch(tokens, range, cfg_.train, position_.data_position, plan_.strategy.split.microbatches, replica(),
+             replicas(), batch);
   model_.backend().reset_peak();
   StepStats st = executor_.run_step(position_.step, batch.mbs);
   ++position_.step;
   position_.data_position += cfg_.train.global_batch;
   position_.tokens_seen += cfg_.train.global_batch * cfg_.train.seq_len;
   return st;
+}
+
+double RankRuntime::evaluate(const data::TokenFile& tokens, const data::TokenRange& held_out, int64_t batches) {
+  double loss_sum = 0.0;
+  StepBatch batch;
+  for (int64_t k = 0; k < batches; ++k) {
+    load_batch(tokens, held_out, cfg_.train, k * cfg_.train.global_batch, plan_.strategy.split.microbatches,
+               replica(), replicas(), batch);
+    loss_sum += evaluator_.run_step(position_.step, batch.mbs).loss_sum;
+  }
+  for (int u : held_units_) model_.unit(u).take_routing();  // the routing statistics report training steps only
+  return loss_sum;
 }
 
 void RankRuntime::resume_at(const DataPosition& at) {

@@ -75,9 +75,20 @@ class RankRuntime {
 
   // Runs the next step on its samples of `tokens` (this replica's share of
   // the global batch at data_position, split into the plan's microbatches),
-  // with the memory peaks counted from the step's start, and moves the
-  // position on by one step.
-  StepStats step(const data::TokenFile& tokens);
+  // drawn from the ids in `range` (docs/data.md, "Held-out data"), with the
+  // memory peaks counted from the step's start, and moves the position on by
+  // one step.
+  StepStats step(const data::TokenFile& tokens, const data::TokenRange& range);
+
+  // The held-out loss (docs/data.md, "Held-out data"): the forward of this
+  // rank's program (ir::forward_program) over held-out batches 0..batches-1,
+  // batch k being samples k * global_batch + j of `held_out`, each shared out
+  // and split as a step's. Returns this rank's sum of token losses (the
+  // world's sum over batches x global_batch x seq_len tokens is the loss).
+  // Changes no training state: parameters, optimiser and data position stay
+  // as they were, and the MoE routing statistics of its forwards are dropped
+  // (call it once the step's have been taken). Collective over the world.
+  double evaluate(const data::TokenFile& tokens, const data::TokenRange& held_out, int64_t batches);
 
   // Training state from a checkpoint: the position it records and the Adam
   // steps taken (one per optimiser step). The values and moments are read
@@ -112,6 +123,7 @@ class RankRuntime {
   model::Model model_;
   Optimizer optimizer_;
   size_t instructions_per_step_ = 0;
+  Executor evaluator_;  // the forward of the program, for evaluate()
   Executor executor_;
   DataPosition position_;
 };

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -20,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/split.hpp"
 #include "data/token_file.hpp"
 #include "data/tokenizer.hpp"
 #include "comm/mpi_comm.hpp"
@@ -209,21 +211,102 @@ TraceSteps check_trace_options(const TrainOptions& opts) {
   return steps;
 }
 
-// Every rank reads the token file; all stop if any cannot.
-std::unique_ptr<data::TokenFile> open_tokens(const config::Config& cfg, const MpiEnv& env) {
+// Every rank reads the token file `path` (of the config key `key`); all stop if any cannot.
+std::unique_ptr<data::TokenFile> open_tokens(const std::string& path, const std::string& key,
+                                             const config::Config& cfg, const MpiEnv& env) {
   std::unique_ptr<data::TokenFile> tokens;
   std::string data_error;
   try {
-    tokens = std::make_unique<data::TokenFile>(cfg.data.path);
+    tokens = std::make_unique<data::TokenFile>(path);
     data::check_vocab(*tokens, cfg.model.vocab_size);
   } catch (const data::DataError& e) {
-    data_error = std::string("data.path: ") + e.what();
+    data_error = key + ": " + e.what();
   }
   if (env.any(!data_error.empty()))
     throw UserError(!data_error.empty() ? data_error
-                                        : "data.path: another rank could not read '" + cfg.data.path +
+                                        : key + ": another rank could not read '" + path +
                                               "'; every rank needs the token file (a shared file system or a copy per node)");
   return tokens;
+}
+
+// The token files, and the ids the training order and the evaluations draw from (docs/data.md,
+// "Held-out data").
+struct TrainData {
+  std::unique_ptr<data::TokenFile> tokens;  // data.path
+  std::unique_ptr<data::TokenFile> held;    // data.eval_path's, when given
+  data::Split split;                        // train: of `tokens`; held_out: of `held` when given, else of `tokens`
+  const data::TokenFile& held_file() const { return held ? *held : *tokens; }
+};
+
+// A fraction for a message, rounded towards `up` or down at the sixth decimal, so that it keeps the
+// side of the bound it stands for.
+std::string fraction_text(double f, bool up) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", (up ? std::ceil(f * 1e6) : std::floor(f * 1e6)) / 1e6);
+  return s;
+}
+
+std::string sequences_text(const data::TokenFile& f, int64_t sequences, int64_t T) {
+  return "'" + f.path() + "' (" + std::to_string(f.size()) + " tokens) holds " + std::to_string(sequences) +
+         " whole sequence(s) of train.seq_len + 1 = " + std::to_string(T + 1) + " tokens";
+}
+
+// data.eval_fraction leaves a sequence to train on.
+void check_training_left(const TrainData& d, const config::Config& cfg) {
+  const data::Split& s = d.split;
+  if (s.train.count > 0) return;
+  const config::Positions at(cfg, {});
+  const std::string head = at.head("data.eval_fraction") + ": " + sequences_text(*d.tokens, s.sequences, cfg.train.seq_len);
+  if (s.sequences < 2)
+    throw UserError(head + ", and holding some out needs at least 2 (one to train on, one held out); use a longer "
+                    "token file, a smaller train.seq_len, or data.eval_path");
+  throw UserError(head + "; holding out ceil(" + fraction_text(cfg.data.eval_fraction, false) + " x " +
+                  std::to_string(s.sequences) + ") = " + std::to_string(s.held) +
+                  " of them leaves none to train on; use an eval_fraction of at most " +
+                  fraction_text(static_cast<double>(s.sequences - 1) / static_cast<double>(s.sequences), false));
+}
+
+// An evaluation's eval_batches x global_batch sequences are held out.
+void check_enough_held_out(const TrainData& d, const config::Config& cfg) {
+  const config::TrainConfig& t = cfg.train;
+  const int64_t need = t.eval_batches * t.global_batch, held = d.split.held;
+  if (t.eval_every == 0 || need <= held) return;
+  const config::Positions at(cfg, {});
+  std::string msg = at.head("train.eval_batches") + ": an evaluation reads eval_batches x global_batch = " +
+                    std::to_string(t.eval_batches) + " x " + std::to_string(t.global_batch) + " = " +
+                    std::to_string(need) + " held-out sequences (" + at.ref("train.global_batch") + "), but ";
+  std::string fix = held >= t.global_batch ? "use eval_batches <= " + std::to_string(held / t.global_batch) + ", or "
+                                           : "";
+  if (d.held) {
+    msg += at.ref("data.eval_path") + ": " + sequences_text(*d.held, held, t.seq_len);
+    fix += "a held-out file of at least " + std::to_string(need * t.seq_len + 1) + " tokens";
+  } else {
+    msg += at.ref("data.eval_fraction") + " holds out ceil(" + fraction_text(cfg.data.eval_fraction, false) + " x " +
+           std::to_string(d.split.sequences) + ") = " + std::to_string(held) + " of the " +
+           std::to_string(d.split.sequences) + " whole sequences of '" + d.tokens->path() + "'";
+    fix += need < d.split.sequences
+               ? "an eval_fraction of at least " +
+                     fraction_text(static_cast<double>(need) / static_cast<double>(d.split.sequences), true)
+               : "a longer token file";
+  }
+  throw UserError(msg + "; " + fix);
+}
+
+// Every rank opens the token files; the held-out sequences are the last of data.path's (data.eval_fraction)
+// or every whole sequence of data.eval_path's.
+TrainData open_data(const config::Config& cfg, const MpiEnv& env) {
+  TrainData d;
+  d.tokens = open_tokens(cfg.data.path, "data.path", cfg, env);
+  const int64_t T = cfg.train.seq_len;
+  d.split = data::split_tail(d.tokens->size(), T, cfg.data.eval_fraction);
+  if (!cfg.data.eval_path.empty()) {
+    d.held = open_tokens(cfg.data.eval_path, "data.eval_path", cfg, env);
+    d.split.held = data::sequence_count(d.held->size(), T);
+    d.split.held_out = d.held->all();
+  }
+  check_training_left(d, cfg);
+  check_enough_held_out(d, cfg);
+  return d;
 }
 
 // The plan, the same on every rank, and checked to fit in memory before the model is allocated.
@@ -287,7 +370,29 @@ std::string strategy_text(const ir::Plan& plan) {
          (plan.strategy.order.custom.empty() ? ir::schedule_name(plan.strategy.order.schedule) : "custom order");
 }
 
-void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv& env, int standby) {
+// Where the held-out sequences are, and when they are evaluated.
+void print_held_out(const config::Config& cfg, const TrainData& d) {
+  const data::Split& s = d.split;
+  std::string what;
+  if (d.held)
+    what = "the " + std::to_string(s.held) + " whole sequences of " + d.held->path() + " (data.eval_path)";
+  else if (s.held > 0)
+    what = "the last " + std::to_string(s.held) + " of the " + std::to_string(s.sequences) + " whole sequences of " +
+           d.tokens->path() + " (tokens " + std::to_string(s.held_out.first) + ".." +
+           std::to_string(s.held_out.first + s.held_out.count - 1) + "; training reads tokens 0.." +
+           std::to_string(s.train.count - 1) + ")";
+  else
+    return;
+  const config::TrainConfig& t = cfg.train;
+  const std::string when = t.eval_every > 0 ? "; the loss over the first " +
+                                                  std::to_string(t.eval_batches * t.global_batch) + " after every " +
+                                                  std::to_string(t.eval_every) + " step(s) and the last"
+                                            : "; not evaluated (train.eval_every is 0)";
+  std::printf("piper: held out: %s%s\n", what.c_str(), when.c_str());
+}
+
+void print_banner(const config::Config& cfg, const RankRuntime& rt, const TrainData& data, const MpiEnv& env,
+                  int standby) {
   if (env.rank() != 0) return;
   const ir::Plan& plan = rt.plan();
   const std::string reserve = standby > 0 ? " + " + std::to_string(standby) + " in reserve" : "";
@@ -297,6 +402,7 @@ void print_banner(const config::Config& cfg, const RankRuntime& rt, const MpiEnv
               strategy_text(plan).c_str(), omp_get_max_threads(), kernels::blas_name(), plan.hash);
   if (cfg.train.sample_every > 0 && !rt.holds_whole_model())
     std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
+  print_held_out(cfg, data);
 }
 
 // --resume: the checkpoint into the runtime, timed from when every rank has
@@ -374,15 +480,30 @@ struct StepResult {
   double loss = 0, ms = 0, tokens_per_s = 0;
   backend::MemoryStats mem;        // this rank's
   std::vector<RankFigures> ranks;  // every rank's
+  std::optional<double> eval_loss;  // the held-out loss after the step, when one was due
+  double eval_ms = 0;
 };
 
-StepResult run_step(RankRuntime& rt, const data::TokenFile& tokens, comm::Communicator& world) {
+// Whether the held-out loss is due after step `step` (0-based): after every eval_every-th step and the last.
+bool eval_due(const config::TrainConfig& train, int64_t step) {
+  return train.eval_every > 0 && ((step + 1) % train.eval_every == 0 || step + 1 == train.steps);
+}
+
+// The held-out loss: the world's sum of token losses over the evaluation's tokens.
+double held_out_loss(RankRuntime& rt, const TrainData& data, comm::Communicator& world) {
+  const config::TrainConfig& train = rt.config().train;
+  double loss_sum = rt.evaluate(data.held_file(), data.split.held_out, train.eval_batches);
+  if (world.size() > 1) world.allreduce_double(&loss_sum, 1);
+  return loss_sum / static_cast<double>(train.eval_batches * train.global_batch * train.seq_len);
+}
+
+StepResult run_step(RankRuntime& rt, const TrainData& data, comm::Communicator& world) {
   const config::TrainConfig& train = rt.config().train;
   const int64_t tokens_per_step = train.global_batch * train.seq_len;
   StepResult r;
   r.step = rt.position().step;
   const auto t0 = std::chrono::steady_clock::now();
-  r.stats = rt.step(tokens);
+  r.stats = rt.step(*data.tokens, data.split.train);
   double loss_sum = r.stats.loss_sum;
   if (world.size() > 1) world.allreduce_double(&loss_sum, 1);
   r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -391,10 +512,15 @@ StepResult run_step(RankRuntime& rt, const data::TokenFile& tokens, comm::Commun
   r.tokens_per_s = static_cast<double>(tokens_per_step) / (r.ms / 1000.0);
   r.mem = rt.model().backend().memory();
   r.ranks = gather_figures(figures_of(r.stats, r.mem), world);
+  if (eval_due(train, r.step)) {
+    const auto e0 = std::chrono::steady_clock::now();
+    r.eval_loss = held_out_loss(rt, data, world);
+    r.eval_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - e0).count();
+  }
   return r;
 }
 
-// The progress line (rank 0) and one JSON line of --metrics.
+// The progress lines (rank 0) and one JSON line of --metrics.
 void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions& opts, std::ofstream* metrics,
                  const MpiEnv& env) {
   const config::TrainConfig& train = rt.config().train;
@@ -406,6 +532,9 @@ void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions&
     std::printf("step %5" PRId64 " | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s\n",
                 r.step, r.loss, r.stats.lr, r.stats.grad_norm, r.tokens_per_s, r.ms, moe);
   }
+  if (env.rank() == 0 && !opts.quiet && r.eval_loss)
+    std::printf("eval %5" PRId64 " | held-out loss %.4f | %" PRId64 " sequences | %7.1f ms\n", r.step, *r.eval_loss,
+                train.eval_batches * train.global_batch, r.eval_ms);
   if (!metrics) return;
   nlohmann::json j = {{"step", r.step},
                       {"loss", r.loss},
@@ -417,6 +546,7 @@ void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions&
                       {"peak_mem_bytes", r.mem.total_peak},
                       {"ranks", figures_json(r.ranks)}};
   if (r.routing) j["moe_balance_loss"] = r.routing->balance_loss, j["moe_expert_spread"] = r.routing->expert_spread;
+  if (r.eval_loss) j["eval_loss"] = *r.eval_loss, j["eval_ms"] = r.eval_ms;
   *metrics << j.dump() << '\n';
   metrics->flush();
 }
@@ -425,6 +555,7 @@ void report_step(const StepResult& r, const RankRuntime& rt, const TrainOptions&
 struct RunLog {
   std::vector<double> step_ms;
   double first_loss = 0.0, last_loss = 0.0;
+  std::optional<double> last_eval_loss;
   int64_t last_peak = 0;  // this rank's peak in its last step
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   bool stopped = false;  // by a signal
@@ -564,7 +695,7 @@ bool switch_strategy(Generation& gen, Membership& m, const Decision& d, int64_t 
 // The steps from the runtime's position to train.steps, each with its hooks — progress and metrics, a
 // sample, the checkpoint — and the step boundary's decision after it: go on, stop, finish, or switch
 // strategy. A process in reserve takes part in every decision and trains once a switch takes it in.
-RunLog run_job(Generation& gen, Membership& m, Boundary& boundary, const data::TokenFile& tokens,
+RunLog run_job(Generation& gen, Membership& m, Boundary& boundary, const TrainData& data,
                std::unique_ptr<std::ofstream>& metrics, const TrainOptions& opts, MpiEnv& env) {
   RunLog log;
   for (;;) {
@@ -574,10 +705,11 @@ RunLog run_job(Generation& gen, Membership& m, Boundary& boundary, const data::T
       const config::Config& cfg = *gen.cfg;
       RankRuntime& rt = *gen.rt;
       if (rt.position().step < cfg.train.steps) {
-        const StepResult r = run_step(rt, tokens, *m.world());
+        const StepResult r = run_step(rt, data, *m.world());
         if (log.step_ms.empty()) log.first_loss = r.loss;
         log.step_ms.push_back(r.ms);
         log.last_loss = r.loss;
+        if (r.eval_loss) log.last_eval_loss = r.eval_loss;
         log.last_peak = r.mem.total_peak;
         report_step(r, rt, opts, metrics.get(), env);
         if (env.rank() == 0 && rt.holds_whole_model() && cfg.train.sample_every > 0 &&
@@ -622,9 +754,11 @@ void print_summary(const RunLog& log, RankRuntime& rt) {
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
   const auto mem = rt.model().backend().memory();
-  std::printf("summary: %" PRId64 " steps in %.1f s | loss %.4f -> %.4f | median step %.1f ms | "
+  char held_out[48] = "";
+  if (log.last_eval_loss) std::snprintf(held_out, sizeof held_out, " | held-out loss %.4f", *log.last_eval_loss);
+  std::printf("summary: %" PRId64 " steps in %.1f s | loss %.4f -> %.4f%s | median step %.1f ms | "
               "%.0f tok/s | rank 0 peak memory %s (params %s, grads %s, optimizer %s, activations %s, buffers %s)\n",
-              static_cast<int64_t>(log.step_ms.size()), total_s, log.first_loss, log.last_loss, median,
+              static_cast<int64_t>(log.step_ms.size()), total_s, log.first_loss, log.last_loss, held_out, median,
               static_cast<double>(train.global_batch * train.seq_len) / (median / 1000.0),
               human_bytes(mem.total_peak).c_str(), human_bytes(mem.peak[0]).c_str(),
               human_bytes(mem.peak[1]).c_str(), human_bytes(mem.peak[2]).c_str(),
@@ -662,7 +796,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
     throw UserError("train.standby=" + std::to_string(cfg.train.standby) + ": the job has " +
                     std::to_string(processes) + " process(es), and at least one must train; keep at most " +
                     std::to_string(processes - 1) + " in reserve");
-  const std::unique_ptr<data::TokenFile> tokens = open_tokens(cfg, env);
+  const TrainData data = open_data(cfg, env);
   Membership members(env, static_cast<int>(cfg.train.standby), comm_options(cfg));
 
   Generation gen;
@@ -673,7 +807,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
     gen.rt = std::make_unique<RankRuntime>(*gen.cfg, *gen.plan, *members.world());
     if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, *gen.rt, env);
     metrics = open_outputs(opts, env);
-    print_banner(cfg, *gen.rt, env, static_cast<int>(cfg.train.standby));
+    print_banner(cfg, *gen.rt, data, env, static_cast<int>(cfg.train.standby));
     gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env);
     gen.ckpt->preflight();
     if (!opts.resume.empty()) resume(*gen.ckpt, opts.resume, cfg, *members.world(), env);
@@ -688,7 +822,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
   const std::unique_ptr<TraceRecorder> recorder =
       gen.rt ? start_trace(opts, trace_steps, *gen.rt, *members.world()) : nullptr;
 
-  const RunLog log = run_job(gen, members, boundary, *tokens, metrics, opts, env);
+  const RunLog log = run_job(gen, members, boundary, data, metrics, opts, env);
   if (log.left) return leave_job(members.me());
   if (gen.rt) wrap_up(gen, log, recorder.get(), opts, env);
   members.finish(!gen.rt, gen.cfg->parallel.comm_timeout_s);  // a process in reserve to the end waits here

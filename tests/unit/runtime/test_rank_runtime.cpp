@@ -98,8 +98,8 @@ std::unique_ptr<RankRuntime> moved(std::unique_ptr<RankRuntime> from, const conf
 
 TEST_F(RankRuntimeTest, StateMovedIntoANewRuntimeContinuesBitwise) {
   auto reference = make(), first = make();
-  const StepStats s0 = reference->step(*tokens_);
-  first->step(*tokens_);
+  const StepStats s0 = reference->step(*tokens_, tokens_->all());
+  first->step(*tokens_, tokens_->all());
   EXPECT_GT(s0.loss_sum, 0.0);
   // The step changed the state: a fresh runtime differs, so the move below is what makes them agree.
   auto fresh = make();
@@ -119,7 +119,7 @@ TEST_F(RankRuntimeTest, StateMovedIntoANewRuntimeContinuesBitwise) {
   EXPECT_EQ(second->position().tokens_seen, cfg_.train.global_batch * cfg_.train.seq_len);
   EXPECT_EQ(second->optimizer().steps(), 1);
   for (int k = 0; k < 2; ++k) {
-    const StepStats a = reference->step(*tokens_), b = second->step(*tokens_);
+    const StepStats a = reference->step(*tokens_, tokens_->all()), b = second->step(*tokens_, tokens_->all());
     std::printf("[ runtime ] step %d: loss sum %.9g vs %.9g, grad norm %.9g vs %.9g\n", k + 1, a.loss_sum,
                 b.loss_sum, a.grad_norm, b.grad_norm);
     EXPECT_TRUE(same_bits(a.loss_sum, b.loss_sum));
@@ -131,8 +131,8 @@ TEST_F(RankRuntimeTest, StateMovedIntoANewRuntimeContinuesBitwise) {
 
 TEST_F(RankRuntimeTest, StateMovedIntoAnotherPlanKeepsEveryElement) {
   auto reference = make(), first = make();
-  reference->step(*tokens_);
-  first->step(*tokens_);
+  reference->step(*tokens_, tokens_->all());
+  first->step(*tokens_, tokens_->all());
   config::Config other = cfg_;
   other.parallel.microbatches = 1;
   const ir::Plan plan = ir::compile(other, 1);
@@ -147,8 +147,8 @@ TEST_F(RankRuntimeTest, StateMovedIntoAnotherPlanKeepsEveryElement) {
 
 TEST_F(RankRuntimeTest, OptimiserStateAndPositionRoundTripThroughACheckpoint) {
   auto saved = make();
-  saved->step(*tokens_);
-  saved->step(*tokens_);
+  saved->step(*tokens_, tokens_->all());
+  saved->step(*tokens_, tokens_->all());
   {
     Checkpointer ckpt(cfg_, *saved, mpi());
     ckpt.save();
@@ -163,7 +163,7 @@ TEST_F(RankRuntimeTest, OptimiserStateAndPositionRoundTripThroughACheckpoint) {
   EXPECT_EQ(loaded->position().data_position, saved->position().data_position);
   EXPECT_EQ(loaded->position().tokens_seen, saved->position().tokens_seen);
   EXPECT_EQ(state_differences(*saved, *loaded), 0);
-  const StepStats a = saved->step(*tokens_), b = loaded->step(*tokens_);
+  const StepStats a = saved->step(*tokens_, tokens_->all()), b = loaded->step(*tokens_, tokens_->all());
   std::printf("[ runtime ] step after the checkpoint: loss sum %.9g vs %.9g\n", a.loss_sum, b.loss_sum);
   EXPECT_TRUE(same_bits(a.loss_sum, b.loss_sum));
   EXPECT_EQ(state_differences(*saved, *loaded), 0);
