@@ -1,9 +1,11 @@
-// test_plot.cpp — metrics JSONL parsing (errors name file and line) and the two-panel SVG.
+// test_plot.cpp — metrics JSONL parsing (errors name file and line) and the two-panel SVG, with the
+// held-out loss beside the training loss when the run evaluated.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "trace/plot.hpp"
@@ -43,6 +45,7 @@ TEST(Metrics, ParsesTheTrainersLines) {
   EXPECT_NEAR(rows[0].loss, 5.6, 1e-6);
   EXPECT_NEAR(rows[0].tokens_per_s, 9100, 1e-6);
   EXPECT_GT(rows[1].step_ms, 0);
+  EXPECT_TRUE(std::isnan(rows[1].eval_loss));  // no evaluation
 }
 
 TEST(Metrics, MalformedLinesNameFileAndLine) {
@@ -107,6 +110,40 @@ TEST(Metrics, SvgHasTwoPanelsWithAxesAndTicks) {
   EXPECT_NE(svg.find("median 14."), std::string::npos);
   EXPECT_THROW(metrics_svg({}), TraceError);
   if (const char* dir = std::getenv("PIPER_TRACE_SAMPLES")) std::ofstream(std::string(dir) + "/metrics.svg") << svg;
+}
+
+// Every 10th line with the held-out loss of an evaluation after it, as the trainer writes it.
+std::string with_evaluations(const std::string& lines) {
+  std::string out, ln;
+  std::istringstream in(lines);
+  for (int i = 0; std::getline(in, ln); ++i)
+    out += (i % 10 == 9 ? ln.substr(0, ln.size() - 1) + ",\"eval_loss\":" + std::to_string(5.0 - 0.02 * i) +
+                              ",\"eval_ms\":12.5}"
+                        : ln) +
+           "\n";
+  return out;
+}
+
+TEST(Metrics, HeldOutLossIsDrawnBesideTheTrainingLoss) {
+  const auto rows = parse_metrics(with_evaluations(trainer_lines(40)), "run.jsonl");
+  ASSERT_EQ(rows.size(), 40u);
+  EXPECT_TRUE(std::isnan(rows[0].eval_loss));
+  EXPECT_NEAR(rows[9].eval_loss, 4.82, 1e-9);
+  const std::string svg = metrics_svg(rows);
+  EXPECT_EQ(testing::xml_problem(svg), "");
+  size_t lines = 0, held_out_dots = 0;
+  for (size_t p = 0; (p = svg.find("<polyline", p)) != std::string::npos; ++p) ++lines;
+  for (size_t p = 0; (p = svg.find("fill=\"#e07b28\"", p)) != std::string::npos; ++p) ++held_out_dots;
+  EXPECT_EQ(lines, 3u);          // training and held-out loss (one line through the 4 evaluations), throughput
+  EXPECT_EQ(held_out_dots, 4u);  // a dot per evaluation
+  EXPECT_NE(svg.find(">training</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">held-out</text>"), std::string::npos);
+  EXPECT_NE(svg.find("last held-out loss 4.2200"), std::string::npos);
+  // Without evaluations: one loss line and no legend.
+  const std::string plain = metrics_svg(parse_metrics(trainer_lines(40), "run.jsonl"));
+  EXPECT_EQ(plain.find(">held-out</text>"), std::string::npos);
+  EXPECT_EQ(plain.find("class=\"legend\""), std::string::npos);
+  if (const char* dir = std::getenv("PIPER_TRACE_SAMPLES")) std::ofstream(std::string(dir) + "/metrics-eval.svg") << svg;
 }
 
 }  // namespace
