@@ -257,6 +257,21 @@ const std::vector<BadCase> kBad = {
      {"bad.yaml:2:3: train.global_batch=10", "dp x microbatches = 1 x 4 = 4",
       "parallel.microbatches=4 (at bad.yaml:4:3)", "parallel.dp=1 (default)", "8 or 12"}},
     {"EmptyDataPath", "data:\n  path: \"\"\n", {}, 1, {"bad.yaml:2:3", "data.path", "token file"}},
+    // validation: held-out evaluation
+    {"EvalFractionOne", "data:\n  eval_fraction: 1\n", {}, 1,
+     {"bad.yaml:2:3: data.eval_fraction=1.0: must be in [0, 1)", "1 would leave nothing to train on"}},
+    {"EvalFractionNegative", "", {"data.eval_fraction=-0.1"}, 1, {"--set data.eval_fraction=-0.1: must be in [0, 1)"}},
+    {"EvalFractionAndPath", "data:\n  eval_fraction: 0.1\n  eval_path: held.tok\n", {}, 1,
+     {"bad.yaml:3:3: data.eval_path=\"held.tok\": give data.eval_fraction or data.eval_path, not both",
+      "data.eval_fraction=0.1 (at bad.yaml:2:3)"}},
+    {"EvalWithoutHeldOutData", "train:\n  eval_every: 10\n", {}, 1,
+     {"bad.yaml:2:3: train.eval_every=10: evaluates on held-out data, and there is none",
+      "set data.eval_fraction (e.g. 0.01", "or data.eval_path"}},
+    {"EvalEveryNegative", "train:\n  eval_every: -1\n", {}, 1, {"bad.yaml:2:3: train.eval_every=-1: must be at least 0"}},
+    {"EvalBatchesZero", "train:\n  eval_batches: 0\n", {}, 1, {"bad.yaml:2:3: train.eval_batches=0: must be at least 1"}},
+    {"EvalTokensOverBound", "train:\n  eval_batches: 16777216\n  global_batch: 16777216\n  seq_len: 16385\n", {}, 1,
+     {"bad.yaml:2:3: train.eval_batches=16777216: the tokens of an evaluation eval_batches x global_batch x seq_len",
+      "is above the bound 2^62", "train.global_batch=16777216 (at bad.yaml:3:3)"}},
     // validation: parallel
     {"ZeroStage", "parallel:\n  zero: 4\n", {}, 1, {"bad.yaml:2:3", "parallel.zero=4", "0, 1, 2 or 3"}},
     // expert parallelism: carved out of dp, whole experts per rank, only with E blocks

@@ -1,7 +1,8 @@
 // test_rank_runtime.cpp — runtime::RankRuntime on one rank: training state moved
 // into a second runtime of the same plan continues bitwise as the first would,
-// and the optimiser state (moments, Adam steps) and the data position round-trip
-// through a checkpoint.
+// the optimiser state (moments, Adam steps) and the data position round-trip
+// through a checkpoint, and an evaluation is the step's forward and changes no
+// training state.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -167,6 +168,47 @@ TEST_F(RankRuntimeTest, OptimiserStateAndPositionRoundTripThroughACheckpoint) {
   std::printf("[ runtime ] step after the checkpoint: loss sum %.9g vs %.9g\n", a.loss_sum, b.loss_sum);
   EXPECT_TRUE(same_bits(a.loss_sum, b.loss_sum));
   EXPECT_EQ(state_differences(*saved, *loaded), 0);
+}
+
+// Held-out batch 0 of the whole file holds step 0's samples: its loss is the loss sum of step 0's
+// forward, bit for bit (the same program's FWD instructions on the same microbatches), and a runtime
+// that evaluated trains on exactly as one that did not. For a model with an MoE block too: its balance
+// loss is part of both, and its routing statistics stay the training steps'.
+TEST_F(RankRuntimeTest, EvaluationIsTheStepsForwardAndChangesNoTrainingState) {
+  for (const char* pattern : {"M*-", "*E"}) {
+    cfg_.model = testing::small_model(pattern);
+    config::validate(cfg_, 1);
+    auto evaluated = make(), trained = make();
+    const double eval_sum = evaluated->evaluate(*tokens_, tokens_->all(), 1);
+    const double again = evaluated->evaluate(*tokens_, tokens_->all(), 1);
+    EXPECT_EQ(state_differences(*evaluated, *trained), 0) << pattern;
+    EXPECT_EQ(evaluated->position().step, 0);
+    EXPECT_EQ(evaluated->position().data_position, 0);
+    const StepStats a = trained->step(*tokens_, tokens_->all()), b = evaluated->step(*tokens_, tokens_->all());
+    std::printf("[ runtime ] %s: evaluation loss sum %.9g, step 0's %.9g; after it: %.9g\n", pattern, eval_sum,
+                a.loss_sum, b.loss_sum);
+    EXPECT_TRUE(same_bits(eval_sum, a.loss_sum)) << pattern;
+    EXPECT_TRUE(same_bits(eval_sum, again)) << pattern;
+    EXPECT_TRUE(same_bits(a.loss_sum, b.loss_sum)) << pattern;
+    EXPECT_TRUE(same_bits(a.grad_norm, b.grad_norm)) << pattern;
+    EXPECT_EQ(state_differences(*evaluated, *trained), 0) << pattern;
+    // The routing statistics of a step, taken (as train does) before an evaluation of two held-out batches.
+    auto routing = [](RankRuntime& rt) {
+      std::vector<double> v;
+      for (const ir::UnitSpec& u : rt.plan().model.units) {
+        const model::Unit::Routing r = rt.model().unit(u.index).take_routing();
+        v.push_back(r.aux_sum);
+        v.insert(v.end(), r.tokens.begin(), r.tokens.end());
+      }
+      return v;
+    };
+    EXPECT_EQ(routing(*evaluated), routing(*trained)) << pattern;
+    EXPECT_GT(evaluated->evaluate(*tokens_, {1024, 1024}, 2), 0.0);
+    const StepStats c = trained->step(*tokens_, tokens_->all()), d = evaluated->step(*tokens_, tokens_->all());
+    EXPECT_TRUE(same_bits(c.loss_sum, d.loss_sum)) << pattern;
+    EXPECT_EQ(routing(*evaluated), routing(*trained)) << pattern << ": the evaluation's routing is not the step's";
+    EXPECT_EQ(state_differences(*evaluated, *trained), 0) << pattern;
+  }
 }
 
 }  // namespace
