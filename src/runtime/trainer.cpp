@@ -276,7 +276,7 @@ void check_enough_held_out(const TrainData& d, const config::Config& cfg) {
                     std::to_string(t.eval_batches) + " x " + std::to_string(t.global_batch) + " = " +
                     std::to_string(need) + " held-out sequences (" + at.ref("train.global_batch") + "), but ";
   std::string fix = held >= t.global_batch ? "use eval_batches <= " + std::to_string(held / t.global_batch) + ", or "
-                                           : "";
+                                           : "use ";
   if (d.held) {
     msg += at.ref("data.eval_path") + ": " + sequences_text(*d.held, held, t.seq_len);
     fix += "a held-out file of at least " + std::to_string(need * t.seq_len + 1) + " tokens";
