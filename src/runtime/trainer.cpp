@@ -216,15 +216,16 @@ std::unique_ptr<data::TokenFile> open_tokens(const std::string& path, const std:
                                              const config::Config& cfg, const MpiEnv& env) {
   std::unique_ptr<data::TokenFile> tokens;
   std::string data_error;
+  const std::string head = config::Positions(cfg, {}).head(key);
   try {
     tokens = std::make_unique<data::TokenFile>(path);
     data::check_vocab(*tokens, cfg.model.vocab_size);
   } catch (const data::DataError& e) {
-    data_error = key + ": " + e.what();
+    data_error = head + ": " + e.what();
   }
   if (env.any(!data_error.empty()))
     throw UserError(!data_error.empty() ? data_error
-                                        : key + ": another rank could not read '" + path +
+                                        : head + ": another rank could not read '" + path +
                                               "'; every rank needs the token file (a shared file system or a copy per node)");
   return tokens;
 }

@@ -165,7 +165,7 @@ TEST(Files, AFifoAsDataPathIsRefusedNotWaitedOn) {
   const std::string fifo = dir.file("corpus.tok");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   expect_refused(run_timed(tiny_train() + " --set data.path=" + fifo),
-                 {"data.path: token file '" + fifo + "': not a regular file: it is a FIFO (named pipe)"});
+                 {"--set data.path=\"" + fifo + "\": token file '" + fifo + "': not a regular file: it is a FIFO (named pipe)"});
 }
 
 TEST(Files, AConfigWithCrOnlyLineEndingsTrainsItsOwnModel) {
