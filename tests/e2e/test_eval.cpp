@@ -274,7 +274,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "data.eval_fraction=0.5 (at ", "run.yaml:28:3)", "holds out ceil(0.5 x 3) = 2 of the 3 whole sequences of '",
                  "@", "; use a longer token file"}},
         Refusal{"HeldOutFileMissing", "  eval_path: /nonexistent/held.tok\n", "--set train.eval_every=1",
-                {"run.yaml:29:3: data.eval_path=\"/nonexistent/held.tok\": token file '/nonexistent/held.tok': cannot open"}},
+                {"run.yaml:28:3: data.eval_path=\"/nonexistent/held.tok\": token file '/nonexistent/held.tok': cannot open"}},
         Refusal{"HeldOutFileTooShort", "", "--set train.eval_every=1 --set train.eval_batches=2 --set data.eval_path=@",
                 {"--set train.eval_batches=2: an evaluation reads eval_batches x global_batch = 2 x 8 = 16",
                  "data.eval_path=", "holds 3 whole sequence(s)", "; use a held-out file of at least 1025 tokens"}}),
