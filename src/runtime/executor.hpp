@@ -1,13 +1,13 @@
-// executor.hpp — runs a rank's Program for one training step: plays it by
-// ir::Player's rules, with real compute and communicators. Compute
-// instructions (segments of FWD / BWD / BWD_I / BWD_W, RECOMP, NORM, UPD) go to the
-// model's units and the optimiser; communication instructions (SEND / RECV,
-// data-parallel buckets, ZeRO gathers, tensor-parallel collectives between
-// segments, the norm's all-reduce) are issued non-blocking on the
-// communicator of their group. The executor holds the activations and
-// gradients flowing between units; the optimiser holds its state and does
-// the norm's local part and the updates. It does not decide order: the
-// Program does.
+// executor.hpp — runs a rank's Program for one training step (or its forward
+// only, for an evaluation: Passes::FORWARD): plays it by ir::Player's rules,
+// with real compute and communicators. Compute instructions (segments of
+// FWD / BWD / BWD_I / BWD_W, RECOMP, NORM, UPD) go to the model's units and
+// the optimiser; communication instructions (SEND / RECV, data-parallel
+// buckets, ZeRO gathers, tensor-parallel collectives between segments, the
+// norm's all-reduce) are issued non-blocking on the communicator of their
+// group. The executor holds the activations and gradients flowing between
+// units; the optimiser holds its state and does the norm's local part and
+// the updates. It does not decide order: the Program does.
 #pragma once
 
 #include <cstdint>
