@@ -151,9 +151,7 @@ void mutate_once(Bytes& b, const std::vector<Bytes>& pool, const std::vector<std
       break;
     case 2: {  // insert 1..4 bytes
       const size_t at = rng.below(n + 1), k = 1 + rng.below(4);
-      Bytes ins(k);
-      for (auto& c : ins) c = static_cast<uint8_t>(rng.next());
-      b.insert(b.begin() + static_cast<ptrdiff_t>(at), ins.begin(), ins.end());
+      for (size_t i = 0; i < k; ++i) b.insert(b.begin() + static_cast<ptrdiff_t>(at + i), static_cast<uint8_t>(rng.next()));
       break;
     }
     case 3: {  // delete 1..16 bytes
