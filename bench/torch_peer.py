@@ -12,7 +12,8 @@
 #   /usr/bin/python3 bench/torch_peer.py --parity init.prm --tokens corpus.tok \
 #       --config config/tiny.yaml --steps 20 > torch.jsonl
 # File formats (little-endian):
-#   PIPERTOK: b"PIPERTOK", u32 version 1, u32 vocab, u32 id width (2|4), u32 reserved, u64 count,
+#   PIPERTOK: b"PIPERTOK", u32 version 2, u32 vocab, u32 id width (2|4), u32 tokenizer kind, u64 count,
+#             u64 tokenizer model hash,
 #             then count ids.
 #   PIPERPRM: b"PIPERPRM", u32 version 1, u32 tensor count; per tensor: u32 name length, name
 #             (utf-8), u32 ndim, ndim x i64 dims, float32 data row-major.
@@ -79,11 +80,11 @@ RMS_EPS = 1e-5
 def read_tokens(path):
     """Token ids of a PIPERTOK file as an int64 numpy array, plus the header's vocab size."""
     with open(path, "rb") as f:
-        head = f.read(32)
-        if len(head) != 32 or head[:8] != b"PIPERTOK":
+        head = f.read(40)
+        if len(head) != 40 or head[:8] != b"PIPERTOK":
             raise ValueError(f"{path}: not a PIPERTOK token file")
-        version, vocab, width, _reserved, count = struct.unpack("<IIIIQ", head[8:32])
-        if version != 1 or width not in (2, 4):
+        version, vocab, width, _kind, count, _hash = struct.unpack("<IIIIQQ", head[8:40])
+        if version != 2 or width not in (2, 4):
             raise ValueError(f"{path}: unsupported version {version} or id width {width}")
         ids = np.frombuffer(f.read(count * width), dtype="<u2" if width == 2 else "<u4")
         if ids.size != count:
@@ -95,7 +96,7 @@ def write_tokens(path, ids, vocab):
     ids = np.asarray(ids)
     width = 2 if vocab <= 65536 else 4
     with open(path, "wb") as f:
-        f.write(b"PIPERTOK" + struct.pack("<IIIIQ", 1, vocab, width, 0, ids.size))
+        f.write(b"PIPERTOK" + struct.pack("<IIIIQQ", 2, vocab, width, 0, ids.size, 0))
         f.write(ids.astype("<u2" if width == 2 else "<u4").tobytes())
 
 

@@ -8,6 +8,7 @@ packages=(
   openmpi-bin libopenmpi-dev          # launch and CPU tensor traffic
   libhdf5-openmpi-dev hdf5-tools      # parallel HDF5 checkpoints; h5dump reads them
   libyaml-cpp-dev                     # configs
+  libsentencepiece-dev                # subword tokenizer (piper prepare --tokenizer-train, docs/data.md)
   nlohmann-json3-dev libcli11-dev     # metrics JSON, command line
   libgtest-dev googletest             # tests
   clang libclang-rt-14-dev            # make fuzz: clang 14 and its libFuzzer / sanitizer runtimes (docs/testing.md)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make-corpus.sh — unpacks the shipped corpus and tokenizes it: BUILD_DIR/data/corpus.{txt,tok}.
+# make-corpus.sh — unpacks the shipped corpus and tokenizes it: BUILD_DIR/data/corpus.{txt,tok} (bytes) and
+# BUILD_DIR/data/corpus-sp.{tok,model} (a SentencePiece BPE vocabulary of 4096 trained on it, make run's default).
 # Usage: scripts/make-corpus.sh BUILD_DIR   (needs BUILD_DIR/piper; idempotent, quiet when up to date)
 set -euo pipefail
 
@@ -8,6 +9,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 xz_file=$root/data/corpus.txt.xz
 txt=$build/data/corpus.txt
 tok=$build/data/corpus.tok
+sp_tok=$build/data/corpus-sp.tok
+sp_vocab=4096
 
 mkdir -p "$build/data"
 
@@ -20,11 +23,19 @@ if [[ ! -f $txt || $xz_file -nt $txt ]]; then
 fi
 
 # Tokens: redo when missing or older than the text (piper prepare writes atomically).
-if [[ ! -f $tok || $txt -nt $tok ]]; then
+need_piper() {
   if [[ ! -x $build/piper ]]; then
     echo "make-corpus: $build/piper not found; build it first (make build)" >&2
     exit 1
   fi
+}
+if [[ ! -f $tok || $txt -nt $tok ]]; then
+  need_piper
   echo "make-corpus: tokenizing $txt -> $tok"
-  "$build/piper" prepare -o "$tok" "$txt"
+  "$build/piper" prepare --quiet -o "$tok" "$txt"
+fi
+if [[ ! -f $sp_tok || $txt -nt $sp_tok || ! -f ${sp_tok%.tok}.model ]]; then
+  need_piper
+  echo "make-corpus: training a SentencePiece vocabulary of $sp_vocab and tokenizing $txt -> $sp_tok"
+  "$build/piper" prepare --quiet --tokenizer-train "$sp_vocab" --model-type bpe -o "$sp_tok" "$txt"
 fi

@@ -433,6 +433,14 @@ void write_meta(const Where& w, hid_t file, const Meta& m) {
   write_attr(w, file, "data_position", H5T_STD_I64LE, H5T_NATIVE_INT64, &m.data_position);
   write_attr_str(w, file, "config", m.config_yaml);
   write_attr_str(w, file, "strategy", m.strategy);
+  write_attr_str(w, file, "tokenizer", m.tokenizer);
+  if (!m.tokenizer_model.empty()) {  // bytes, NULs included: a uint8 array, in dense attribute storage past 64 KiB
+    const hsize_t n = m.tokenizer_model.size();
+    Id space = w.check(H5Screate_simple(1, &n, nullptr), H5Sclose, "attribute tokenizer_model");
+    Id a = w.check(H5Acreate2(file, "tokenizer_model", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
+                   "cannot create attribute tokenizer_model");
+    w.check(H5Awrite(a, H5T_NATIVE_UCHAR, m.tokenizer_model.data()), "cannot write attribute tokenizer_model");
+  }
   write_attr_str(w, file, "checksum_algorithm",
                  "sum mod 2^64 over elements i of splitmix64(i * 0x9E3779B97F4A7C15 ^ float_bits(x_i))");
 }
@@ -456,8 +464,8 @@ int64_t read_count(const Where& w, hid_t file, const char* name) {
 Meta read_meta(const Where& w, hid_t file) {
   Meta m;
   m.format_version = read_attr<int>(w, file, "format_version", H5T_NATIVE_INT);
-  if (m.format_version != kFormatVersion)
-    w.fail("format_version " + std::to_string(m.format_version) + ", this piper reads " +
+  if (m.format_version < 1 || m.format_version > kFormatVersion)
+    w.fail("format_version " + std::to_string(m.format_version) + ", this piper reads 1 to " +
            std::to_string(kFormatVersion));
   m.step = read_count(w, file, "step");
   m.tokens_seen = read_count(w, file, "tokens_seen");
@@ -470,6 +478,25 @@ Meta read_meta(const Where& w, hid_t file) {
            " disagree (each step reads at least one sequence of at least one token): damaged or edited");
   m.config_yaml = read_attr_str(w, file, "config");
   m.strategy = read_attr_str(w, file, "strategy");
+  if (m.format_version >= 2) {
+    m.tokenizer = read_attr_str(w, file, "tokenizer");
+    if (m.tokenizer != "byte" && m.tokenizer != "sentencepiece")
+      w.fail("attribute tokenizer is '" + m.tokenizer + "' (expected byte or sentencepiece)");
+    const htri_t has_model = H5Aexists(file, "tokenizer_model");
+    if (has_model < 0) w.fail("cannot read attribute tokenizer_model (the file's structure is damaged): " + h5_error());
+    if ((has_model > 0) != (m.tokenizer == "sentencepiece"))
+      w.fail(std::string("the ") + m.tokenizer + " tokenizer " + (has_model > 0 ? "has" : "needs") +
+             " a tokenizer_model attribute: damaged or edited");
+    if (has_model > 0) {
+      Id a = open_attr(w, file, "tokenizer_model", "");
+      Id space = w.check(H5Aget_space(a), H5Sclose, "attribute tokenizer_model");
+      hsize_t n = 0;
+      if (H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, &n, nullptr) != 1)
+        w.fail("attribute tokenizer_model is not a byte array: damaged or edited");
+      m.tokenizer_model.resize(n);
+      w.check(H5Aread(a, H5T_NATIVE_UCHAR, m.tokenizer_model.data()), "cannot read attribute tokenizer_model");
+    }
+  }
   return m;
 }
 
@@ -660,7 +687,7 @@ namespace {
 // config and strategy texts); the estimate doubles that.
 int64_t structure_bytes(size_t datasets, const Meta& meta) {
   return 64 * 1024 + 2 * 1024 * static_cast<int64_t>(datasets) +
-         2 * static_cast<int64_t>(meta.config_yaml.size() + meta.strategy.size());
+         2 * static_cast<int64_t>(meta.config_yaml.size() + meta.strategy.size() + meta.tokenizer_model.size());
 }
 
 std::string mib(int64_t bytes) {

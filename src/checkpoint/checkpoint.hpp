@@ -43,14 +43,17 @@ struct Request {  // elements to read, packed into `out` run after run (runs may
   float* out;
 };
 
+// Format 2 added the tokenizer; a format-1 file was written with the byte tokenizer.
+inline constexpr int kFormatVersion = 2;
+
 struct Meta {
   int64_t step = 0, tokens_seen = 0, data_position = 0;
   uint64_t seed = 0;
   std::string config_yaml, strategy;
-  int format_version = 1;
+  std::string tokenizer = "byte";  // the kind of the tokenizer the run's data was made with (data::kind_name)
+  std::string tokenizer_model;     // its model file's bytes: empty for the byte tokenizer
+  int format_version = kFormatVersion;
 };
-
-inline constexpr int kFormatVersion = 1;
 
 // A save that did not complete: a write error (ENOSPC, EIO, ...), a file system without room, a folder that
 // cannot be written. Every rank throws it with the same text (the first rank that failed, the path, the OS

@@ -1,4 +1,5 @@
-// main.cpp — the piper command line: train, plan, simulate, plan-switch, tune, calibrate, plot, prepare, ckpt.
+// main.cpp — the piper command line: train, plan, simulate, plan-switch, tune, calibrate, plot, prepare,
+// generate, ckpt.
 #include <algorithm>
 #include <CLI/CLI.hpp>
 
@@ -12,8 +13,10 @@
 #include "cli/commands.hpp"
 #include "config/config.hpp"
 #include "data/prepare.hpp"
+#include "data/tokenizer.hpp"
 #include "ir/compile.hpp"
 #include "ir/validate.hpp"
+#include "runtime/generate.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/trainer.hpp"
 #include "sim/simulator.hpp"
@@ -48,6 +51,12 @@ int run_ckpt(const std::string& where, bool verify) {
               path.c_str(), static_cast<double>(in.bytes) / (1 << 20), in.meta.format_version,
               static_cast<long long>(in.meta.step), static_cast<long long>(in.meta.tokens_seen),
               static_cast<long long>(in.meta.data_position), static_cast<unsigned long long>(in.meta.seed));
+  if (in.meta.tokenizer_model.empty())
+    std::printf("  tokenizer: %s\n", in.meta.tokenizer.c_str());
+  else
+    std::printf("  tokenizer: %s (a model of %zu bytes, hash %llu)\n", in.meta.tokenizer.c_str(),
+                in.meta.tokenizer_model.size(),
+                static_cast<unsigned long long>(data::model_hash(in.meta.tokenizer_model)));
   std::printf("  strategy:\n%s", in.meta.strategy.c_str());
   int bad = 0;
   std::printf("  %zu tensors:\n", in.datasets.size());
@@ -61,6 +70,32 @@ int run_ckpt(const std::string& where, bool verify) {
   if (!verify) std::printf("  config:\n%s", in.meta.config_yaml.c_str());
   if (verify) std::printf("%s: %d of %zu tensors failed their checksum\n", bad ? "FAILED" : "ok", bad, in.datasets.size());
   return bad ? kExitUsage : 0;
+}
+
+// piper generate CHECKPOINT --prompt TEXT
+int run_generate(const runtime::GenerateOptions& o) {
+  runtime::MpiEnv env(nullptr, nullptr);  // loading a checkpoint is parallel HDF5: MPI, on one process
+  const runtime::Generated g = runtime::generate(o, env);
+  std::printf("%s\n", g.text.c_str());
+  std::fprintf(stderr, "piper generate: step %lld, %s tokenizer, %lld prompt + %lld new tokens\n",
+               static_cast<long long>(g.step), g.tokenizer.c_str(), static_cast<long long>(g.prompt_tokens),
+               static_cast<long long>(g.new_tokens));
+  return 0;
+}
+
+// piper prepare INPUT... -o OUT
+int run_prepare(const std::vector<std::string>& inputs, const std::string& out, const data::PrepareOptions& o) {
+  const data::Prepared p = data::prepare(inputs, out, o);
+  std::printf("piper prepare: wrote %lld tokens (%s, vocab %d) from %lld bytes to %s in %.2f s: %.0f tokens/s, "
+              "%.2f bytes/token\n",
+              static_cast<long long>(p.tokens), data::kind_name(p.kind), p.vocab_size, static_cast<long long>(p.bytes),
+              out.c_str(), p.seconds, static_cast<double>(p.tokens) / std::max(p.seconds, 1e-9),
+              static_cast<double>(p.bytes) / static_cast<double>(p.tokens));
+  if (o.train.vocab_size > 0)
+    std::printf("piper prepare: trained the tokenizer model %s in %.1f s\n", p.model_path.c_str(), p.train_seconds);
+  else if (!p.model_path.empty())
+    std::printf("piper prepare: tokenizer model %s\n", p.model_path.c_str());
+  return 0;
 }
 
 int run_train(int* argc, char*** argv, const std::string& path, const std::vector<std::string>& sets,
@@ -191,9 +226,32 @@ int main(int argc, char** argv) {
 
   std::string out_path;
   std::vector<std::string> inputs;
-  auto* prepare = app.add_subcommand("prepare", "Tokenize text files (bytes, vocab 256) into a token file");
+  data::PrepareOptions prep;
+  bool prep_quiet = false;
+  auto* prepare = app.add_subcommand("prepare", "Tokenize text files into a token file: bytes (vocab 256), or a "
+                                                "SentencePiece model trained on them or given");
   prepare->add_option("-o,--output", out_path, "Token file to write")->required();
   prepare->add_option("inputs", inputs, "Text files or directories")->required();
+  prepare->add_option("--tokenizer-train", prep.train.vocab_size,
+                      "Train a SentencePiece model of this many pieces on the inputs; written beside the token file")
+      ->check(CLI::Range(512, 65536));
+  prepare->add_option("--model-type", prep.train.model_type, "With --tokenizer-train: bpe (default) or unigram")
+      ->check(CLI::IsMember({"bpe", "unigram"}));
+  prepare->add_option("--tokenizer", prep.tokenizer, "Tokenize with this SentencePiece model file (copied beside "
+                                                     "the token file)");
+  prepare->add_flag("--quiet", prep_quiet, "No progress lines");
+
+  runtime::GenerateOptions gen;
+  auto* generate = app.add_subcommand("generate", "Continue a prompt with the model of a checkpoint (any strategy), "
+                                                  "on one process");
+  generate->add_option("checkpoint", gen.checkpoint, "Checkpoint file, folder or latest pointer")->required();
+  generate->add_option("--prompt", gen.prompt, "Text to continue")->required();
+  generate->add_option("--tokens", gen.tokens, "New tokens (default 200)")->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  generate->add_option("--temperature", gen.temperature, "Sampling temperature; 0 is greedy (default 0.8)")
+      ->check(CLI::Range(0.0, 100.0));
+  generate->add_option("--top-k", gen.top_k, "Sample among the K most likely tokens; 0 is all (default)")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", gen.seed, "Seed of the sampler (default 0)");
 
   try {
     app.parse(argc, argv);
@@ -213,10 +271,10 @@ int main(int argc, char** argv) {
     if (*tune) return cli::run_tune(tune_args);
     if (*plot_cmd) return cli::run_plot(plot_args);
     if (*ckpt) return run_ckpt(ckpt_path, verify->parsed());
+    if (*generate) return run_generate(gen);
     if (*prepare) {
-      const int64_t n = data::prepare(inputs, out_path);
-      std::printf("piper prepare: wrote %lld tokens to %s\n", static_cast<long long>(n), out_path.c_str());
-      return 0;
+      prep.progress = !prep_quiet;
+      return run_prepare(inputs, out_path, prep);
     }
   } catch (const std::exception& e) {
     const bool user = is_user_error(e);

@@ -119,11 +119,13 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     const auto version = load_le<uint32_t>(h + 8);
     vocab_size_ = load_le<uint32_t>(h + 12);
     id_width_ = load_le<uint32_t>(h + 16);
-    const auto reserved = load_le<uint32_t>(h + 20);
+    const auto kind = load_le<uint32_t>(h + 20);
     const auto count = load_le<uint64_t>(h + 24);
     if (version != kTokenFormatVersion) {
       fail(path, "unsupported format version " + std::to_string(version) + " (expected version " +
-                     std::to_string(kTokenFormatVersion) + ")");
+                     std::to_string(kTokenFormatVersion) +
+                     (version < kTokenFormatVersion ? "; written by an earlier piper: run `piper prepare` on its text again)"
+                                                    : ")"));
     }
     if (id_width_ != 2 && id_width_ != 4) {
       fail(path, "unsupported id width " + std::to_string(id_width_) + " bytes (expected 2 or 4)");
@@ -132,8 +134,13 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
       fail(path, "vocab size " + std::to_string(vocab_size_) + " is out of range (expected 1 to " +
                      std::to_string(INT32_MAX) + ")");
     }
-    if (reserved != 0) {
-      fail(path, "reserved header field is " + std::to_string(reserved) + " (expected 0)");
+    if (kind >= kTokenizerKindCount) {
+      fail(path, "tokenizer kind " + std::to_string(kind) + " is unknown (expected 0, byte, or 1, sentencepiece)");
+    }
+    tokenizer_ = {static_cast<TokenizerKind>(kind), load_le<uint64_t>(h + 32)};
+    if (tokenizer_.kind == TokenizerKind::BYTE && tokenizer_.hash != 0) {
+      fail(path, "the byte tokenizer's model hash is " + std::to_string(tokenizer_.hash) +
+                     " (expected 0: the byte tokenizer has no model file)");
     }
     const uint64_t payload = file_bytes - kTokenHeaderBytes;
     if (count > payload / id_width_ || payload != count * id_width_) {
@@ -175,6 +182,7 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
       ids_(std::exchange(other.ids_, nullptr)),
       vocab_size_(std::exchange(other.vocab_size_, 0)),
       id_width_(std::exchange(other.id_width_, 0)),
+      tokenizer_(std::exchange(other.tokenizer_, {})),
       size_(std::exchange(other.size_, 0)) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
@@ -186,6 +194,7 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     ids_ = std::exchange(other.ids_, nullptr);
     vocab_size_ = std::exchange(other.vocab_size_, 0);
     id_width_ = std::exchange(other.id_width_, 0);
+    tokenizer_ = std::exchange(other.tokenizer_, {});
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
@@ -238,8 +247,8 @@ void TokenFile::sample(const TokenRange& r, int64_t g, int64_t T, int32_t* out) 
   }
 }
 
-void write_token_file(const std::string& path, uint32_t vocab_size,
-                      const std::vector<int32_t>& ids) {
+void write_token_file(const std::string& path, uint32_t vocab_size, const std::vector<int32_t>& ids,
+                      const TokenizerStamp& tokenizer) {
   const std::string what = "cannot write";
   if (vocab_size == 0 || vocab_size > static_cast<uint32_t>(INT32_MAX)) {
     fail(path, what + ": vocab size " + std::to_string(vocab_size) +
@@ -256,6 +265,10 @@ void write_token_file(const std::string& path, uint32_t vocab_size,
                      std::to_string(vocab_size) + ")");
     }
   }
+  if (tokenizer.kind == TokenizerKind::BYTE && tokenizer.hash != 0) {
+    fail(path, what + ": the byte tokenizer has no model file, so no model hash (given " +
+                   std::to_string(tokenizer.hash) + ")");
+  }
   const uint32_t width = vocab_size <= 65536 ? 2 : 4;
 
   unsigned char header[kTokenHeaderBytes] = {};
@@ -263,8 +276,9 @@ void write_token_file(const std::string& path, uint32_t vocab_size,
   store_le<uint32_t>(header + 8, kTokenFormatVersion);
   store_le<uint32_t>(header + 12, vocab_size);
   store_le<uint32_t>(header + 16, width);
-  store_le<uint32_t>(header + 20, 0);
+  store_le<uint32_t>(header + 20, static_cast<uint32_t>(tokenizer.kind));
   store_le<uint64_t>(header + 24, ids.size());
+  store_le<uint64_t>(header + 32, tokenizer.hash);
 
   // A name unique to this process and call, beside the target so rename stays atomic.
   static std::atomic<uint64_t> counter{0};

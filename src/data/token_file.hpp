@@ -16,17 +16,33 @@ class DataError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The tokenizer a token file's ids come from (docs/data.md, "Tokenizers").
+enum class TokenizerKind : uint32_t {
+  BYTE = 0,           // one id per byte, vocab 256
+  SENTENCEPIECE = 1,  // a SentencePiece model, stored beside the token file (model_path_for)
+};
+inline constexpr uint32_t kTokenizerKindCount = 2;
+
+// What a token file records of its tokenizer: the kind and, for SentencePiece, the hash of the
+// model file's bytes (model_hash in tokenizer.hpp; 0 for the byte tokenizer).
+struct TokenizerStamp {
+  TokenizerKind kind = TokenizerKind::BYTE;
+  uint64_t hash = 0;
+  bool operator==(const TokenizerStamp&) const = default;
+};
+
 // Header layout (all little-endian):
 //   offset  0  char[8]  magic "PIPERTOK"
 //   offset  8  u32      format version (kTokenFormatVersion)
 //   offset 12  u32      vocab size V (every id < V)
 //   offset 16  u32      id width in bytes, 2 or 4
-//   offset 20  u32      reserved, 0
+//   offset 20  u32      tokenizer kind (TokenizerKind)
 //   offset 24  u64      token count n
-//   offset 32  ids      n ids of `id width` bytes each, unsigned
+//   offset 32  u64      tokenizer model hash (0 for the byte tokenizer)
+//   offset 40  ids      n ids of `id width` bytes each, unsigned
 inline constexpr char kTokenMagic[8] = {'P', 'I', 'P', 'E', 'R', 'T', 'O', 'K'};
-inline constexpr uint32_t kTokenFormatVersion = 1;
-inline constexpr int64_t kTokenHeaderBytes = 32;
+inline constexpr uint32_t kTokenFormatVersion = 2;
+inline constexpr int64_t kTokenHeaderBytes = 40;
 inline constexpr int64_t kTokenMinCount = 2;  // one input and its next-token target
 
 // A stretch of a token file's ids, [first, first + count): what the samples of the training order or of
@@ -38,7 +54,8 @@ struct TokenRange {
 };
 
 // A validated, read-only, memory-mapped token file. Opening checks the header, the file size
-// and every id (< vocab size), so a TokenFile that exists is well formed.
+// and every id (< vocab size), so a TokenFile that exists is well formed. Its tokenizer is
+// opened by tokenizer_of (tokenizer.hpp).
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);  // throws DataError
@@ -52,6 +69,7 @@ class TokenFile {
   uint32_t vocab_size() const { return vocab_size_; }
   int64_t size() const { return size_; }  // token count n
   uint32_t id_width() const { return id_width_; }
+  const TokenizerStamp& tokenizer() const { return tokenizer_; }
 
   // Token i, 0 <= i < size(); throws DataError otherwise.
   int32_t at(int64_t i) const;
@@ -77,14 +95,15 @@ class TokenFile {
   const unsigned char* ids_ = nullptr;  // map_ + kTokenHeaderBytes
   uint32_t vocab_size_ = 0;
   uint32_t id_width_ = 0;
+  TokenizerStamp tokenizer_;
   int64_t size_ = 0;
 };
 
 // Writes a token file atomically (to a temporary name beside `path`, then rename). The id width
 // is 2 bytes when vocab_size <= 65536, else 4. Throws DataError on an id outside [0, vocab_size),
-// fewer than kTokenMinCount ids, or an I/O failure.
-void write_token_file(const std::string& path, uint32_t vocab_size,
-                      const std::vector<int32_t>& ids);
+// fewer than kTokenMinCount ids, a byte stamp with a hash, or an I/O failure.
+void write_token_file(const std::string& path, uint32_t vocab_size, const std::vector<int32_t>& ids,
+                      const TokenizerStamp& tokenizer = {});
 
 // Throws DataError when the file's vocab size exceeds the model's (it could hold ids the
 // embedding has no row for), naming both sizes.

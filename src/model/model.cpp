@@ -27,7 +27,7 @@ Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::v
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
                                      int64_t max_context, uint64_t seed, float temperature,
-                                     const std::function<bool()>& stop) {
+                                     int64_t top_k, const std::function<bool()>& stop) {
   for (const auto& u : units_)
     if (!u) throw std::logic_error("generate needs every unit of the model on this rank");
   constexpr int kSlot = -1;  // inference slot, apart from training microbatches
@@ -54,6 +54,13 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
       std::vector<double> p(static_cast<size_t>(V));
       const double mx = *std::max_element(last, last + V);
       for (int64_t v = 0; v < V; ++v) p[static_cast<size_t>(v)] = std::exp((last[v] - mx) / temperature);
+      if (top_k > 0 && top_k < V) {  // below the k-th largest logit: weight 0 (ties at the k-th all stay)
+        std::vector<float> sorted(last, last + V);
+        std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<float>());
+        const float kth = sorted[static_cast<size_t>(top_k - 1)];
+        for (int64_t v = 0; v < V; ++v)
+          if (last[v] < kth) p[static_cast<size_t>(v)] = 0;
+      }
       std::discrete_distribution<int32_t> dist(p.begin(), p.end());
       next = dist(rng);
     }

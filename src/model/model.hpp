@@ -29,11 +29,13 @@ class Model {
   backend::Backend& backend() { return be_; }
 
   // Continues `prompt` by `n` tokens, sampling from softmax(logits / temperature)
-  // with a generator seeded by `seed` (temperature 0: greedy). Context is cut to
-  // the last `max_context` tokens. Needs every unit on this rank. Stops early,
-  // returning the tokens so far, once `stop` (asked before each token) says so.
+  // over the `top_k` most likely tokens (0: all of them) with a generator seeded
+  // by `seed` (temperature 0: greedy). Context is cut to the last `max_context`
+  // tokens. Needs every unit on this rank. Stops early, returning the tokens so
+  // far, once `stop` (asked before each token) says so.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int64_t n, int64_t max_context,
-                                uint64_t seed, float temperature, const std::function<bool()>& stop = {});
+                                uint64_t seed, float temperature, int64_t top_k = 0,
+                                const std::function<bool()>& stop = {});
 
  private:
   static std::vector<int> all_units(const ir::ModelGraph& g, std::vector<int> units);

@@ -56,8 +56,9 @@ std::vector<checkpoint::Run> runs_of(const std::vector<state::Run>& runs, size_t
 
 }  // namespace
 
-Checkpointer::Checkpointer(const config::Config& cfg, RankRuntime& runtime, const MpiEnv& env)
-    : cfg_(cfg), rt_(runtime), env_(env) {
+Checkpointer::Checkpointer(const config::Config& cfg, RankRuntime& runtime, const MpiEnv& env,
+                           const data::Tokenizer& tokenizer)
+    : cfg_(cfg), rt_(runtime), env_(env), tokenizer_(tokenizer) {
   MPI_Comm_dup(env.comm(), &comm_);
 }
 
@@ -75,6 +76,8 @@ checkpoint::Meta Checkpointer::meta() const {
   meta.seed = cfg_.train.seed;
   meta.config_yaml = cfg_.yaml_text;
   meta.strategy = ir::directives_yaml(rt_.plan().strategy, rt_.plan().model);
+  meta.tokenizer = data::kind_name(tokenizer_.kind());
+  meta.tokenizer_model = tokenizer_.model();
   return meta;
 }
 
@@ -298,6 +301,19 @@ void Checkpointer::check_position(const std::string& path, const checkpoint::Met
                     "written with, so the data order goes on where it stopped");
 }
 
+// Training goes on only over ids of the tokenizer the checkpoint learned.
+void Checkpointer::check_tokenizer(const std::string& path, const checkpoint::Meta& meta) const {
+  const std::string mine = data::kind_name(tokenizer_.kind());
+  if (meta.tokenizer == mine && meta.tokenizer_model == tokenizer_.model()) return;
+  const auto name = [](const std::string& kind, const std::string& model) {
+    return kind == "byte" ? kind : kind + " model " + std::to_string(data::model_hash(model));
+  };
+  throw UserError("--resume: checkpoint " + path + " was trained on data of the " +
+                  name(meta.tokenizer, meta.tokenizer_model) + " tokenizer, but data.path '" + cfg_.data.path +
+                  "' was made with the " + name(mine, tokenizer_.model()) +
+                  " tokenizer; resume on token files made with the checkpoint's tokenizer (piper prepare --tokenizer)");
+}
+
 int64_t Checkpointer::load(const std::string& where) {
   const std::string path = resolve(where);
   if (path.empty()) return -1;
@@ -309,6 +325,7 @@ int64_t Checkpointer::load(const std::string& where) {
     throw UserError(std::string("--resume: ") + e.what());
   }
   check_position(path, meta);
+  check_tokenizer(path, meta);
   rt_.resume_at({meta.step, meta.tokens_seen, meta.data_position});
   return meta.step;
 }

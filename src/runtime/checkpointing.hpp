@@ -17,6 +17,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "config/config.hpp"
+#include "data/tokenizer.hpp"
 #include "runtime/mpi_env.hpp"
 #include "runtime/rank_runtime.hpp"
 
@@ -24,7 +25,9 @@ namespace piper::runtime {
 
 class Checkpointer {
  public:
-  Checkpointer(const config::Config& cfg, RankRuntime& runtime, const MpiEnv& env);
+  // `tokenizer`: the one the run's data was made with, recorded in every checkpoint (piper generate
+  // decodes with it) and checked on load. It must outlive the checkpointer.
+  Checkpointer(const config::Config& cfg, RankRuntime& runtime, const MpiEnv& env, const data::Tokenizer& tokenizer);
   ~Checkpointer();  // waits for a save in flight
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -47,7 +50,8 @@ class Checkpointer {
   // Collective: loads PATH (a file, a folder, or "latest" in checkpoint.dir)
   // into the runtime: values, moments, and the position it records, from
   // which the Adam steps follow. Returns the optimiser steps the checkpoint
-  // had completed; -1 when "latest" names nothing yet.
+  // had completed; -1 when "latest" names nothing yet. UserError when the
+  // checkpoint was trained on data of another tokenizer.
   int64_t load(const std::string& where);
 
  private:
@@ -62,12 +66,14 @@ class Checkpointer {
   std::string resolve(const std::string& where) const;
   std::vector<checkpoint::Request> read_requests();
   void check_position(const std::string& path, const checkpoint::Meta& meta) const;
+  void check_tokenizer(const std::string& path, const checkpoint::Meta& meta) const;
   // The outcome of a save: rank 0 says it was saved, or the failure is handled by checkpoint.on_error.
   void report(const std::string& path, const std::string& error, double written_ms);
 
   const config::Config& cfg_;
   RankRuntime& rt_;
   const MpiEnv& env_;
+  const data::Tokenizer& tokenizer_;
   MPI_Comm comm_ = MPI_COMM_NULL;  // checkpoint traffic, apart from training's
   // A background save in flight: its thread, its file, what it threw, when it started, whether it is done.
   std::thread writer_;

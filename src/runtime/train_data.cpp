@@ -12,15 +12,18 @@ namespace piper::runtime {
 
 namespace {
 
-// Every rank reads the token file `path` (of the config key `key`); all stop if any cannot.
+// Every rank reads the token file `path` (of the config key `key`) and, with `tokenizer`, the tokenizer
+// it was made with; all stop if any cannot.
 std::unique_ptr<data::TokenFile> open_tokens(const std::string& path, const std::string& key,
-                                             const config::Config& cfg, const MpiEnv& env) {
+                                             const config::Config& cfg, const MpiEnv& env,
+                                             std::unique_ptr<data::Tokenizer>* tokenizer = nullptr) {
   std::unique_ptr<data::TokenFile> tokens;
   std::string data_error;
-  const std::string head = config::Positions(cfg, {}).head(key);
+  const config::Positions at(cfg, {});
+  const std::string head = at.head(key);
   try {
     tokens = std::make_unique<data::TokenFile>(path);
-    data::check_vocab(*tokens, cfg.model.vocab_size);
+    if (tokenizer) *tokenizer = data::tokenizer_of(*tokens);
   } catch (const data::DataError& e) {
     data_error = head + ": " + e.what();
   }
@@ -28,6 +31,11 @@ std::unique_ptr<data::TokenFile> open_tokens(const std::string& path, const std:
     throw UserError(!data_error.empty() ? data_error
                                         : head + ": another rank could not read '" + path +
                                               "'; every rank needs the token file (a shared file system or a copy per node)");
+  try {  // the same file on every rank: the same answer
+    data::check_vocab(*tokens, cfg.model.vocab_size);
+  } catch (const data::DataError& e) {
+    throw UserError(at.head("model.vocab_size") + ": " + e.what() + " (" + at.ref(key) + ")");
+  }
   return tokens;
 }
 
@@ -89,11 +97,18 @@ void check_enough_held_out(const TrainData& d, const config::Config& cfg) {
 
 TrainData open_data(const config::Config& cfg, const MpiEnv& env) {
   TrainData d;
-  d.tokens = open_tokens(cfg.data.path, "data.path", cfg, env);
+  d.tokens = open_tokens(cfg.data.path, "data.path", cfg, env, &d.tokenizer);
   const int64_t T = cfg.train.seq_len;
   d.split = data::split_tail(d.tokens->size(), T, cfg.data.eval_fraction);
   if (!cfg.data.eval_path.empty()) {
     d.held = open_tokens(cfg.data.eval_path, "data.eval_path", cfg, env);
+    if (!(d.held->tokenizer() == d.tokens->tokenizer()))
+      throw UserError(config::Positions(cfg, {}).head("data.eval_path") + ": '" + cfg.data.eval_path +
+                      "' was made with the " + data::kind_name(d.held->tokenizer().kind) + " tokenizer (hash " +
+                      std::to_string(d.held->tokenizer().hash) + "), data.path '" + cfg.data.path + "' with the " +
+                      data::kind_name(d.tokens->tokenizer().kind) + " tokenizer (hash " +
+                      std::to_string(d.tokens->tokenizer().hash) +
+                      "); prepare the held-out text with the training data's model (piper prepare --tokenizer)");
     d.split.held = data::sequence_count(d.held->size(), T);
     d.split.held_out = d.held->all();
   }

@@ -131,13 +131,13 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
   if (env.rank() == 0) write_params(path, plan.model, values);
 }
 
-void print_sample(model::Model& m, const config::Config& cfg, int64_t step) {
-  data::ByteTokenizer tok;
-  const std::vector<int32_t> prompt = tok.encode("The ");
+void print_sample(model::Model& m, const config::Config& cfg, const data::Tokenizer& tok, int64_t step) {
+  std::vector<int32_t> text = tok.encode("The ");
   // A stop signal cuts the sample short: the checkpoint at the step boundary comes first.
-  auto out = m.generate(prompt, cfg.train.sample_tokens, cfg.train.seq_len,
-                        cfg.train.seed + static_cast<uint64_t>(step), 0.8f, [] { return stop_requested(); });
-  std::printf("sample @ step %" PRId64 ": \"The %s\"\n", step, tok.decode_printable(out).c_str());
+  const auto out = m.generate(text, cfg.train.sample_tokens, cfg.train.seq_len,
+                              cfg.train.seed + static_cast<uint64_t>(step), 0.8f, 0, [] { return stop_requested(); });
+  text.insert(text.end(), out.begin(), out.end());
+  std::printf("sample @ step %" PRId64 ": \"%s\"\n", step, tok.decode_printable(text).c_str());
 }
 
 // Per-rank figures of a step: its time split, its memory peaks, and the
@@ -470,6 +470,7 @@ struct Generation {
   std::unique_ptr<ir::Plan> plan;
   std::unique_ptr<RankRuntime> rt;
   std::unique_ptr<Checkpointer> ckpt;
+  const data::Tokenizer* tokenizer = nullptr;  // the run's data's, for every strategy
 };
 
 // After a step (or a stop): the checkpoint that is due, or a background save reported. Returns whether
@@ -584,7 +585,7 @@ bool switch_strategy(Generation& gen, Membership& m, const Decision& d, int64_t 
   gen.cfg = std::move(cfg);
   gen.plan = std::move(plan);
   gen.rt = std::move(rt);
-  if (gen.rt) gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env);
+  if (gen.rt) gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env, *gen.tokenizer);
   if (leaving) return false;
   follow_metrics(metrics, opts, env);
   int64_t at = step;
@@ -615,7 +616,7 @@ RunLog run_job(Generation& gen, Membership& m, Boundary& boundary, const TrainDa
         report_step(r, rt, opts, metrics.get(), env);
         if (env.rank() == 0 && rt.holds_whole_model() && cfg.train.sample_every > 0 &&
             (r.step + 1) % cfg.train.sample_every == 0)
-          print_sample(rt.model(), cfg, r.step);
+          print_sample(rt.model(), cfg, *data.tokenizer, r.step);
         std::fflush(stdout);
         ran = true;
       }
@@ -702,6 +703,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
 
   Generation gen;
   gen.cfg = std::make_unique<config::Config>(cfg);
+  gen.tokenizer = data.tokenizer.get();
   std::unique_ptr<std::ofstream> metrics;
   if (members.training()) {
     gen.plan = std::make_unique<ir::Plan>(compile_checked(cfg, env));
@@ -709,7 +711,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
     if (!opts.dump_init_path.empty()) dump_params(opts.dump_init_path, *gen.rt, env);
     metrics = open_outputs(opts, env);
     print_banner(cfg, *gen.rt, data, env, static_cast<int>(cfg.train.standby));
-    gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env);
+    gen.ckpt = std::make_unique<Checkpointer>(*gen.cfg, *gen.rt, env, *gen.tokenizer);
     gen.ckpt->preflight();
     if (!opts.resume.empty()) resume(*gen.ckpt, opts.resume, cfg, *members.world(), env);
   } else {

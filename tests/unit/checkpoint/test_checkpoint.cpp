@@ -230,9 +230,13 @@ TEST(Checkpoint, MetaRoundTrip) {
   const std::string path = (dir / "c.h5").string();
   Meta m = sample_meta();
   m.config_yaml.append(100000, 'x');  // past HDF5's 64 KiB compact attribute limit
+  m.tokenizer = "sentencepiece";
+  for (int i = 0; i < 300000; ++i) m.tokenizer_model += static_cast<char>(i * 7 % 256);  // NULs included
   save_sample(path, m);
   const Meta r = load(path, MPI_COMM_SELF, {}, {});
-  EXPECT_EQ(r.format_version, 1);
+  EXPECT_EQ(r.format_version, kFormatVersion);
+  EXPECT_EQ(r.tokenizer, "sentencepiece");
+  EXPECT_EQ(r.tokenizer_model, m.tokenizer_model);
   EXPECT_EQ(r.step, m.step);
   EXPECT_EQ(r.tokens_seen, m.tokens_seen);
   EXPECT_EQ(r.data_position, m.data_position);
@@ -246,6 +250,13 @@ TEST(Checkpoint, MetaRoundTrip) {
   EXPECT_EQ(e.config_yaml, "");
   EXPECT_EQ(e.strategy, "");
   EXPECT_EQ(e.seed, 0u);
+  EXPECT_EQ(e.tokenizer, "byte");
+  EXPECT_EQ(e.tokenizer_model, "");
+
+  Meta v1;  // format 1 had no tokenizer: its runs were byte-level
+  v1.format_version = 1;
+  save_sample(path, v1);
+  EXPECT_EQ(load(path, MPI_COMM_SELF, kSpecs, {}).tokenizer, "byte");
 
   const Inspection ins = inspect(path, true);
   ASSERT_EQ(ins.datasets.size(), kSpecs.size());

@@ -17,39 +17,13 @@
 #include "data/prepare.hpp"
 #include "data/token_file.hpp"
 #include "data/tokenizer.hpp"
+#include "unit/data/data_test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace piper::data;
+using namespace piper::data::test;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("piper_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) +
-            "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 template <typename U>
 void put(std::string& s, U v) {
@@ -61,16 +35,17 @@ void put(std::string& s, U v) {
 // A token file's bytes, field by field, so each test row can break one field.
 struct RawFile {
   std::string magic = "PIPERTOK";
-  uint32_t version = 1, vocab = 10, width = 2, reserved = 0;
-  uint64_t count = 4;
+  uint32_t version = 2, vocab = 10, width = 2, kind = 0;
+  uint64_t count = 4, hash = 0;
   std::vector<uint32_t> ids = {1, 2, 3, 4};
   std::string bytes() const {
     std::string s = magic;
     put(s, version);
     put(s, vocab);
     put(s, width);
-    put(s, reserved);
+    put(s, kind);
     put(s, count);
+    put(s, hash);
     for (uint32_t id : ids) {
       if (width == 4)
         put(s, id);
@@ -99,7 +74,7 @@ TEST(TokenFile, RoundTripWidth2) {
   for (auto& id : ids) id = static_cast<int32_t>(rng() % 65536);
   ids[17] = 65535;  // the largest id a 2-byte file can hold
   write_token_file(path, 65536, ids);
-  EXPECT_EQ(fs::file_size(path), 32u + 2u * ids.size());
+  EXPECT_EQ(fs::file_size(path), 40u + 2u * ids.size());
 
   const TokenFile f(path);
   EXPECT_EQ(f.path(), path);
@@ -117,7 +92,7 @@ TEST(TokenFile, RoundTripWidth4) {
   for (auto& id : ids) id = static_cast<int32_t>(rng() % 70000);
   ids[3] = 69999;
   write_token_file(path, 70000, ids);
-  EXPECT_EQ(fs::file_size(path), 32u + 4u * ids.size());
+  EXPECT_EQ(fs::file_size(path), 40u + 4u * ids.size());
 
   const TokenFile f(path);
   EXPECT_EQ(f.vocab_size(), 70000u);
@@ -218,30 +193,36 @@ TEST(TokenFile, EveryOpenErrorNamesFileAndReason) {
   const std::vector<OpenErrorCase> cases = {
       {"missing", [](const std::string&) {}, {"cannot open", std::strerror(ENOENT)}},
       {"directory", [](const std::string& p) { fs::create_directory(p); }, {"not a regular file"}},
-      {"empty", [](const std::string& p) { write_bytes(p, ""); }, {"0 bytes", "32-byte header"}},
+      {"empty", [](const std::string& p) { write_bytes(p, ""); }, {"0 bytes", "40-byte header"}},
       {"short",
-       [](const std::string& p) { write_bytes(p, RawFile().bytes().substr(0, 31)); },
-       {"31 bytes", "shorter than the 32-byte header"}},
+       [](const std::string& p) { write_bytes(p, RawFile().bytes().substr(0, 39)); },
+       {"39 bytes", "shorter than the 40-byte header"}},
       {"bad_magic",
        raw([](RawFile& r) { r.magic = "GPT2TOK\x01"; }),
        {"not a piper token file", "GPT2TOK\\x01", "expected \"PIPERTOK\""}},
       {"version",
-       raw([](RawFile& r) { r.version = 2; }),
-       {"unsupported format version 2", "expected version 1"}},
+       raw([](RawFile& r) { r.version = 3; }),
+       {"unsupported format version 3", "expected version 2"}},
+      {"version1",
+       raw([](RawFile& r) { r.version = 1; }),
+       {"unsupported format version 1", "written by an earlier piper", "piper prepare"}},
       {"width3",
        raw([](RawFile& r) { r.width = 3; }),
        {"unsupported id width 3", "expected 2 or 4"}},
       {"width8", raw([](RawFile& r) { r.width = 8; }), {"unsupported id width 8"}},
       {"vocab0", raw([](RawFile& r) { r.vocab = 0; }), {"vocab size 0 is out of range"}},
-      {"reserved",
-       raw([](RawFile& r) { r.reserved = 5; }),
-       {"reserved header field is 5", "expected 0"}},
+      {"kind",
+       raw([](RawFile& r) { r.kind = 5; }),
+       {"tokenizer kind 5 is unknown", "expected 0, byte, or 1, sentencepiece"}},
+      {"byte_hash",
+       raw([](RawFile& r) { r.hash = 77; }),
+       {"byte tokenizer's model hash is 77", "expected 0"}},
       {"truncated",
        raw([](RawFile& r) { r.count = 5; }),
-       {"file is 40 bytes", "header says 5 tokens of 2 bytes", "32 + 5 * 2 = 42"}},
+       {"file is 48 bytes", "header says 5 tokens of 2 bytes", "40 + 5 * 2 = 50"}},
       {"trailing",
        raw([](RawFile& r) { r.count = 3; }),
-       {"file is 40 bytes", "header says 3 tokens", "= 38 bytes"}},
+       {"file is 48 bytes", "header says 3 tokens", "= 46 bytes"}},
       {"huge_count",
        raw([](RawFile& r) { r.count = UINT64_MAX; }),
        {"header says 18446744073709551615 tokens"}},
@@ -384,7 +365,7 @@ TEST(TokenFile, AHeaderClaimingMoreTokensThanTheFileHoldsIsRefused) {
   write_bytes(path, r.bytes());
   const std::string msg = open_error(path);
   EXPECT_NE(msg.find("token file '" + path + "'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("file is 40 bytes but its header says 1099511627776 tokens of 2 bytes"), std::string::npos)
+  EXPECT_NE(msg.find("file is 48 bytes but its header says 1099511627776 tokens of 2 bytes"), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("truncated or corrupt"), std::string::npos) << msg;
 }
@@ -423,7 +404,7 @@ TEST(Prepare, ConcatenatesSortedDocumentsWithBlankLines) {
   write_bytes(dir / "extra.txt", "fourth\n");
   const std::string out = dir / "out/corpus.tok";  // directory made by prepare
 
-  const int64_t n = prepare({dir / "in", dir / "extra.txt"}, out);
+  const int64_t n = prepare({dir / "in", dir / "extra.txt"}, out, {}).tokens;
   const std::string want = "first\n\nsecond\n\nthird\n\nfourth\n";
   EXPECT_EQ(n, static_cast<int64_t>(want.size()));
 
@@ -440,8 +421,8 @@ TEST(Prepare, SkipsItsOwnOutputOnARerun) {
   TempDir dir;
   write_bytes(dir / "a.txt", "hello\n");
   const std::string out = dir / "a.tok";
-  EXPECT_EQ(prepare({dir.path.string()}, out), 6);
-  EXPECT_EQ(prepare({dir.path.string()}, out), 6);
+  EXPECT_EQ(prepare({dir.path.string()}, out, {}).tokens, 6);
+  EXPECT_EQ(prepare({dir.path.string()}, out, {}).tokens, 6);
 }
 
 TEST(Prepare, ErrorsNameTheInput) {
@@ -449,7 +430,7 @@ TEST(Prepare, ErrorsNameTheInput) {
   const std::string missing = dir / "nope.txt";
   const auto expect_error = [&](const std::vector<std::string>& inputs, const std::string& reason) {
     try {
-      prepare(inputs, dir / "o.tok");
+      prepare(inputs, dir / "o.tok", {});
       ADD_FAILURE() << reason;
     } catch (const DataError& e) {
       EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
@@ -458,7 +439,7 @@ TEST(Prepare, ErrorsNameTheInput) {
   expect_error({}, "no inputs");
   expect_error({missing}, "'" + missing + "' does not exist");
   write_bytes(dir / "empty.txt", "");
-  expect_error({dir / "empty.txt"}, "the inputs hold 0 bytes");
+  expect_error({dir / "empty.txt"}, "the inputs hold 0 tokens");
   fs::create_directory(dir.path / "empty_dir");
-  expect_error({dir / "empty_dir"}, "the inputs hold 0 bytes");
+  expect_error({dir / "empty_dir"}, "the inputs hold 0 tokens");
 }

@@ -18,6 +18,7 @@
 #include "comm/mpi_comm.hpp"
 #include "config/config.hpp"
 #include "data/token_file.hpp"
+#include "data/tokenizer.hpp"
 #include "ir/compile.hpp"
 #include "runtime/checkpointing.hpp"
 #include "runtime/mpi_env.hpp"
@@ -70,6 +71,7 @@ class RankRuntimeTest : public ::testing::Test {
   fs::path dir_;
   config::Config cfg_;
   std::unique_ptr<data::TokenFile> tokens_;
+  const data::ByteTokenizer tokenizer_;
   std::unique_ptr<comm::Communicator> world_;
 };
 
@@ -151,13 +153,13 @@ TEST_F(RankRuntimeTest, OptimiserStateAndPositionRoundTripThroughACheckpoint) {
   saved->step(*tokens_, tokens_->all());
   saved->step(*tokens_, tokens_->all());
   {
-    Checkpointer ckpt(cfg_, *saved, mpi());
+    Checkpointer ckpt(cfg_, *saved, mpi(), tokenizer_);
     ckpt.save();
     ckpt.wait();
   }
   auto loaded = make();
   EXPECT_GT(state_differences(*saved, *loaded), 0);
-  Checkpointer ckpt(cfg_, *loaded, mpi());
+  Checkpointer ckpt(cfg_, *loaded, mpi(), tokenizer_);
   EXPECT_EQ(ckpt.load("latest"), 2);
   EXPECT_EQ(loaded->optimizer().steps(), saved->optimizer().steps());
   EXPECT_EQ(loaded->position().step, 2);
