@@ -48,6 +48,7 @@ bench: deps build corpus
 	@bench/moe.py $(BUILD)
 	@bench/tuner.py $(BUILD)
 	@bench/tuner_measured.py $(BUILD)
+	@bench/tokenizer.py $(BUILD)
 	@bench/switch_sim.py $(BUILD)
 	@bench/switching.py $(BUILD)
 

@@ -15,6 +15,7 @@ packages=(
   libdnnl-dev                         # float GEMM: oneDNN, the fastest measured (docs/blas.md)
   libopenblas-dev libopenblas0-openmp libopenblas-openmp-dev  # CBLAS (double), OpenMP build
   python3 python3-torch python3-numpy python3-yaml  # the PyTorch peer of `make bench` and the parity test
+  python3-sentencepiece               # bench/tokenizer.py: bytes per held-out token
   slurm-wlm slurm-client munge        # the one-node Slurm of tests/slurm (scripts/slurm-local.sh)
 )
 

@@ -132,7 +132,9 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
 }
 
 void print_sample(model::Model& m, const config::Config& cfg, const data::Tokenizer& tok, int64_t step) {
-  std::vector<int32_t> text = tok.encode("The ");
+  // No trailing space: a subword vocabulary joins a space to the word after it, so a prompt ending in one
+  // asks for a continuation training rarely saw.
+  std::vector<int32_t> text = tok.encode("The");
   // A stop signal cuts the sample short: the checkpoint at the step boundary comes first.
   const auto out = m.generate(text, cfg.train.sample_tokens, cfg.train.seq_len,
                               cfg.train.seed + static_cast<uint64_t>(step), 0.8f, 0, [] { return stop_requested(); });
