@@ -4,6 +4,7 @@
 // loss does not change from run to run.
 #include "cross_entropy_cuda.hpp"
 #include "cuda_common.cuh"
+#include "tensor_ops_cuda.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -12,7 +13,6 @@
 namespace piper::kernels::cuda {
 namespace {
 
-constexpr int kScratch = kThreads / kWarp;
 
 // mx = the max of a row x[V], sum = the sum of exp(x - mx), for every thread of the block. Each
 // thread keeps a running max and a sum rescaled when that max grows (one pass over the row),
@@ -54,12 +54,6 @@ __global__ void cross_entropy_kernel(const T* logits, const int32_t* targets, T*
                                   : static_cast<double>(NAN);
 }
 
-// *out = sum of x[0, n), one block
-__global__ void sum_kernel(const double* x, int64_t n, double* out) {
-  __shared__ double scratch[kScratch];
-  const double s = block_sum_of(x, n, scratch);
-  if (threadIdx.x == 0) *out = s;
-}
 
 template <class T>
 __global__ void row_max_kernel(const T* x, float* out, int64_t N) {
@@ -137,8 +131,7 @@ void cross_entropy(const T* logits, const int32_t* targets, T* dlogits, double* 
     cross_entropy_kernel<T><<<unsigned(M), kThreads, 0, s>>>(logits, targets, dlogits, row_loss, V, scale);
     PIPER_CUDA_LAUNCHED("cross_entropy");
   }
-  sum_kernel<<<1, kThreads, 0, s>>>(row_loss, M, loss);
-  PIPER_CUDA_LAUNCHED("cross_entropy (sum)");
+  sum_doubles(row_loss, M, loss, s);
 }
 
 template <class T>

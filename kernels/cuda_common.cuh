@@ -23,6 +23,7 @@ namespace piper::kernels::cuda {
 
 constexpr int kThreads = 256;  // threads of a one-dimensional block
 constexpr int kWarp = 32;
+constexpr int kScratch = kThreads / kWarp;  // the scratch values of block_sum at kThreads
 
 // Blocks to cover n elements at `threads` per block, at most 65535 * 16 (grid-stride loops do
 // the rest).

@@ -4,6 +4,7 @@
 // assignments: per-chunk counts, a scan over the chunks in order, then each chunk placed in
 // order), row gathers and the weighted combine (grid-stride loops, sums in double, k ascending).
 #include "cuda_common.cuh"
+#include "tensor_ops_cuda.hpp"
 #include "moe_cuda.hpp"
 
 #include <stdexcept>
@@ -12,7 +13,6 @@
 namespace piper::kernels::cuda {
 namespace {
 
-constexpr int kScratch = kThreads / kWarp;
 constexpr int64_t kMaxBalanceExperts = 4096;  // moe_balance keeps two [E] arrays in shared memory
 constexpr int kChunk = 1024;                  // assignments per chunk of moe_permute_index
 
@@ -117,12 +117,6 @@ __global__ void moe_balance_kernel(const float* probs, const int32_t* experts, f
   for (int64_t i = threadIdx.x; i < seq * E; i += blockDim.x) dprobs[r0 * E + i] = coef[i % E];
 }
 
-// *out = sum of x[0, n), one block
-__global__ void sum_kernel(const double* x, int64_t n, double* out) {
-  __shared__ double scratch[kScratch];
-  const double s = block_sum_of(x, n, scratch);
-  if (threadIdx.x == 0) *out = s;
-}
 
 // ex[0, n) = the chunk's experts; n = its length
 __device__ int load_chunk(const int32_t* experts, int64_t P, int32_t* ex) {
@@ -283,8 +277,7 @@ void moe_balance(const float* probs, const int32_t* experts, float* dprobs, doub
     moe_balance_kernel<<<unsigned(nseq), kThreads, smem, s>>>(probs, experts, dprobs, part, E, K, seq, scale);
     PIPER_CUDA_LAUNCHED("moe_balance");
   }
-  sum_kernel<<<1, kThreads, 0, s>>>(part, nseq, loss);
-  PIPER_CUDA_LAUNCHED("moe_balance (sum)");
+  sum_doubles(part, nseq, loss, s);
 }
 
 namespace {

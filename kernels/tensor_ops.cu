@@ -38,11 +38,11 @@ __global__ void sum_squares_partial(const T* x, int64_t n, double* part) {
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-// One thread sums the partials in order.
-__global__ void sum_in_order(const double* part, int64_t blocks, double* out) {
-  double s = 0;
-  for (int64_t b = 0; b < blocks; ++b) s += part[b];
-  *out = s;
+// *out = sum of x[0, n), one block
+__global__ void sum_kernel(const double* x, int64_t n, double* out) {
+  __shared__ double scratch[kScratch];
+  const double s = block_sum_of(x, n, scratch);
+  if (threadIdx.x == 0) *out = s;
 }
 
 __global__ void column_sums_kernel(const float* part, int64_t R, int64_t D, float* dst) {
@@ -88,8 +88,12 @@ void sum_squares(const T* x, int64_t n, double* out, void* work, cudaStream_t s)
     sum_squares_partial<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, n, part);
     PIPER_CUDA_LAUNCHED("sum_squares (partials)");
   }
-  sum_in_order<<<1, 1, 0, s>>>(part, blocks, out);
-  PIPER_CUDA_LAUNCHED("sum_squares (total)");
+  sum_doubles(part, blocks, out, s);
+}
+
+void sum_doubles(const double* x, int64_t n, double* out, cudaStream_t s) {
+  sum_kernel<<<1, kThreads, 0, s>>>(x, n, out);
+  PIPER_CUDA_LAUNCHED("sum_doubles");
 }
 
 void add_column_sums(const float* part, int64_t R, int64_t D, float* dst, cudaStream_t s) {

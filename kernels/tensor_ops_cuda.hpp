@@ -25,6 +25,8 @@ int64_t sum_squares_workspace_bytes(int64_t n);
 // *out (device) = sum of x[i]^2 in double, in fixed blocks summed in order
 template <class T>
 void sum_squares(const T* x, int64_t n, double* out, void* work, cudaStream_t s);
+// *out (device) = sum of x[0, n) (device), one block in a fixed order: the total of per-block partials
+void sum_doubles(const double* x, int64_t n, double* out, cudaStream_t s);
 // dst[D] += sum over r of part[r, D], r ascending, in double, rounded once
 void add_column_sums(const float* part, int64_t R, int64_t D, float* dst, cudaStream_t s);
 // Rows of one block of a column-partial reduction (the R of add_column_sums is ceil(M / this)).

@@ -41,6 +41,20 @@ struct MemoryStats {
   std::array<int64_t, kMemCategoryCount> peak{};  // per category
   int64_t total_current = 0;
   int64_t total_peak = 0;  // of the sum
+
+  // `delta` bytes of category c allocated (> 0) or freed (< 0); the peaks follow.
+  void add(MemCategory c, int64_t delta) {
+    const auto i = static_cast<size_t>(c);
+    current[i] += delta;
+    total_current += delta;
+    if (current[i] > peak[i]) peak[i] = current[i];
+    if (total_current > total_peak) total_peak = total_current;
+  }
+  // The peaks start again from what is held now.
+  void reset_peak() {
+    peak = current;
+    total_peak = total_current;
+  }
 };
 
 // Row-major extents, outermost first; rank 0 is a scalar.

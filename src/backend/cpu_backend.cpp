@@ -114,7 +114,7 @@ class CpuBackend final : public Backend {
       p = std::aligned_alloc(64, rounded);
       if (!p) throw std::bad_alloc();
     }
-    account(c, static_cast<int64_t>(bytes));
+    stats_.add(c, static_cast<int64_t>(bytes));
     return p;
   }
   void deallocate(void* p, size_t bytes, MemCategory c) override {
@@ -122,7 +122,7 @@ class CpuBackend final : public Backend {
     const size_t rounded = (bytes + 63) / 64 * 64;
     cache_[rounded].push_back(p);
     cached_bytes_ += rounded;
-    account(c, -static_cast<int64_t>(bytes));
+    stats_.add(c, -static_cast<int64_t>(bytes));
   }
   void release_cached() override {
     for (auto& [size, blocks] : cache_)
@@ -135,10 +135,7 @@ class CpuBackend final : public Backend {
   void to_host(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
   void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
   MemoryStats memory() const override { return stats_; }
-  void reset_peak() override {
-    stats_.peak = stats_.current;
-    stats_.total_peak = stats_.total_current;
-  }
+  void reset_peak() override { stats_.reset_peak(); }
 
   // One stream: every op has finished when its call returns, so events are already complete.
   int stream_count() const override { return 1; }
@@ -377,13 +374,6 @@ class CpuBackend final : public Backend {
     if (stream != 0)
       throw std::invalid_argument(std::string("backend cpu: ") + what + " on stream " +
                                   std::to_string(stream) + "; the cpu backend has stream 0 only");
-  }
-  void account(MemCategory c, int64_t delta) {
-    auto i = static_cast<size_t>(c);
-    stats_.current[i] += delta;
-    stats_.total_current += delta;
-    if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
-    if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
   }
   MemoryStats stats_;
   std::map<size_t, std::vector<void*>> cache_;  // free blocks by rounded size

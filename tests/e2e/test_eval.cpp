@@ -184,28 +184,31 @@ TEST(Eval, KeepsEvaluatingAfterASwitch) {
 }
 
 // A token file (docs/data.md, "Token file format") of ids [first, first + count) of `from`.
+// The token file header's size, docs/data.md: the count at offset 24, the ids after the header.
+constexpr int kTokenHeader = 40;
+
 void write_slice(const std::string& from, int64_t first, int64_t count, const std::string& to) {
   std::ifstream in(from, std::ios::binary);
-  char header[32];
-  in.read(header, 32);
+  char header[kTokenHeader];
+  in.read(header, kTokenHeader);
   uint32_t width = 0;
   std::memcpy(&width, header + 16, 4);
   ASSERT_EQ(width, 2u) << "the corpus has 2-byte ids";
   std::vector<char> ids(static_cast<size_t>(count * 2));
-  in.seekg(32 + first * 2);
+  in.seekg(kTokenHeader + first * 2);
   in.read(ids.data(), static_cast<std::streamsize>(ids.size()));
   ASSERT_TRUE(in) << from;
   const uint64_t n = static_cast<uint64_t>(count);
   std::memcpy(header + 24, &n, 8);
   std::ofstream out(to, std::ios::binary);
-  out.write(header, 32);
+  out.write(header, kTokenHeader);
   out.write(ids.data(), static_cast<std::streamsize>(ids.size()));
 }
 
 int64_t token_count(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char header[32];
-  in.read(header, 32);
+  char header[kTokenHeader];
+  in.read(header, kTokenHeader);
   uint64_t n = 0;
   std::memcpy(&n, header + 24, 8);
   return static_cast<int64_t>(n);

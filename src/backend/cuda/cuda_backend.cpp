@@ -128,7 +128,7 @@ class CudaBackend final : public Backend {
     } else {
       p = device_malloc(rounded, c);
     }
-    account(c, static_cast<int64_t>(bytes));
+    stats_.add(c, static_cast<int64_t>(bytes));
     return p;
   }
   void deallocate(void* p, size_t bytes, MemCategory c) override {
@@ -142,7 +142,7 @@ class CudaBackend final : public Backend {
     }
     cache_[rounded].push_back(std::move(blk));
     cached_bytes_ += rounded;
-    account(c, -static_cast<int64_t>(bytes));
+    stats_.add(c, -static_cast<int64_t>(bytes));
   }
   void release_cached() override {
     for (auto& [size, blocks] : cache_)
@@ -174,10 +174,7 @@ class CudaBackend final : public Backend {
     if (bytes) PIPER_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current()));
   }
   MemoryStats memory() const override { return stats_; }
-  void reset_peak() override {
-    stats_.peak = stats_.current;
-    stats_.total_peak = stats_.total_current;
-  }
+  void reset_peak() override { stats_.reset_peak(); }
 
   // ---- streams and events
   int stream_count() const override { return kStreams; }
@@ -560,13 +557,6 @@ class CudaBackend final : public Backend {
     if (stream < 0 || stream >= kStreams)
       throw std::invalid_argument(std::string("backend cuda: ") + what + " on stream " + std::to_string(stream) +
                                   "; the cuda backend has streams 0.." + std::to_string(kStreams - 1));
-  }
-  void account(MemCategory c, int64_t delta) {
-    auto i = static_cast<size_t>(c);
-    stats_.current[i] += delta;
-    stats_.total_current += delta;
-    if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
-    if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
   }
 
   int device_;
