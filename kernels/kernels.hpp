@@ -30,3 +30,4 @@
 #include "cross_entropy.hpp"
 #include "tensor_ops.hpp"
 #include "adamw.hpp"
+#include "bf16.hpp"

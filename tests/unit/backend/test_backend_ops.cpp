@@ -61,7 +61,7 @@ class Device {
     if (t.dtype() == DType::DTYPE_BF16) {
       std::vector<uint16_t> h(n);
       be_.to_host(h.data(), t.view().ptr, t.bytes());
-      for (size_t i = 0; i < n; ++i) out[i] = from_bf16(h[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = k::bf16_to_f32(h[i]);
     } else {
       std::vector<float> f(n);
       be_.to_host(f.data(), t.view().ptr, t.bytes());
@@ -76,26 +76,12 @@ class Device {
   }
 
  private:
-  // bf16 is the upper half of an f32, rounded to nearest even.
-  static uint16_t to_bf16(float f) {
-    uint32_t u = 0;
-    std::memcpy(&u, &f, sizeof u);
-    if (std::isnan(f)) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<uint16_t>(u >> 16);
-  }
-  static float from_bf16(uint16_t h) {
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f = 0;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
   Tensor put_as(const Vec& host, Shape s, DType dtype) {
     EXPECT_EQ(static_cast<int64_t>(host.size()), s.numel()) << "test data for shape " << s.str();
     Tensor t(be_, s, MemCategory::MEM_BUFFERS, dtype);
     if (dtype == DType::DTYPE_BF16) {
       std::vector<uint16_t> h(host.size());
-      for (size_t i = 0; i < host.size(); ++i) h[i] = to_bf16(static_cast<float>(host[i]));
+      for (size_t i = 0; i < host.size(); ++i) h[i] = k::f32_to_bf16(static_cast<float>(host[i]));
       be_.to_device(t.view().ptr, h.data(), t.bytes());
     } else {
       const std::vector<float> f(host.begin(), host.end());
@@ -731,18 +717,17 @@ std::map<Op, Case> cases() {
   };
 }
 
-// The backend a case runs on, by name; a GPU backend this machine lacks skips its cases, saying
-// why (ctest counts them as not run: docs/testing.md).
-// The backend and storage type a run of the op runner uses, by name: "cpu", "cuda" (f32) and
-// "cuda_bf16". A GPU backend this machine lacks skips its cases, saying why (ctest counts them as
-// not run: docs/testing.md).
+// The backend and storage type a run of the op runner uses, by name: "cpu" and "cuda" (f32),
+// "cpu_bf16" and "cuda_bf16". A GPU backend this machine lacks skips its cases, saying why (ctest
+// counts them as not run: docs/testing.md).
 class OnBackend : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   const std::string& which = GetParam();
-  const DType storage = which == "cuda_bf16" ? DType::DTYPE_BF16 : DType::DTYPE_F32;
+  const bool bf16 = which.size() > 5 && which.compare(which.size() - 5, 5, "_bf16") == 0;
+  const DType storage = bf16 ? DType::DTYPE_BF16 : DType::DTYPE_F32;
   Backend* be = &cpu();
-  if (which != "cpu") {
+  if (which.rfind("cuda", 0) == 0) {
     std::string why;
     be = cuda(&why);
     if (!be) GTEST_SKIP() << "GPU test not run: " << why;
@@ -767,7 +752,7 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cuda", "cuda_bf16"),
+INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cuda", "cuda_bf16"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Every backend the process has is one the op runner names: the CPU first, then the CUDA
@@ -814,9 +799,11 @@ TEST(BackendOps, MisshapenTensorsAreRefusedWithTheOpAndTensorNamed) {
   Tensor half(be, Shape{4, 3}, MemCategory::MEM_BUFFERS, DType::DTYPE_BF16);
   try {
     be.silu_fwd(half.view(), x.view());
-    ADD_FAILURE() << "the cpu backend computed on bf16";
+    ADD_FAILURE() << "the cpu backend computed from bf16 into f32";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor x has dtype bf16, expected f32"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("tensor y has dtype f32, expected bf16 (an op's data tensors share one "
+                                         "storage type)"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_THROW(be.set_stream(1), std::invalid_argument);
