@@ -307,20 +307,6 @@ void check_collective_order(const WorldPlay& w, const Graph& g, const std::vecto
     }
 }
 
-// Plays every rank on an abstract clock: nothing takes time, and a communication
-// instruction completes once every side has issued it.
-class AbstractHost final : public PlayHost {
- public:
-  AbstractHost(WorldPlay& w, int rank) : w_(w), rank_(rank) {}
-  void issue(size_t k) override { w_.issue(rank_, k); }
-  bool complete(size_t k) override { return w_.matched(rank_, k); }
-  void run(size_t) override {}
-
- private:
-  WorldPlay& w_;
-  int rank_;
-};
-
 }  // namespace
 
 void verify_play(const Graph& g, const ModelGraph& model, const ParallelDims& dims) {
@@ -328,11 +314,7 @@ void verify_play(const Graph& g, const ModelGraph& model, const ParallelDims& di
   const std::vector<Program> programs = lower_all(g, dims.world_size());
   WorldPlay w(programs, dims);
   check_collective_order(w, g, names);
-  std::vector<AbstractHost> hosts;
-  hosts.reserve(programs.size());
-  std::vector<PlayHost*> of;
-  for (int r = 0; r < w.world(); ++r) of.push_back(&hosts.emplace_back(w, r));
-  const std::vector<int> left = w.play(of);
+  const std::vector<int> left = w.play_abstract();
   if (left.empty()) return;
   throw VerifyError("the ranks' programs deadlock when played (docs/architecture.md, \"Deadlock freedom\"): " +
                     w.stuck(left.front(), g, names) + "\n  " + std::to_string(left.size()) +

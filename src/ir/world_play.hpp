@@ -62,6 +62,9 @@ class WorldPlay {
   // again once another rank issues the operation it waits for, until none
   // can move. Returns the ranks that did not finish, ascending.
   std::vector<int> play(const std::vector<PlayHost*>& hosts);
+  // play() on an abstract clock, as the verifier plays: nothing takes time, and a communication
+  // completes once every side has issued it.
+  std::vector<int> play_abstract();
 
   // Where unfinished rank r stands, as users read it: the instruction it
   // cannot get past, the communication it waits for and the sides that have

@@ -19,19 +19,6 @@
 namespace piper::ir {
 namespace {
 
-// Plays every rank on an abstract clock: a communication completes once every side has issued it.
-class AbstractHost final : public PlayHost {
- public:
-  AbstractHost(WorldPlay& w, int rank) : w_(w), rank_(rank) {}
-  void issue(size_t k) override { w_.issue(rank_, k); }
-  bool complete(size_t k) override { return w_.matched(rank_, k); }
-  void run(size_t) override {}
-
- private:
-  WorldPlay& w_;
-  int rank_;
-};
-
 std::vector<int> nodes_of(const std::vector<Instr>& stream) {
   std::vector<int> out;
   for (const Instr& in : stream) out.push_back(in.node);
@@ -132,11 +119,7 @@ TEST(ForwardProgram, EveryLibraryScheduleFinishesWhenPlayed) {
           std::vector<Program> fwd;
           for (const Program& p : lower_all(plan.graph, plan.strategy.world_size)) fwd.push_back(forward_program(p));
           WorldPlay w(fwd, plan.strategy.dims());
-          std::vector<AbstractHost> hosts;
-          hosts.reserve(fwd.size());
-          std::vector<PlayHost*> of;
-          for (int r = 0; r < w.world(); ++r) of.push_back(&hosts.emplace_back(w, r));
-          const std::vector<int> left = w.play(of);
+          const std::vector<int> left = w.play_abstract();
           EXPECT_TRUE(left.empty()) << schedule << " pp " << pp << " m " << m << " zero " << zero << ": rank "
                                     << (left.empty() ? -1 : left.front()) << " cannot finish";
           ++played;
