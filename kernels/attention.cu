@@ -362,8 +362,8 @@ void check_args(const char* op, int64_t B, int64_t Tn, int64_t H, int64_t KV, in
   };
   if (KV <= 0 || H % KV != 0)
     fail("H = " + std::to_string(H) + " is not a multiple of KV = " + std::to_string(KV));
-  if (hd != 32 && hd != 64 && hd != 80 && hd != 96 && hd != 128)
-    fail("head dim " + std::to_string(hd) + " is not supported (32, 64, 80, 96 or 128)");
+  if (hd != 16 && hd != 32 && hd != 64 && hd != 80 && hd != 96 && hd != 128)
+    fail("head dim " + std::to_string(hd) + " is not supported (16, 32, 64, 80, 96 or 128)");
   if (Tn > (int64_t(1) << 30)) fail("Tn = " + std::to_string(Tn) + " exceeds 2^30");
   if (B > 65535 || H > 65535)
     fail("B = " + std::to_string(B) + ", H = " + std::to_string(H) + ": each must be at most 65535");
@@ -373,6 +373,7 @@ void check_args(const char* op, int64_t B, int64_t Tn, int64_t H, int64_t KV, in
 template <class F>
 void with_head_dim(int64_t hd, F&& f) {
   switch (hd) {
+    case 16: return f(std::integral_constant<int, 16>{});
     case 32: return f(std::integral_constant<int, 32>{});
     case 64: return f(std::integral_constant<int, 64>{});
     case 80: return f(std::integral_constant<int, 80>{});

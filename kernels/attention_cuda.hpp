@@ -1,5 +1,5 @@
 // attention_cuda.hpp — causal GQA softmax attention on CUDA (the twin of attention.hpp)
-// Conventions: see cuda_common.cuh. Head dims 32, 64, 80, 96 and 128; any other throws
+// Conventions: see cuda_common.cuh. Head dims 16, 32, 64, 80, 96 and 128; any other throws
 // std::invalid_argument (as do H % KV != 0, and Tn, H or B past the launch limits).
 #pragma once
 
