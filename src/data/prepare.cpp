@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "data/token_file.hpp"
+#include "io/regular_file.hpp"
 
 namespace piper::data {
 
@@ -48,11 +49,11 @@ std::vector<fs::path> documents_of(const std::string& input) {
 }
 
 std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read '" + path.string() + "': " + std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail("error reading '" + path.string() + "': " + std::strerror(errno));
-  return text;
+  try {
+    return io::read_regular(path.string(), 0);
+  } catch (const io::FileError& e) {
+    fail(e.what());
+  }
 }
 
 // Writes `bytes` to `path` atomically (a temporary beside it, then rename).

@@ -5,12 +5,10 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <unordered_map>
+
+#include "io/regular_file.hpp"
 
 namespace piper::data {
 
@@ -210,11 +208,11 @@ std::string model_path_for(const std::string& token_path) {
 }
 
 std::string read_model_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("tokenizer model '" + path + "': cannot read: " + std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw DataError("tokenizer model '" + path + "': error reading: " + std::strerror(errno));
-  return bytes;
+  try {
+    return io::read_regular(path, 0);  // only a regular file: a FIFO named as a model is refused, not waited on
+  } catch (const io::FileError& e) {
+    throw DataError("tokenizer model '" + path + "': " + e.what());
+  }
 }
 
 std::unique_ptr<Tokenizer> tokenizer_of(const TokenFile& file) {
