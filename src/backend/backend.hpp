@@ -230,6 +230,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual DeviceKind kind() const = 0;
   virtual const char* name() const = 0;
+  // Whether host code may read and write this backend's memory through its pointers (the CPU
+  // backend). Where not (a GPU, cpu_detached()), only the backend's ops and copies reach it, and
+  // host code moves data with to_host / to_device.
+  virtual bool host_addressable() const = 0;
   // Device memory, 64-byte aligned, uninitialised. Freed blocks may be kept
   // for reuse; memory() counts only blocks in use.
   virtual void* allocate(size_t bytes, MemCategory category) = 0;
@@ -264,10 +268,18 @@ class Backend {
 
 // The process-wide CPU backend.
 Backend& cpu();
+// The CPU backend with its memory out of the host's reach, as a GPU's is: its pointers carry a tag
+// that makes any host access fault, and only its ops and copies remove it. The same kernels and so
+// the same numbers as cpu(): running the runtime on it shows that nothing above the backend reads
+// or writes device memory directly (docs/backend.md).
+Backend& cpu_detached();
 // The process-wide CUDA backend on the process's current CUDA device, made at the first call;
 // nullptr where there is none, and then `why` (when given) says why: a build without PIPER_CUDA,
 // no CUDA device or driver.
 Backend* cuda(std::string* why = nullptr);
+// The backend a `train.device` value names: "cpu", "cpu_detached" or "cuda"; throws
+// std::runtime_error saying why where there is none (an unknown name, no CUDA device).
+Backend& named(const std::string& device);
 // Every backend this process can compute on, the CPU first: what the op runner tests.
 std::vector<Backend*> registered_backends();
 

@@ -1,4 +1,5 @@
 // registry.cpp — the backends this process can compute on.
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,17 @@ Backend* cuda(std::string* why) {
   return nullptr;
 }
 #endif
+
+Backend& named(const std::string& device) {
+  if (device == "cpu") return cpu();
+  if (device == "cpu_detached") return cpu_detached();
+  if (device == "cuda") {
+    std::string why;
+    if (Backend* gpu = cuda(&why)) return *gpu;
+    throw std::runtime_error("device cuda: " + why + "; run on a machine with an NVIDIA GPU, or with device cpu");
+  }
+  throw std::runtime_error("device '" + device + "': not one of cpu, cuda, cpu_detached");
+}
 
 std::vector<Backend*> registered_backends() {
   std::vector<Backend*> all{&cpu()};

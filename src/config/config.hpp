@@ -65,6 +65,9 @@ struct TrainConfig {
   int64_t sample_every = 0;     // generate a text sample every N steps; 0 = off
   int64_t sample_tokens = 64;   // length of a generated sample
   int64_t threads = 0;          // OpenMP threads per rank; 0 = leave OMP_NUM_THREADS / default
+  // Where a rank's tensors live and its ops run (docs/backend.md): cpu | cuda (the rank's GPU) |
+  // cpu_detached (the CPU backend with its memory out of the host's reach, a check of the runtime).
+  std::string device = "cpu";
   // Held-out evaluation (docs/data.md, "Held-out data"): the mean loss over the first eval_batches
   // global batches of the held-out sequences, after every eval_every-th step and the last.
   int64_t eval_every = 0;       // 0 = off; > 0 needs held-out data (data.eval_fraction or data.eval_path)

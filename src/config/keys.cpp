@@ -51,6 +51,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(train, sample_every, "text sample every N steps; 0 = off"),
       PIPER_FIELD(train, sample_tokens, "length of a text sample"),
       PIPER_FIELD(train, threads, "OpenMP threads per rank; 0 = default"),
+      PIPER_FIELD(train, device, "where tensors live and ops run: cpu | cuda | cpu_detached"),
       PIPER_FIELD(train, eval_every, "held-out loss after every N steps and the last; 0 = off"),
       PIPER_FIELD(train, eval_batches, "held-out batches of global_batch sequences per evaluation"),
       PIPER_FIELD(train, switch_file, "strategy file read at each step boundary; empty = none"),

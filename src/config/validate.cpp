@@ -468,6 +468,9 @@ void validate(const Config& cfg, int world_size) {
   if (cfg.checkpoint.on_error != "stop" && cfg.checkpoint.on_error != "continue")
     ck.fail(ck.head("checkpoint.on_error") + ": must be 'stop' (end the job, exit 3) or 'continue' (warn and "
             "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
+  if (cfg.train.device != "cpu" && cfg.train.device != "cuda" && cfg.train.device != "cpu_detached")
+    ck.fail(ck.head("train.device") + ": must be 'cpu', 'cuda' (each rank's GPU) or 'cpu_detached' (the CPU "
+            "backend with its memory out of the host's reach, docs/backend.md), not '" + cfg.train.device + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
   check_eval(cfg, ck);
   check_parallel(a, world_size, ck);

@@ -20,20 +20,21 @@ double EmbedUnit::forward(int /*k*/, int slot, const PassArgs& a) {
   be_.embedding_fwd(view(be_, mb.inputs, {M}), view(be_, w(0), {dims_.vocab, D}), view(be_, a.y, {M, D}),
                     dims_.vocab_offset);
   Saved& s = saved_[slot];
-  s.ids.assign(mb.inputs, mb.inputs + M);
+  s.ids = mb.inputs;
+  s.rows = M;
   s.out = a.y;
   return 0.0;
 }
 
 CommBuffer EmbedUnit::point(ir::NodeKind /*pass*/, int /*k*/, int slot) {
   Saved& s = saved_.at(slot);
-  return {s.out, s.out, static_cast<int64_t>(s.ids.size()) * cfg_.d_model, {}, {}};
+  return {s.out, s.out, s.rows * cfg_.d_model, {}, {}};
 }
 
 void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
   Saved& s = saved_.at(slot);
-  const int64_t M = static_cast<int64_t>(s.ids.size()), D = cfg_.d_model;
-  be_.embedding_bwd(view(be_, s.ids.data(), {M}), view(be_, a.dy, {M, D}), view(be_, g(0), {dims_.vocab, D}),
+  const int64_t M = s.rows, D = cfg_.d_model;
+  be_.embedding_bwd(view(be_, s.ids, {M}), view(be_, a.dy, {M, D}), view(be_, g(0), {dims_.vocab, D}),
                     dims_.vocab_offset);
 }
 
@@ -108,19 +109,22 @@ void HeadUnit::vocab_parallel_maxima(Saved& s) {
   be_.row_max(s.logits.view({M, V}), s.local_max.view({M}));
 }
 
-// Segment 1: the group's row max over the gathered maxima [tp, M], then
-// exp(logit - max) into dlogits and per row [sum of exp | target logit] (0
-// where the target is another rank's).
+// Segment 1: the group's row max over the gathered maxima [tp, M] (tp x M floats, taken to the host
+// for it), then exp(logit - max) into dlogits and per row [sum of exp | target logit] (0 where the
+// target is another rank's).
 void HeadUnit::vocab_parallel_sums(Saved& s, const int32_t* targets) {
   const int64_t M = s.rows, V = dims_.vocab, T = tp_.size;
   s.row_max = scratch(M);
   s.sums = scratch(2 * M);
-  const float* all = s.all_max.data();
-  float* mx = s.row_max.data();
+  std::vector<float> all(static_cast<size_t>(T * M)), mx(static_cast<size_t>(M));
+  be_.to_host(all.data(), s.all_max.data(), all.size() * sizeof(float));
+  const float* in = all.data();
+  float* out = mx.data();
   for (int64_t m = 0; m < M; ++m) {
-    mx[m] = all[m];
-    for (int64_t t = 1; t < T; ++t) mx[m] = std::max(mx[m], all[t * M + m]);
+    out[m] = in[m];
+    for (int64_t t = 1; t < T; ++t) out[m] = std::max(out[m], in[t * M + m]);
   }
+  be_.to_device(s.row_max.data(), mx.data(), mx.size() * sizeof(float));
   s.dlogits = act(M * V);
   be_.vocab_ce_partials(s.logits.view({M, V}), s.row_max.view({M}), view(be_, targets, {M}), dims_.vocab_offset,
                         s.dlogits.view({M, V}), s.sums.view({2, M}));

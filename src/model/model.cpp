@@ -36,8 +36,10 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
   const int64_t D = cfg_.d_model, V = cfg_.vocab_size;
   for (int64_t step = 0; step < n && !(stop && stop()); ++step) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(seq.size()) - max_context);
-    std::vector<int32_t> ctx(seq.begin() + start, seq.end());
-    MicroBatch mb{ctx.data(), nullptr, 1, static_cast<int64_t>(ctx.size()), 1.0f};
+    const int64_t T = static_cast<int64_t>(seq.size()) - start;
+    Tensor ids(be_, backend::Shape{T}, backend::MemCategory::MEM_BUFFERS, backend::DType::DTYPE_I32);
+    be_.to_device(ids.view().ptr, seq.data() + start, static_cast<size_t>(T) * sizeof(int32_t));
+    MicroBatch mb{static_cast<const int32_t*>(ids.view().ptr), nullptr, 1, T, 1.0f};
     Tensor a(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
     Tensor b(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
     play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, nullptr, nullptr, a.data(), nullptr});
@@ -46,7 +48,9 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
       std::swap(a, b);
     }
     play_pass(*units_.back(), ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, nullptr, nullptr});
-    const float* last = units_.back()->logits(kSlot) + (mb.rows() - 1) * V;
+    std::vector<float> logits(static_cast<size_t>(V));  // the last position's, on the host
+    be_.to_host(logits.data(), units_.back()->logits(kSlot) + (mb.rows() - 1) * V, logits.size() * sizeof(float));
+    const float* last = logits.data();
     int32_t next = 0;
     if (temperature <= 0.0f) {
       next = static_cast<int32_t>(std::max_element(last, last + V) - last);

@@ -104,11 +104,14 @@ void ParamStore::init(uint64_t seed) {
       stretches.push_back({i, {st.global, std::min(st.len, hi - i)}});
       i += stretches.back().second.len;
     }
+    // Drawn on the host, then copied to the device.
+    std::vector<float> host(static_cast<size_t>(std::max<int64_t>(0, hi - lo)));
 #pragma omp parallel for schedule(static) if (stretches.size() > 1 && hi - lo > 65536)
     for (size_t k = 0; k < stretches.size(); ++k) {
       const auto& [i, st] = stretches[k];
-      init_range(seed, *r.spec, st.global, st.len, dst + (i - lo));
+      init_range(seed, *r.spec, st.global, st.len, host.data() + (i - lo));
     }
+    if (!host.empty()) be_.to_device(dst, host.data(), host.size() * sizeof(float));
   }
 }
 

@@ -20,7 +20,8 @@ class EmbedUnit final : public Unit {
 
  private:
   struct Saved {
-    std::vector<int32_t> ids;
+    const int32_t* ids = nullptr;  // the microbatch's token ids on the device, alive for the step
+    int64_t rows = 0;
     float* out = nullptr;  // tp > 1: the partial lookup, summed over the group at point 0
   };
   std::map<int, Saved> saved_;

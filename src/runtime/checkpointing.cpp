@@ -178,27 +178,31 @@ void Checkpointer::wait() {
 }
 
 std::vector<checkpoint::Piece> Checkpointer::pieces_to_write() {
-  // This rank's owned elements. A synchronous save writes them straight from the live buffers (nothing
-  // changes them before it returns); a background one from a copy, run after run per dataset, in staging
-  // buffers kept from one save to the next.
+  // This rank's owned elements. A synchronous save from a host-addressable device writes them straight from
+  // the live buffers (nothing changes them before it returns); a background one, or one from a device the host
+  // cannot address, from a copy, run after run per dataset, in staging buffers kept from one save to the next.
   const auto owned = state::owned_for_write(rt_.plan().model, rt_.layout(), env_.rank());
+  backend::Backend& device = rt_.device();
+  const bool copy = cfg_.checkpoint.async || !device.host_addressable();
   std::vector<checkpoint::Piece> mine;
-  if (cfg_.checkpoint.async) staged_.resize(owned.size());
+  if (copy) staged_.resize(owned.size());
   for (size_t i = 0; i < owned.size(); ++i) {
     const state::Piece& p = owned[i];
     const float* base = rt_.state_buffer(p);
     const std::string name = state::dataset_name(p.kind, p.param);
-    if (!cfg_.checkpoint.async) {
+    if (!copy) {
       for_each_stretch(p, [&](size_t a, size_t b, int64_t at) {
         mine.push_back({name, runs_of(p.runs, a, b), base + at});
       });
       continue;
     }
     std::vector<float>& data = staged_[i];
-    data.clear();
-    data.reserve(static_cast<size_t>(state::total(p.runs)));
-    for (size_t r = 0; r < p.runs.size(); ++r)
-      data.insert(data.end(), base + p.local_offsets[r], base + p.local_offsets[r] + p.runs[r].size());
+    data.resize(static_cast<size_t>(state::total(p.runs)));
+    size_t at = 0;
+    for (size_t r = 0; r < p.runs.size(); ++r) {
+      device.to_host(data.data() + at, base + p.local_offsets[r], p.runs[r].size() * sizeof(float));
+      at += p.runs[r].size();
+    }
     mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), data.data()});
   }
   return mine;
@@ -276,17 +280,42 @@ std::string Checkpointer::resolve(const std::string& where) const {
   }
 }
 
-// Straight into the model's and the optimiser's buffers (a failed load ends the run).
+// Straight into the model's and the optimiser's buffers on a host-addressable device (a failed load ends the
+// run); otherwise into host staging buffers, one per piece, that land() copies to the device.
 std::vector<checkpoint::Request> Checkpointer::read_requests() {
   std::vector<checkpoint::Request> mine;
-  for (const state::Piece& p : state::held(rt_.plan().model, rt_.layout(), env_.rank())) {
-    float* base = rt_.state_buffer(p);
+  const auto held = state::held(rt_.plan().model, rt_.layout(), env_.rank());
+  const bool direct = rt_.device().host_addressable();
+  reads_.assign(direct ? 0 : held.size(), {});
+  for (size_t i = 0; i < held.size(); ++i) {
+    const state::Piece& p = held[i];
     const std::string name = state::dataset_name(p.kind, p.param);
+    if (!direct) {
+      reads_[i].resize(static_cast<size_t>(state::total(p.runs)));
+      mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), reads_[i].data()});
+      continue;
+    }
+    float* base = rt_.state_buffer(p);
     for_each_stretch(p, [&](size_t a, size_t b, int64_t at) {
       mine.push_back({name, runs_of(p.runs, a, b), base + at});
     });
   }
   return mine;
+}
+
+void Checkpointer::land_read() {
+  if (reads_.empty()) return;
+  const auto held = state::held(rt_.plan().model, rt_.layout(), env_.rank());
+  for (size_t i = 0; i < held.size(); ++i) {
+    const state::Piece& p = held[i];
+    float* base = rt_.state_buffer(p);
+    size_t at = 0;
+    for (size_t r = 0; r < p.runs.size(); ++r) {
+      rt_.device().to_device(base + p.local_offsets[r], reads_[i].data() + at, p.runs[r].size() * sizeof(float));
+      at += p.runs[r].size();
+    }
+  }
+  reads_.clear();
 }
 
 // The data order continues from the checkpoint's position only with the batch and sequence it was made with.
@@ -324,6 +353,7 @@ int64_t Checkpointer::load(const std::string& where) {
   } catch (const checkpoint::CheckpointError& e) {
     throw UserError(std::string("--resume: ") + e.what());
   }
+  land_read();
   check_position(path, meta);
   check_tokenizer(path, meta);
   rt_.resume_at({meta.step, meta.tokens_seen, meta.data_position});

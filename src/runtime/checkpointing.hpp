@@ -65,6 +65,7 @@ class Checkpointer {
   // and the check that the recorded position fits this config's data order.
   std::string resolve(const std::string& where) const;
   std::vector<checkpoint::Request> read_requests();
+  void land_read();  // the staged reads of read_requests() to the device
   void check_position(const std::string& path, const checkpoint::Meta& meta) const;
   void check_tokenizer(const std::string& path, const checkpoint::Meta& meta) const;
   // The outcome of a save: rank 0 says it was saved, or the failure is handled by checkpoint.on_error.
@@ -81,8 +82,9 @@ class Checkpointer {
   std::string error_;
   std::chrono::steady_clock::time_point started_;
   std::atomic<bool> finished_{false};
-  // Staging: what the background save writes.
-  std::vector<std::vector<float>> staged_;
+  // Staging: what a background save, or a save from a device the host cannot address, writes; and what a
+  // load reads for such a device, one buffer per held piece.
+  std::vector<std::vector<float>> staged_, reads_;
 };
 
 }  // namespace piper::runtime

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/staged_comm.hpp"
 #include "ir/world_play.hpp"
 
 namespace piper::runtime {
@@ -20,9 +21,10 @@ std::vector<int> units_of(const ir::Program& program) {
   return held;
 }
 
-// The samples of one step, each microbatch a view into them.
+// The samples of one step, each microbatch a view into them on the rank's device.
 struct StepBatch {
-  std::vector<int32_t> inputs, targets;  // [this replica's share of the global batch, T]
+  std::vector<int32_t> host;  // inputs [share, T], then targets [share, T]: this replica's share of the global batch
+  backend::Tensor ids;        // the same on the device
   std::vector<model::MicroBatch> mbs;
 };
 
@@ -31,21 +33,30 @@ struct StepBatch {
 // replicas, (replica + 1) * GB / replicas), split into `n_mb` equal
 // microbatches in sample order.
 void load_batch(const data::TokenFile& tf, const data::TokenRange& range, const config::TrainConfig& train,
-                int64_t first, int n_mb, int replica, int replicas, StepBatch& b) {
-  const int64_t GB = train.global_batch, T = train.seq_len, share = GB / replicas;
-  b.inputs.resize(static_cast<size_t>(share * T));
-  b.targets.resize(static_cast<size_t>(share * T));
+                int64_t first, int n_mb, int replica, int replicas, backend::Backend& be, StepBatch& b) {
+  const int64_t GB = train.global_batch, T = train.seq_len, share = GB / replicas, n = share * T;
+  b.host.resize(static_cast<size_t>(2 * n));
   std::vector<int32_t> seq(static_cast<size_t>(T + 1));
   for (int64_t j = 0; j < share; ++j) {
     tf.sample(range, first + replica * share + j, T, seq.data());
-    std::copy(seq.begin(), seq.end() - 1, b.inputs.begin() + j * T);
-    std::copy(seq.begin() + 1, seq.end(), b.targets.begin() + j * T);
+    std::copy(seq.begin(), seq.end() - 1, b.host.begin() + j * T);
+    std::copy(seq.begin() + 1, seq.end(), b.host.begin() + n + j * T);
   }
+  if (b.ids.numel() != 2 * n)
+    b.ids = backend::Tensor(be, backend::Shape{2 * n}, backend::MemCategory::MEM_BUFFERS, backend::DType::DTYPE_I32);
+  be.to_device(b.ids.view().ptr, b.host.data(), b.host.size() * sizeof(int32_t));
+  const auto* ids = static_cast<const int32_t*>(b.ids.view().ptr);
   const int64_t per = share / n_mb;
   const float scale = static_cast<float>(1.0 / static_cast<double>(GB * T));
   b.mbs.clear();
-  for (int i = 0; i < n_mb; ++i)
-    b.mbs.push_back({b.inputs.data() + i * per * T, b.targets.data() + i * per * T, per, T, scale});
+  for (int i = 0; i < n_mb; ++i) b.mbs.push_back({ids + i * per * T, ids + n + i * per * T, per, T, scale});
+}
+
+// `world` as the runtime's groups use it: through host staging where the device is one the host cannot
+// address (the MPI communicator reads and writes host memory).
+std::unique_ptr<comm::Communicator> staged_world(comm::Communicator& world, backend::Backend& device) {
+  if (device.host_addressable()) return nullptr;
+  return std::make_unique<comm::StagedCommunicator>(world, device);
 }
 
 // A group of the plan's ranks as the world ranks Communicator::split takes.
@@ -65,13 +76,17 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       plan_(std::move(plan)),
       rank_(world.rank()),
       grid_(plan_.strategy.dims()),
-      dp_(world.split(in_world(world, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP)), "dp")),
-      tp_(world.split(in_world(world, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP)), "tp")),
-      ep_(world.split(in_world(world, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_EP)), "ep")),
-      edp_(world.split(in_world(world, grid_.expert_data_group(rank_)), "edp")),
-      groups_{&world, dp_.get(), tp_.get(), ep_.get(), edp_.get()},
+      device_(backend::named(cfg.train.device)),
+      host_world_(world),
+      staged_(staged_world(world, device_)),
+      world_(staged_ ? *staged_ : world),
+      dp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP)), "dp")),
+      tp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP)), "tp")),
+      ep_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_EP)), "ep")),
+      edp_(world_.split(in_world(world_, grid_.expert_data_group(rank_)), "edp")),
+      groups_{&world_, dp_.get(), tp_.get(), ep_.get(), edp_.get()},
       held_units_(units_of(program)),
-      model_(cfg.model, plan_.model, held_units_, backend::cpu(),
+      model_(cfg.model, plan_.model, held_units_, device_,
              {replica(), replicas(), plan_.strategy.replicate.zero_of_unit, grid_.coord(rank_, ir::Axis::TP),
               grid_.degree(ir::Axis::TP), grid_.coord(rank_, ir::Axis::EP), grid_.degree(ir::Axis::EP)},
              tp_.get(), ep_.get(), start == StateStart::INITIALISED),
@@ -85,7 +100,7 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
 StepStats RankRuntime::step(const data::TokenFile& tokens, const data::TokenRange& range) {
   StepBatch batch;
   load_batch(tokens, range, cfg_.train, position_.data_position, plan_.strategy.split.microbatches, replica(),
-             replicas(), batch);
+             replicas(), device_, batch);
   model_.backend().reset_peak();
   StepStats st = executor_.run_step(position_.step, batch.mbs);
   ++position_.step;
@@ -99,7 +114,7 @@ double RankRuntime::evaluate(const data::TokenFile& tokens, const data::TokenRan
   StepBatch batch;
   for (int64_t k = 0; k < batches; ++k) {
     load_batch(tokens, held_out, cfg_.train, k * cfg_.train.global_batch, plan_.strategy.split.microbatches,
-               replica(), replicas(), batch);
+               replica(), replicas(), device_, batch);
     loss_sum += evaluator_.run_step(position_.step, batch.mbs).loss_sum;
   }
   for (int u : held_units_) model_.unit(u).take_routing();  // the routing statistics report training steps only

@@ -55,7 +55,10 @@ class RankRuntime {
   const config::Config& config() const { return cfg_; }
   const ir::Plan& plan() const { return plan_; }
   const ir::ParallelDims& grid() const { return grid_; }
+  // The groups for the rank's device tensors (float buffers on device()).
   const Groups& groups() const { return groups_; }
+  // The world for host buffers: the communicator the runtime was built over.
+  comm::Communicator& host_world() { return host_world_; }
   int rank() const { return rank_; }
   int replica() const { return grid_.coord(rank_, ir::Axis::DP); }
   int replicas() const { return grid_.degree(ir::Axis::DP); }
@@ -68,6 +71,7 @@ class RankRuntime {
   // Instructions of this rank's program per step, both streams.
   size_t instructions_per_step() const { return instructions_per_step_; }
 
+  backend::Backend& device() const { return device_; }
   model::Model& model() { return model_; }
   Optimizer& optimizer() { return optimizer_; }
   Executor& executor() { return executor_; }
@@ -117,6 +121,10 @@ class RankRuntime {
   const ir::Plan plan_;
   const int rank_;
   const ir::ParallelDims grid_;
+  backend::Backend& device_;  // train.device: where the rank's tensors live
+  comm::Communicator& host_world_;
+  std::unique_ptr<comm::Communicator> staged_;  // the world through host staging, for a device the host cannot address
+  comm::Communicator& world_;                   // the world the groups come from: *staged_ or the one given
   std::unique_ptr<comm::Communicator> dp_, tp_, ep_, edp_;
   const Groups groups_;
   const std::vector<int> held_units_;

@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
+#include <memory>
 #include <utility>
 
+#include "comm/staged_comm.hpp"
 #include "state/switch_plan.hpp"
 
 namespace piper::runtime {
@@ -85,9 +86,13 @@ int rank_of(const std::vector<int>& procs, int proc) {
 bool holds(const Side& s, int unit) { return s.rt && s.rt->model().holds(unit); }
 
 // Runs the plan's steps on this process: allocate, copy, exchange, free.
-void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Communicator& members, backend::Backend& be,
-               MoveFigures& fig) {
-  const int me = members.rank();
+void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Communicator& host_members,
+               backend::Backend& be, MoveFigures& fig) {
+  const int me = host_members.rank();
+  // The state lives on `be`: messages go through host staging where the host cannot address it.
+  std::unique_ptr<comm::StagedCommunicator> staged;
+  if (!be.host_addressable()) staged = std::make_unique<comm::StagedCommunicator>(host_members, be);
+  comm::Communicator& members = staged ? *staged : host_members;
   // Staging, counted as buffers: one message out, one in, as large as this process's largest.
   int64_t largest_out = 0, largest_in = 0;
   for (const state::BlockStep& step : plan.steps)
@@ -108,8 +113,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
       if (from.rank != tr.src || to.rank != tr.dst) continue;  // another process's copy
       const Located src = locate_in(*from.rt, from.pieces, tr), dst = locate_in(*to.rt, to.pieces, tr);
       for (size_t r = 0; r < tr.runs.size(); ++r)
-        std::memcpy(dst.base + dst.offsets[r], src.base + src.offsets[r],
-                    static_cast<size_t>(tr.runs[r].size()) * sizeof(float));
+        be.copy(dst.base + dst.offsets[r], src.base + src.offsets[r], static_cast<size_t>(tr.runs[r].size()) * sizeof(float));
       fig.bytes_local += state::total(tr.runs) * state::kStateElemBytes;
     }
     // Where each transfer of the step lies on either side, located once for all its messages.
@@ -147,7 +151,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
         const float* from_buf = src.base + std::max<int64_t>(at, 0);
         if (at < 0) {
           for_each_segment(tr.runs, src.offsets, send->first, send->count, [&](int64_t off, int64_t len, int64_t pos) {
-            std::memcpy(out + pos, src.base + off, static_cast<size_t>(len) * sizeof(float));
+            be.copy(out + pos, src.base + off, static_cast<size_t>(len) * sizeof(float));
           });
           from_buf = out;
         }
@@ -160,7 +164,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
           const state::Transfer& tr = plan.transfers[recv->transfer];
           const Located& dst = dst_of(recv->transfer);
           for_each_segment(tr.runs, dst.offsets, recv->first, recv->count, [&](int64_t off, int64_t len, int64_t pos) {
-            std::memcpy(dst.base + off, in + pos, static_cast<size_t>(len) * sizeof(float));
+            be.copy(dst.base + off, in + pos, static_cast<size_t>(len) * sizeof(float));
           });
         }
         fig.bytes_received += recv->count * state::kStateElemBytes;

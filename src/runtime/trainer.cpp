@@ -64,16 +64,21 @@ void write_params(const std::string& path, const ir::ModelGraph& g,
 }
 
 // This rank's pieces of a unit's parameters, one after the other without the
-// parts' padding: ZeRO-3 shards gathered over each part's group.
-std::vector<float> local_values(model::ParamStore& ps, const Groups& groups, int u) {
-  std::vector<float> full(static_cast<size_t>(ps.padded_numel(u)));
+// parts' padding, on the host: ZeRO-3 shards gathered over each part's group.
+std::vector<float> local_values(model::ParamStore& ps, const Groups& groups, backend::Backend& device, int u) {
+  backend::Tensor gathered;
+  const float* values = nullptr;
   if (ps.sharding().zero(u) >= 3) {
+    gathered = backend::Tensor(device, ps.padded_numel(u), backend::MemCategory::MEM_BUFFERS);
     for (const ir::FlatPart& p : ps.parts(u))
       (p.experts ? groups.edp : groups.dp)
-          ->allgather(ps.shard_values(u, p), full.data() + p.full_offset, static_cast<size_t>(p.zero.len));
+          ->allgather(ps.shard_values(u, p), gathered.data() + p.full_offset, static_cast<size_t>(p.zero.len));
+    values = gathered.data();
   } else {
-    std::copy(ps.values(u), ps.values(u) + ps.padded_numel(u), full.begin());
+    values = ps.values(u);
   }
+  std::vector<float> full(static_cast<size_t>(ps.padded_numel(u)));
+  device.to_host(full.data(), values, full.size() * sizeof(float));
   std::vector<float> local;
   for (const ir::FlatPart& p : ps.parts(u))
     local.insert(local.end(), full.begin() + p.full_offset, full.begin() + p.full_offset + p.numel);
@@ -93,7 +98,7 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
   std::map<int, std::vector<float>> values;
   for (const auto& unit : plan.model.units) {
     const int u = unit.index;
-    const std::vector<float> local = ps.holds(u) ? local_values(ps, groups, u) : std::vector<float>{};
+    const std::vector<float> local = ps.holds(u) ? local_values(ps, groups, rt.device(), u) : std::vector<float>{};
     std::vector<float> global(env.rank() == 0 ? static_cast<size_t>(unit.param_count()) : 0);
     ir::Coords first = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
     // Local sizes of tp rank t and ep rank e are those of every rank.
@@ -106,10 +111,10 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
       std::vector<float> piece;
       if (env.rank() == src) piece.assign(local.begin(), local.begin() + n_local);
       if (src != 0) {
-        if (env.rank() == src) groups.world->send(piece.data(), static_cast<size_t>(n_local), 0, tag);
+        if (env.rank() == src) rt.host_world().send(piece.data(), static_cast<size_t>(n_local), 0, tag);
         if (env.rank() == 0) {
           piece.resize(static_cast<size_t>(n_local));
-          groups.world->recv(piece.data(), static_cast<size_t>(n_local), src, tag);
+          rt.host_world().recv(piece.data(), static_cast<size_t>(n_local), src, tag);
         }
       }
       if (env.rank() != 0) continue;
@@ -300,9 +305,9 @@ void print_banner(const config::Config& cfg, const RankRuntime& rt, const TrainD
   const ir::Plan& plan = rt.plan();
   const std::string reserve = standby > 0 ? " + " + std::to_string(standby) + " in reserve" : "";
   std::printf("piper: %" PRId64 " parameters, pattern %s, %d rank(s)%s (%s), "
-              "%d thread(s), BLAS %s, plan %016" PRIx64 "\n",
+              "device %s, %d thread(s), BLAS %s, plan %016" PRIx64 "\n",
               plan.model.param_count(), cfg.model.pattern.c_str(), env.world_size(), reserve.c_str(),
-              strategy_text(plan).c_str(), omp_get_max_threads(), kernels::blas_name(), plan.hash);
+              strategy_text(plan).c_str(), rt.device().name(), omp_get_max_threads(), kernels::blas_name(), plan.hash);
   if (cfg.train.sample_every > 0 && !rt.holds_whole_model())
     std::printf("piper: train.sample_every: samples need the whole model on one rank; none will be printed\n");
   print_held_out(cfg, data);
@@ -700,6 +705,11 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
     throw UserError("train.standby=" + std::to_string(cfg.train.standby) + ": the job has " +
                     std::to_string(processes) + " process(es), and at least one must train; keep at most " +
                     std::to_string(processes - 1) + " in reserve");
+  try {
+    (void)backend::named(cfg.train.device);  // a device this machine lacks ends the job before anything starts
+  } catch (const std::runtime_error& e) {
+    throw UserError(std::string("train.device: ") + e.what());
+  }
   const TrainData data = open_data(cfg, env);
   Membership members(env, static_cast<int>(cfg.train.standby), comm_options(cfg));
 

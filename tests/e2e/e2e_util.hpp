@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,6 +36,11 @@ inline RunResult run(const std::string& cmd) {
 }
 
 inline std::string piper() { return PIPER_EXE; }
+// The whole of a text file ("" when it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
 inline std::string corpus() { return std::string(PIPER_BINARY_DIR) + "/data/corpus.tok"; }
 inline std::string source(const std::string& rel) { return std::string(PIPER_SOURCE_DIR) + "/" + rel; }
 

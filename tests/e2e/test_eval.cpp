@@ -27,11 +27,6 @@ std::string mpi(int np) {
   return np > 1 ? "mpirun --oversubscribe --allow-run-as-root -np " + std::to_string(np) + " " : "";
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
 struct TrainRun {
   RunResult r;
   std::vector<nlohmann::json> metrics;

@@ -60,13 +60,6 @@ std::string mpi(int np, const std::string& extra = "") {
 
 std::string model_config(bool moe) { return source(moe ? "config/tiny-moe.yaml" : "config/tiny.yaml"); }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 std::string common_sets(int steps = kSteps) {
   return " --quiet --set data.path=" + corpus() + " --set train.threads=1 --set train.steps=" + std::to_string(steps);
 }

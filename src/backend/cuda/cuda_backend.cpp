@@ -6,7 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <climits>
 #include <map>
 #include <memory>
@@ -105,6 +107,7 @@ class CudaBackend final : public Backend {
   }
 
   DeviceKind kind() const override { return DeviceKind::DEVICE_CUDA; }
+  bool host_addressable() const override { return false; }
   const char* name() const override { return "cuda"; }
 
   // ---- memory: blocks cached by rounded size. A freed block may still be read or written by
@@ -575,6 +578,16 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+namespace {
+// This process's index among the ranks of its node, as the launchers say it (Open MPI, Slurm,
+// torchrun's convention), 0 without one: ranks of a node take its GPUs in turn.
+int local_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) return std::max(0, std::atoi(v));
+  return 0;
+}
+}  // namespace
+
 Backend* cuda(std::string* why) {
   static std::once_flag once;
   static std::unique_ptr<CudaBackend> backend;
@@ -592,9 +605,7 @@ Backend* cuda(std::string* why) {
       reason = "no CUDA device: cudaGetDeviceCount found 0";
       return;
     }
-    int device = 0;
-    PIPER_CUDA_CHECK(cudaGetDevice(&device));
-    backend = std::make_unique<CudaBackend>(device);
+    backend = std::make_unique<CudaBackend>(local_rank() % count);
   });
   if (!backend && why) *why = reason;
   return backend.get();

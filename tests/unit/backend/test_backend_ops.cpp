@@ -717,8 +717,8 @@ std::map<Op, Case> cases() {
   };
 }
 
-// The backend and storage type a run of the op runner uses, by name: "cpu" and "cuda" (f32),
-// "cpu_bf16" and "cuda_bf16". A GPU backend this machine lacks skips its cases, saying why (ctest
+// The backend and storage type a run of the op runner uses, by name: "cpu", "cpu_detached" and
+// "cuda" (f32), "cpu_bf16" and "cuda_bf16". A GPU backend this machine lacks skips its cases, saying why (ctest
 // counts them as not run: docs/testing.md).
 class OnBackend : public ::testing::TestWithParam<std::string> {};
 
@@ -726,7 +726,7 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   const std::string& which = GetParam();
   const bool bf16 = which.size() > 5 && which.compare(which.size() - 5, 5, "_bf16") == 0;
   const DType storage = bf16 ? DType::DTYPE_BF16 : DType::DTYPE_F32;
-  Backend* be = &cpu();
+  Backend* be = which.rfind("cpu_detached", 0) == 0 ? &cpu_detached() : &cpu();
   if (which.rfind("cuda", 0) == 0) {
     std::string why;
     be = cuda(&why);
@@ -752,7 +752,7 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cuda", "cuda_bf16"),
+INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cpu_detached", "cuda", "cuda_bf16"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Every backend the process has is one the op runner names: the CPU first, then the CUDA
@@ -771,6 +771,28 @@ TEST(BackendOps, RegisteredBackendsAreTheCpuThenTheGpu) {
     std::printf("no CUDA backend here: %s\n", why.c_str());
     EXPECT_FALSE(why.empty());
   }
+}
+
+// The detached CPU backend keeps its memory out of the host's reach: copies reach it, a host read
+// through one of its pointers faults; the CPU backend's memory is the host's.
+TEST(BackendOps, DetachedMemoryIsReachedOnlyThroughTheBackend) {
+  Backend& be = cpu_detached();
+  EXPECT_FALSE(be.host_addressable());
+  EXPECT_TRUE(cpu().host_addressable());
+  EXPECT_STREQ(be.name(), "cpu_detached");
+  const int64_t held = be.memory().current[static_cast<size_t>(MemCategory::MEM_BUFFERS)];
+  Tensor t(be, 4, MemCategory::MEM_BUFFERS), u(be, 4, MemCategory::MEM_BUFFERS);
+  const float in[4] = {1, 2, 3, 4};
+  float out[4] = {};
+  be.to_device(t.data(), in, sizeof in);
+  be.copy(u.data(), t.data(), sizeof in);
+  be.add_inplace(u.view(), t.view());
+  be.to_host(out, u.data(), sizeof out);
+  EXPECT_EQ(out[3], 8.0f);
+  EXPECT_EQ(be.sum_squares(t.view()), 30.0);
+  EXPECT_EQ(be.memory().current[static_cast<size_t>(MemCategory::MEM_BUFFERS)] - held, 32);
+  const float* p = t.data();
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*static_cast<const volatile float*>(p))); }, "");
 }
 
 // The op table's names are its entries, in order, each once.

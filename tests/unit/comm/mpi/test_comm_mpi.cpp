@@ -14,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "comm/comm.hpp"
 #include "comm/mpi_comm.hpp"
+#include "comm/staged_comm.hpp"
 #include "ir/parallel_dims.hpp"
 
 namespace piper::comm {
@@ -164,6 +166,96 @@ TEST(CommMpi, AlltoallvMovesVariableBlocks) {
   out.pop_back();
   EXPECT_EQ(out, expected);
   EXPECT_THROW(world().ialltoallv(in.data(), {}, out.data(), recv), std::invalid_argument);  // no counts
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// ---- device buffers through host staging ------------------------------------------------
+
+// Floats of a host vector in a tensor of the detached CPU backend, whose memory the host cannot read,
+// and back: what the staged communicator's buffers are.
+backend::Tensor on_device(const std::vector<float>& host) {
+  backend::Tensor t(backend::cpu_detached(), std::max<int64_t>(1, static_cast<int64_t>(host.size())),
+                    backend::MemCategory::MEM_BUFFERS);
+  t.zero();
+  backend::cpu_detached().to_device(t.data(), host.data(), host.size() * sizeof(float));
+  return t;
+}
+std::vector<float> to_host(const backend::Tensor& t, size_t n) {
+  std::vector<float> host(n);
+  backend::cpu_detached().to_host(host.data(), t.data(), n * sizeof(float));
+  return host;
+}
+
+// Every operation on device buffers lands the same floats as the host operation on host buffers.
+TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
+  const int r = world().rank(), p = world().size();
+  const size_t P = static_cast<size_t>(p), n = 1000;
+  StagedCommunicator dev(world(), backend::cpu_detached());
+  EXPECT_EQ(dev.rank(), r);
+  EXPECT_EQ(dev.size(), p);
+  std::vector<float> in(n * P);
+  for (size_t j = 0; j < in.size(); ++j) in[j] = static_cast<float>((r + 1) * static_cast<int>(j % 500 + 1));
+
+  {  // all-reduce, in place, completed by polling test()
+    std::vector<float> host = in;
+    world().allreduce(host.data(), host.size());
+    backend::Tensor d = on_device(in);
+    Request req = dev.iallreduce(d.data(), in.size());
+    while (!req.test()) {
+    }
+    EXPECT_EQ(to_host(d, in.size()), host);
+  }
+  {  // reduce-scatter and all-gather
+    std::vector<float> host(n);
+    world().reduce_scatter(in.data(), host.data(), n);
+    backend::Tensor d_in = on_device(in), d_out = on_device(std::vector<float>(n, -1.f));
+    dev.reduce_scatter(d_in.data(), d_out.data(), n);
+    EXPECT_EQ(to_host(d_out, n), host);
+    std::vector<float> gathered(n * P);
+    world().allgather(host.data(), gathered.data(), n);
+    backend::Tensor d_all = on_device(std::vector<float>(n * P, -1.f));
+    dev.allgather(d_out.data(), d_all.data(), n);
+    EXPECT_EQ(to_host(d_all, n * P), gathered);
+  }
+  {  // all-to-all and all-to-all(v), (r + j) % 3 floats from rank r to rank j
+    std::vector<float> host(n * P);
+    world().alltoall(in.data(), host.data(), n);
+    backend::Tensor d_in = on_device(in), d_out = on_device(std::vector<float>(n * P, -1.f));
+    dev.alltoall(d_in.data(), d_out.data(), n);
+    EXPECT_EQ(to_host(d_out, n * P), host);
+    std::vector<int64_t> send(P), recv(P);
+    for (int j = 0; j < p; ++j) send[static_cast<size_t>(j)] = (r + j) % 3, recv[static_cast<size_t>(j)] = (j + r) % 3;
+    const size_t ns = static_cast<size_t>(std::accumulate(send.begin(), send.end(), int64_t{0}));
+    const size_t nr = static_cast<size_t>(std::accumulate(recv.begin(), recv.end(), int64_t{0}));
+    std::vector<float> hv(nr + 1, -1.f);
+    world().alltoallv(in.data(), send, hv.data(), recv);
+    backend::Tensor dv = on_device(std::vector<float>(nr + 1, -1.f));
+    dev.alltoallv(d_in.data(), send, dv.data(), recv);
+    EXPECT_EQ(to_host(dv, nr), std::vector<float>(hv.begin(), hv.begin() + static_cast<std::ptrdiff_t>(nr)));
+    EXPECT_GE(in.size(), ns);
+  }
+  {  // point to point around a ring
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    backend::Tensor d_in = on_device(in), d_out = on_device(std::vector<float>(in.size(), -1.f));
+    Request rr = dev.irecv(d_out.data(), in.size(), prev, 9);
+    Request rs = dev.isend(d_in.data(), in.size(), next, 9);
+    rs.wait();
+    rr.wait();
+    const std::vector<float> got = to_host(d_out, in.size());
+    EXPECT_EQ(got[1], static_cast<float>((prev + 1) * 2));
+    EXPECT_EQ(got.back(), static_cast<float>((prev + 1) * static_cast<int>((in.size() - 1) % 500 + 1)));
+  }
+  {  // a group split from it is staged too: the even and the odd ranks
+    std::vector<int> members;
+    for (int i = r % 2; i < p; i += 2) members.push_back(i);
+    std::unique_ptr<Communicator> group = dev.split(members, "parity");
+    ASSERT_NE(group, nullptr);
+    backend::Tensor d = on_device(std::vector<float>(8, static_cast<float>(r)));
+    group->allreduce(d.data(), 8);
+    float sum = 0;
+    for (int m : members) sum += static_cast<float>(m);
+    EXPECT_EQ(to_host(d, 8), std::vector<float>(8, sum));
+  }
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 

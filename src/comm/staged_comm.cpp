@@ -1,0 +1,115 @@
+// staged_comm.cpp — device buffers through host staging around a host communicator.
+#include "comm/staged_comm.hpp"
+
+#include <numeric>
+#include <utility>
+
+namespace piper::comm {
+
+namespace {
+
+// One operation on host staging buffers: when the host operation completes, the received floats go to
+// the device, once.
+class StagedRequest final : public RequestImpl {
+ public:
+  StagedRequest(backend::Backend& device, std::vector<float> in, std::vector<float> out, float* dst)
+      : device_(device), in_(std::move(in)), out_(std::move(out)), dst_(dst) {}
+  void start(Request host) { host_ = std::move(host); }
+  const float* in() const { return in_.data(); }
+  float* out() { return out_.data(); }
+
+  bool test() override {
+    if (!host_.test()) return false;
+    land();
+    return true;
+  }
+  void wait() override {
+    host_.wait();
+    land();
+  }
+  // Destroyed while an error unwinds: the host request, destroyed with it, gives up its operation.
+  void abandon() noexcept override {}
+
+ private:
+  void land() {
+    if (dst_ && !out_.empty()) device_.to_device(dst_, out_.data(), out_.size() * sizeof(float));
+    dst_ = nullptr;
+  }
+  backend::Backend& device_;
+  std::vector<float> in_, out_;
+  float* dst_;
+  Request host_;
+};
+
+size_t total(const std::vector<int64_t>& counts) {
+  return static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}));
+}
+
+}  // namespace
+
+StagedCommunicator::StagedCommunicator(Communicator& host, backend::Backend& device)
+    : host_(&host), device_(device) {}
+
+StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> owned, backend::Backend& device)
+    : owned_(std::move(owned)), host_(owned_.get()), device_(device) {}
+
+template <class Op>
+Request StagedCommunicator::staged(const float* in, size_t n_in, float* out, size_t n_out, Op op) {
+  std::vector<float> host_in(in ? n_in : 0);
+  if (!host_in.empty()) device_.to_host(host_in.data(), in, n_in * sizeof(float));
+  auto req = std::make_unique<StagedRequest>(device_, std::move(host_in), std::vector<float>(out ? n_out : 0), out);
+  StagedRequest& r = *req;
+  r.start(op(r.in(), r.out()));
+  return Request(std::move(req));
+}
+
+Request StagedCommunicator::isend(const float* buf, size_t n, int peer, int tag) {
+  return staged(buf, n, nullptr, 0, [&](const float* in, float*) { return host_->isend(in, n, peer, tag); });
+}
+
+Request StagedCommunicator::irecv(float* buf, size_t n, int peer, int tag) {
+  return staged(nullptr, 0, buf, n, [&](const float*, float* out) { return host_->irecv(out, n, peer, tag); });
+}
+
+Request StagedCommunicator::iallreduce(float* buf, size_t n) {
+  // In place on the host copy: the staged input is the buffer the result lands from.
+  std::vector<float> host(n);
+  if (n) device_.to_host(host.data(), buf, n * sizeof(float));
+  auto req = std::make_unique<StagedRequest>(device_, std::vector<float>(), std::move(host), buf);
+  StagedRequest& r = *req;
+  r.start(host_->iallreduce(r.out(), n));
+  return Request(std::move(req));
+}
+
+Request StagedCommunicator::ireduce_scatter(const float* in, float* out, size_t n_per_rank) {
+  const size_t n = n_per_rank * static_cast<size_t>(size());
+  return staged(in, n, out, n_per_rank,
+                [&](const float* hin, float* hout) { return host_->ireduce_scatter(hin, hout, n_per_rank); });
+}
+
+Request StagedCommunicator::iallgather(const float* in, float* out, size_t n_per_rank) {
+  const size_t n = n_per_rank * static_cast<size_t>(size());
+  return staged(in, n_per_rank, out, n,
+                [&](const float* hin, float* hout) { return host_->iallgather(hin, hout, n_per_rank); });
+}
+
+Request StagedCommunicator::ialltoall(const float* in, float* out, size_t n_per_rank) {
+  const size_t n = n_per_rank * static_cast<size_t>(size());
+  return staged(in, n, out, n, [&](const float* hin, float* hout) { return host_->ialltoall(hin, hout, n_per_rank); });
+}
+
+Request StagedCommunicator::ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                                       const std::vector<int64_t>& recv_counts) {
+  return staged(in, total(send_counts), out, total(recv_counts), [&](const float* hin, float* hout) {
+    return host_->ialltoallv(hin, send_counts, hout, recv_counts);
+  });
+}
+
+std::unique_ptr<Communicator> StagedCommunicator::split_impl(const std::vector<int>& world_ranks,
+                                                             const std::string& label) {
+  std::unique_ptr<Communicator> group = host_->split(world_ranks, label);
+  if (!group) return nullptr;
+  return std::unique_ptr<Communicator>(new StagedCommunicator(std::move(group), device_));
+}
+
+}  // namespace piper::comm
