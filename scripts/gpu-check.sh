@@ -3,13 +3,16 @@
 #
 #   scripts/gpu-check.sh prepare   here, on the development machine: builds build-gpu/ (the CUDA
 #                                  backend for sm_90, OpenBLAS for the CPU reference) and packs the
-#                                  op runner with every shared library it loads, the loader and
-#                                  libc included, into gpu-check/ (about 15 MiB, ignored by git);
+#                                  op runner and the device training test with every shared library
+#                                  they load, the loader and libc included, into gpu-check/ (ignored
+#                                  by git);
 #   scripts/gpu-check.sh run       on a machine with one NVIDIA GPU and its driver, nothing else
-#                                  installed: unpacks gpu-check/, runs the op runner on the GPU
-#                                  against the double reference, and writes the results to
-#                                  gpu-check/results/ (op-runner.txt, the per-op lines;
-#                                  summary.txt, one line per check).
+#                                  installed: runs the op runner on the GPU against the double
+#                                  reference, and trains a hybrid (Mamba-2, MoE, attention, MLP) for
+#                                  6 steps on the GPU in fp32 against the CPU's losses (one rank, no
+#                                  MPI started), and writes the results to gpu-check/results/
+#                                  (op-runner.txt, the per-op lines; training.txt, the per-step
+#                                  losses; summary.txt, one line per check).
 #
 # The carried libraries run under the carried loader, so the check does not depend on the
 # machine's distribution; the CUDA runtime, cuBLAS and the driver come from the machine
@@ -25,11 +28,11 @@ prepare() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPER_CUDA=ON -DPIPER_BLAS=openblas \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$build.log" 2>&1 \
     || { tail -30 "$build.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target unit_backend >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_runtime >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
   rm -rf "$out" && mkdir -p "$out/lib"
-  cp "$build/unit_backend" "$out/"
-  # Every library it loads except the CUDA ones the GPU machine has (runtime, cuBLAS, driver).
-  ldd "$build/unit_backend" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
+  cp "$build/unit_backend" "$build/unit_runtime" "$out/"
+  # Every library they load except the CUDA ones the GPU machine has (runtime, cuBLAS, driver).
+  ldd "$build/unit_backend" "$build/unit_runtime" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*) ;;
       *) cp -L "$lib" "$out/lib/" ;;
@@ -40,24 +43,32 @@ prepare() {
 }
 
 run() {
-  [[ -x "$out/unit_backend" ]] || { echo "gpu-check: no $out/unit_backend; run 'scripts/gpu-check.sh prepare' on the build machine first" >&2; exit 2; }
+  for exe in unit_backend unit_runtime; do
+    [[ -x "$out/$exe" ]] || { echo "gpu-check: no $out/$exe; run 'scripts/gpu-check.sh prepare' on the build machine first" >&2; exit 2; }
+  done
   local cuda="${CUDA_HOME:-/usr/local/cuda}" results="$out/results"
   mkdir -p "$results"
   local driver
   driver=$(dirname "$(ldconfig -p 2>/dev/null | awk '/libcuda.so.1 / {print $NF; exit}')" 2>/dev/null || true)
   local path="$out/lib:$cuda/lib64:$cuda/targets/x86_64-linux/lib${driver:+:$driver}"
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$results/gpu.txt" || true
-  local started=$SECONDS rc=0
+  local started=$SECONDS rc=0 train_rc=0
   "$out/lib/loader" --library-path "$path" "$out/unit_backend" --gtest_filter='Backends/OnBackend.*:BackendOps.*' \
     > "$results/op-runner.txt" 2>&1 || rc=$?
+  local ops_s=$((SECONDS - started))
+  started=$SECONDS
+  "$out/lib/loader" --library-path "$path" "$out/unit_runtime" --gtest_filter='DeviceTraining.*' \
+    > "$results/training.txt" 2>&1 || train_rc=$?
   {
     echo "gpu: $(cat "$results/gpu.txt" 2>/dev/null || echo unknown)"
-    echo "op runner: exit $rc in $((SECONDS - started)) s; $(grep -c '^\[ ok   \] cuda' "$results/op-runner.txt" || true) cuda outputs within tolerance, $(grep -c '^\[ FAIL \] cuda' "$results/op-runner.txt" || true) above"
+    echo "op runner: exit $rc in $ops_s s; $(grep -c '^\[ ok   \] cuda' "$results/op-runner.txt" || true) cuda outputs within tolerance, $(grep -c '^\[ FAIL \] cuda' "$results/op-runner.txt" || true) above"
     grep -m1 'GPU test not run' "$results/op-runner.txt" || true
     grep '^\[ FAIL \] cuda' "$results/op-runner.txt" || true
+    echo "fp32 training against the cpu: exit $train_rc in $((SECONDS - started)) s; $(grep -m1 'cuda fp32 vs cpu' "$results/training.txt" || grep -m1 'GPU test not run' "$results/training.txt" || echo 'no result line')"
   } > "$results/summary.txt"
   cat "$results/summary.txt"
-  return "$rc"
+  [[ $rc -eq 0 ]] || return "$rc"
+  return "$train_rc"
 }
 
 case "$mode" in

@@ -29,6 +29,11 @@ enum class MemCategory : uint8_t {
 constexpr int kMemCategoryCount = 5;
 const char* mem_category_name(MemCategory c);
 
+// How f32 matrix products may compute: in f32 throughout, or with their inputs rounded to TF32
+// (10-bit mantissa, f32 accumulation) where the device has TF32 units (NVIDIA Ampere and later; the
+// CPU has none and computes f32 either way). bf16 storage is unaffected.
+enum class MatmulPrecision : uint8_t { MATMUL_FP32, MATMUL_TF32 };
+
 // Storage type of a tensor's elements. Float ops accumulate in
 // accumulation_dtype(storage): bf16 storage computes in fp32.
 enum class DType : uint8_t { DTYPE_F32, DTYPE_BF16, DTYPE_I32 };
@@ -245,6 +250,11 @@ class Backend {
   virtual void to_device(void* dst, const void* host, size_t bytes) = 0;
   virtual void to_host(void* host, const void* src, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Host memory to stage copies to and from the device through: page-locked where that makes the
+  // device's copies faster (a GPU's cudaMallocHost), plain on the CPU; 64-byte aligned, uninitialised,
+  // cached by size like device blocks, and not counted in memory() (HostBuffer holds it).
+  virtual void* allocate_host(size_t bytes) = 0;
+  virtual void deallocate_host(void* p, size_t bytes) = 0;
   virtual MemoryStats memory() const = 0;
   virtual void reset_peak() = 0;
 
@@ -258,6 +268,9 @@ class Backend {
 
   // Storage types the op table computes on (i32 index tensors always).
   virtual bool supports(DType storage) const = 0;
+  // The precision of f32 matrix products from now on (linear_*; MATMUL_FP32 to begin with).
+  virtual void set_matmul_precision(MatmulPrecision p) = 0;
+  virtual MatmulPrecision matmul_precision() const = 0;
   // Elements of the state ssd_fwd saves for ssd_bwd.
   virtual int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const = 0;
 
@@ -282,6 +295,29 @@ Backend* cuda(std::string* why = nullptr);
 Backend& named(const std::string& device);
 // Every backend this process can compute on, the CPU first: what the op runner tests.
 std::vector<Backend*> registered_backends();
+
+// Staging memory on the host for a backend (Backend::allocate_host), n floats, released when it goes
+// out of scope.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Backend& b, size_t n);
+  ~HostBuffer();
+  HostBuffer(HostBuffer&& o) noexcept;
+  HostBuffer& operator=(HostBuffer&& o) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+
+ private:
+  void release();
+  Backend* backend_ = nullptr;
+  float* data_ = nullptr;
+  size_t n_ = 0;
+};
 
 // A buffer on a backend, released when it goes out of scope.
 class Tensor {

@@ -217,6 +217,14 @@ class CpuBackend final : public Backend {
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) std::memset(at_.local(dst), 0, bytes);
   }
+  // The host's own memory: a host buffer is what the detached backend stages through.
+  void* allocate_host(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void deallocate_host(void* p, size_t) override { std::free(p); }
   MemoryStats memory() const override { return stats_; }
   void reset_peak() override { stats_.reset_peak(); }
 
@@ -234,6 +242,9 @@ class CpuBackend final : public Backend {
   void synchronize(int) override {}
 
   bool supports(DType) const override { return true; }  // bf16 through Widened
+  // No TF32 units: the products stay f32 whatever is asked.
+  void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
+  MatmulPrecision matmul_precision() const override { return matmul_; }
   int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const override {
     return k::ssd_saved_size(ct::ssd_shape_of(x, Bm, chunk));
   }
@@ -502,6 +513,7 @@ class CpuBackend final : public Backend {
                                   std::to_string(stream) + "; the cpu backend has stream 0 only");
   }
   Addresses at_;
+  MatmulPrecision matmul_ = MatmulPrecision::MATMUL_FP32;
   MemoryStats stats_;
   std::map<size_t, std::vector<void*>> cache_;  // free blocks by rounded size, at local addresses
   size_t cached_bytes_ = 0;
@@ -518,6 +530,34 @@ Backend& cpu() {
 Backend& cpu_detached() {
   static CpuBackend backend(true);
   return backend;
+}
+
+HostBuffer::HostBuffer(Backend& b, size_t n)
+    : backend_(&b), data_(static_cast<float*>(b.allocate_host(n * sizeof(float)))), n_(n) {}
+
+HostBuffer::~HostBuffer() { release(); }
+
+HostBuffer::HostBuffer(HostBuffer&& o) noexcept : backend_(o.backend_), data_(o.data_), n_(o.n_) {
+  o.data_ = nullptr;
+  o.n_ = 0;
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    backend_ = o.backend_;
+    data_ = o.data_;
+    n_ = o.n_;
+    o.data_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+void HostBuffer::release() {
+  if (data_ && backend_) backend_->deallocate_host(data_, n_ * sizeof(float));
+  data_ = nullptr;
+  n_ = 0;
 }
 
 Tensor::Tensor(Backend& b, int64_t numel, MemCategory category)

@@ -8,11 +8,11 @@ namespace piper::comm {
 
 namespace {
 
-// One operation on host staging buffers: when the host operation completes, the received floats go to
-// the device, once.
+// One operation on host staging buffers (the device's page-locked ones where it has them): when the host
+// operation completes, the received floats go to the device, once.
 class StagedRequest final : public RequestImpl {
  public:
-  StagedRequest(backend::Backend& device, std::vector<float> in, std::vector<float> out, float* dst)
+  StagedRequest(backend::Backend& device, backend::HostBuffer in, backend::HostBuffer out, float* dst)
       : device_(device), in_(std::move(in)), out_(std::move(out)), dst_(dst) {}
   void start(Request host) { host_ = std::move(host); }
   const float* in() const { return in_.data(); }
@@ -36,7 +36,7 @@ class StagedRequest final : public RequestImpl {
     dst_ = nullptr;
   }
   backend::Backend& device_;
-  std::vector<float> in_, out_;
+  backend::HostBuffer in_, out_;
   float* dst_;
   Request host_;
 };
@@ -55,9 +55,10 @@ StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> owned, back
 
 template <class Op>
 Request StagedCommunicator::staged(const float* in, size_t n_in, float* out, size_t n_out, Op op) {
-  std::vector<float> host_in(in ? n_in : 0);
+  backend::HostBuffer host_in(device_, in ? n_in : 0);
   if (!host_in.empty()) device_.to_host(host_in.data(), in, n_in * sizeof(float));
-  auto req = std::make_unique<StagedRequest>(device_, std::move(host_in), std::vector<float>(out ? n_out : 0), out);
+  auto req = std::make_unique<StagedRequest>(device_, std::move(host_in), backend::HostBuffer(device_, out ? n_out : 0),
+                                             out);
   StagedRequest& r = *req;
   r.start(op(r.in(), r.out()));
   return Request(std::move(req));
@@ -73,9 +74,9 @@ Request StagedCommunicator::irecv(float* buf, size_t n, int peer, int tag) {
 
 Request StagedCommunicator::iallreduce(float* buf, size_t n) {
   // In place on the host copy: the staged input is the buffer the result lands from.
-  std::vector<float> host(n);
+  backend::HostBuffer host(device_, n);
   if (n) device_.to_host(host.data(), buf, n * sizeof(float));
-  auto req = std::make_unique<StagedRequest>(device_, std::vector<float>(), std::move(host), buf);
+  auto req = std::make_unique<StagedRequest>(device_, backend::HostBuffer(), std::move(host), buf);
   StagedRequest& r = *req;
   r.start(host_->iallreduce(r.out(), n));
   return Request(std::move(req));

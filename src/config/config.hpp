@@ -68,6 +68,8 @@ struct TrainConfig {
   // Where a rank's tensors live and its ops run (docs/backend.md): cpu | cuda (the rank's GPU) |
   // cpu_detached (the CPU backend with its memory out of the host's reach, a check of the runtime).
   std::string device = "cpu";
+  // f32 matrix products with TF32 inputs where the device has TF32 units (a GPU; the CPU computes f32).
+  bool tf32 = false;
   // Held-out evaluation (docs/data.md, "Held-out data"): the mean loss over the first eval_batches
   // global batches of the held-out sequences, after every eval_every-th step and the last.
   int64_t eval_every = 0;       // 0 = off; > 0 needs held-out data (data.eval_fraction or data.eval_path)

@@ -196,8 +196,9 @@ std::vector<checkpoint::Piece> Checkpointer::pieces_to_write() {
       });
       continue;
     }
-    std::vector<float>& data = staged_[i];
-    data.resize(static_cast<size_t>(state::total(p.runs)));
+    backend::HostBuffer& data = staged_[i];
+    if (data.size() != static_cast<size_t>(state::total(p.runs)))
+      data = backend::HostBuffer(device, static_cast<size_t>(state::total(p.runs)));
     size_t at = 0;
     for (size_t r = 0; r < p.runs.size(); ++r) {
       device.to_host(data.data() + at, base + p.local_offsets[r], p.runs[r].size() * sizeof(float));
@@ -286,12 +287,13 @@ std::vector<checkpoint::Request> Checkpointer::read_requests() {
   std::vector<checkpoint::Request> mine;
   const auto held = state::held(rt_.plan().model, rt_.layout(), env_.rank());
   const bool direct = rt_.device().host_addressable();
-  reads_.assign(direct ? 0 : held.size(), {});
+  reads_.clear();
+  reads_.resize(direct ? 0 : held.size());
   for (size_t i = 0; i < held.size(); ++i) {
     const state::Piece& p = held[i];
     const std::string name = state::dataset_name(p.kind, p.param);
     if (!direct) {
-      reads_[i].resize(static_cast<size_t>(state::total(p.runs)));
+      reads_[i] = backend::HostBuffer(rt_.device(), static_cast<size_t>(state::total(p.runs)));
       mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), reads_[i].data()});
       continue;
     }

@@ -82,9 +82,9 @@ class Checkpointer {
   std::string error_;
   std::chrono::steady_clock::time_point started_;
   std::atomic<bool> finished_{false};
-  // Staging: what a background save, or a save from a device the host cannot address, writes; and what a
-  // load reads for such a device, one buffer per held piece.
-  std::vector<std::vector<float>> staged_, reads_;
+  // Staging, in the device's host buffers (page-locked on a GPU): what a background save, or a save from a
+  // device the host cannot address, writes; and what a load reads for such a device, one buffer per piece.
+  std::vector<backend::HostBuffer> staged_, reads_;
 };
 
 }  // namespace piper::runtime

@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaDeviceSynchronize();
     release_cached();
+    release_host_cache();
     cublasDestroy(blas_);
     cudaFree(scalar_);
     cudaFreeHost(host_scalar_);
@@ -159,6 +160,32 @@ class CudaBackend final : public Backend {
     cache_.clear();
     cached_bytes_ = 0;
   }
+  // Page-locked, so to_host and to_device copy at the link's speed; cached by size, since
+  // cudaMallocHost costs milliseconds. A freed host buffer is free at once: to_host and to_device
+  // have waited for their copies before they returned.
+  void* allocate_host(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    const size_t rounded = (bytes + 511) / 512 * 512;
+    std::lock_guard<std::mutex> lock(host_mutex_);
+    auto it = host_cache_.find(rounded);
+    if (it != host_cache_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+    void* p = nullptr;
+    if (cudaMallocHost(&p, rounded) != cudaSuccess) {
+      cudaGetLastError();
+      release_host_cache();
+      PIPER_CUDA_CHECK(cudaMallocHost(&p, rounded));
+    }
+    return p;
+  }
+  void deallocate_host(void* p, size_t bytes) override {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(host_mutex_);
+    host_cache_[(bytes + 511) / 512 * 512].push_back(p);
+  }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) PIPER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, current()));
   }
@@ -206,6 +233,8 @@ class CudaBackend final : public Backend {
   }
 
   bool supports(DType storage) const override { return storage != DType::DTYPE_I32; }
+  void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
+  MatmulPrecision matmul_precision() const override { return matmul_; }
   int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const override {
     return kc::ssd_saved_numel(ct::ssd_shape_of(x, Bm, chunk));
   }
@@ -497,6 +526,12 @@ class CudaBackend final : public Backend {
 
   cudaStream_t current() const { return streams_[static_cast<size_t>(stream_)]; }
 
+  void release_host_cache() {
+    for (auto& [size, blocks] : host_cache_)
+      for (void* p : blocks) cudaFreeHost(p);
+    host_cache_.clear();
+  }
+
   // Scratch of `bytes` for one op, counted as buffers and given back when the op returns (the
   // cache's events keep it from being reused before the op's kernels are done).
   Tensor workspace(int64_t bytes) {
@@ -510,7 +545,13 @@ class CudaBackend final : public Backend {
     return *host_scalar_;
   }
 
-  // Column-major C[m,n] = alpha op(A) op(B) + beta C with f32 arithmetic; A and B of `in`, C of `out`.
+  // f32 accumulation; f32 inputs rounded to TF32 when asked (bf16 inputs are bf16 either way).
+  cublasComputeType_t compute_type(DType in) const {
+    return in == DType::DTYPE_F32 && matmul_ == MatmulPrecision::MATMUL_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                             : CUBLAS_COMPUTE_32F;
+  }
+
+  // Column-major C[m,n] = alpha op(A) op(B) + beta C with f32 accumulation; A and B of `in`, C of `out`.
   void gemm(const char* op, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
             const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, DType in,
             DType out) {
@@ -519,7 +560,7 @@ class CudaBackend final : public Backend {
     check_cublas(cublasSetStream(blas_, current()), "cublasSetStream");
     check_cublas(cublasGemmEx(blas_, ta, tb, gemm_extent(m, op), gemm_extent(n, op), gemm_extent(k, op), &alpha,
                               A, cuda_type(in), gemm_extent(lda, op), B, cuda_type(in), gemm_extent(ldb, op),
-                              &beta, C, cuda_type(out), gemm_extent(ldc, op), CUBLAS_COMPUTE_32F,
+                              &beta, C, cuda_type(out), gemm_extent(ldc, op), compute_type(in),
                               CUBLAS_GEMM_DEFAULT),
                  op);
   }
@@ -571,6 +612,9 @@ class CudaBackend final : public Backend {
   double* host_scalar_ = nullptr;  // pinned host copy of it
   int stream_ = 0;
   uint64_t events_ = 0;
+  MatmulPrecision matmul_ = MatmulPrecision::MATMUL_FP32;
+  std::mutex host_mutex_;
+  std::map<size_t, std::vector<void*>> host_cache_;  // free page-locked host buffers by rounded size
   MemoryStats stats_;
   std::map<size_t, std::vector<Cached>> cache_;
   size_t cached_bytes_ = 0;

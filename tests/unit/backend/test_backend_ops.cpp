@@ -670,6 +670,13 @@ Errors sum_squares(Device& d) {
 // the backward ops subtract nearly equal terms, so 3e-2. Ops whose tensors the contract keeps in
 // f32 (the router, AdamW) keep their f32 tolerance; index outputs must match exactly.
 constexpr double kBf16Elementwise = 1e-2, kBf16Reduced = 3e-2;
+// TF32 products (MATMUL_TF32): each f32 input rounded to a 10-bit mantissa, u = 2^-11 ~ 4.9e-4, f32
+// accumulation: a product's normwise error is about 2u times the conditioning of its sums, so 5e-3 (10u).
+// The other ops compute in f32 as before and keep their f32 tolerance.
+constexpr double kTf32Products = 5e-3;
+bool is_product(Op op) {
+  return op == Op::OP_linear_fwd || op == Op::OP_linear_bwd_input || op == Op::OP_linear_bwd_weight;
+}
 
 std::map<Op, Case> cases() {
   using std::placeholders::_1;
@@ -718,13 +725,14 @@ std::map<Op, Case> cases() {
 }
 
 // The backend and storage type a run of the op runner uses, by name: "cpu", "cpu_detached" and
-// "cuda" (f32), "cpu_bf16" and "cuda_bf16". A GPU backend this machine lacks skips its cases, saying why (ctest
+// "cuda" (f32), "cpu_bf16" and "cuda_bf16", and "cuda_tf32" (f32 with TF32 products). A GPU backend this machine lacks skips its cases, saying why (ctest
 // counts them as not run: docs/testing.md).
 class OnBackend : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   const std::string& which = GetParam();
   const bool bf16 = which.size() > 5 && which.compare(which.size() - 5, 5, "_bf16") == 0;
+  const bool tf32 = which.size() > 5 && which.compare(which.size() - 5, 5, "_tf32") == 0;
   const DType storage = bf16 ? DType::DTYPE_BF16 : DType::DTYPE_F32;
   Backend* be = which.rfind("cpu_detached", 0) == 0 ? &cpu_detached() : &cpu();
   if (which.rfind("cuda", 0) == 0) {
@@ -733,6 +741,12 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
     if (!be) GTEST_SKIP() << "GPU test not run: " << why;
   }
   const auto table = cases();
+  const char* precision = tf32 ? "tf32" : dtype_name(storage);
+  be->set_matmul_precision(tf32 ? MatmulPrecision::MATMUL_TF32 : MatmulPrecision::MATMUL_FP32);
+  struct Restore {
+    Backend* be;
+    ~Restore() { be->set_matmul_precision(MatmulPrecision::MATMUL_FP32); }
+  } restore{be};
   Device dev(*be, storage);
   for (int i = 0; i < kOpCount; ++i) {
     const Op op = static_cast<Op>(i);
@@ -741,18 +755,20 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
       ADD_FAILURE() << "op " << op_name(op) << " of the backend op table has no case in the op runner";
       continue;
     }
-    const double tol = storage == DType::DTYPE_BF16 ? it->second.tol_bf16 : it->second.tol;
+    const double tol = storage == DType::DTYPE_BF16 ? it->second.tol_bf16
+                       : tf32 && is_product(op)       ? kTf32Products
+                                                      : it->second.tol;
     for (const auto& [out, err] : it->second.run(dev)) {
       const bool ok = err <= tol;  // false for NaN: an output left unwritten
       std::printf("[ %-4s ] %-4s %-4s %-18s %-28s max rel err %.3e (tol %.0e)\n", ok ? "ok" : "FAIL", be->name(),
-                  dtype_name(storage), op_name(op), out.c_str(), err, tol);
-      EXPECT_TRUE(ok) << be->name() << " " << dtype_name(storage) << " " << op_name(op) << " " << out
+                  precision, op_name(op), out.c_str(), err, tol);
+      EXPECT_TRUE(ok) << be->name() << " " << precision << " " << op_name(op) << " " << out
                       << ": error " << err << " above tolerance " << tol;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cpu_detached", "cuda", "cuda_bf16"),
+INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cpu_detached", "cuda", "cuda_bf16", "cuda_tf32"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Every backend the process has is one the op runner names: the CPU first, then the CUDA
