@@ -29,35 +29,37 @@ prepare() {
     -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$build.log" 2>&1 \
     || { tail -30 "$build.log"; exit 1; }
   cmake --build "$build" -j "$(nproc)" --target unit_backend unit_runtime >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
-  rm -rf "$out" && mkdir -p "$out/lib"
-  cp "$build/unit_backend" "$build/unit_runtime" "$out/"
-  # Every library they load except the CUDA ones the GPU machine has (runtime, cuBLAS, driver).
+  # The executables and every library they load except the CUDA ones the GPU machine has (runtime,
+  # cuBLAS, driver), xz-packed into one file: unpacked they pass the 64 MiB a working tree carries.
+  local stage="$build/gpu-check-stage"
+  rm -rf "$stage" "$out" && mkdir -p "$stage/lib" "$out"
+  cp "$build/unit_backend" "$build/unit_runtime" "$stage/"
   ldd "$build/unit_backend" "$build/unit_runtime" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*) ;;
-      *) cp -L "$lib" "$out/lib/" ;;
+      *) cp -L "$lib" "$stage/lib/" ;;
     esac
   done
-  ln -sf "$(basename "$(ls "$out"/lib/ld-linux-x86-64.so.* | head -1)")" "$out/lib/loader"
-  echo "gpu-check: packed $(du -sh "$out" | cut -f1) into $out (carry it with the working tree; run: scripts/gpu-check.sh run)"
+  ln -sf "$(basename "$(ls "$stage"/lib/ld-linux-x86-64.so.* | head -1)")" "$stage/lib/loader"
+  tar -cJf "$out/pack.tar.xz" -C "$stage" .
+  echo "gpu-check: packed $(du -sh "$stage" | cut -f1) into $out/pack.tar.xz ($(du -sh "$out/pack.tar.xz" | cut -f1); carry gpu-check with the working tree; run: scripts/gpu-check.sh run)"
 }
 
 run() {
-  for exe in unit_backend unit_runtime; do
-    [[ -x "$out/$exe" ]] || { echo "gpu-check: no $out/$exe; run 'scripts/gpu-check.sh prepare' on the build machine first" >&2; exit 2; }
-  done
-  local cuda="${CUDA_HOME:-/usr/local/cuda}" results="$out/results"
-  mkdir -p "$results"
+  [[ -f "$out/pack.tar.xz" ]] || { echo "gpu-check: no $out/pack.tar.xz; run 'scripts/gpu-check.sh prepare' on the build machine first" >&2; exit 2; }
+  local cuda="${CUDA_HOME:-/usr/local/cuda}" results="$out/results" bin="${TMPDIR:-/tmp}/piper-gpu-check"
+  rm -rf "$bin" && mkdir -p "$bin" "$results"
+  tar -xJf "$out/pack.tar.xz" -C "$bin"
   local driver
   driver=$(dirname "$(ldconfig -p 2>/dev/null | awk '/libcuda.so.1 / {print $NF; exit}')" 2>/dev/null || true)
-  local path="$out/lib:$cuda/lib64:$cuda/targets/x86_64-linux/lib${driver:+:$driver}"
+  local path="$bin/lib:$cuda/lib64:$cuda/targets/x86_64-linux/lib${driver:+:$driver}"
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$results/gpu.txt" || true
   local started=$SECONDS rc=0 train_rc=0
-  "$out/lib/loader" --library-path "$path" "$out/unit_backend" --gtest_filter='Backends/OnBackend.*:BackendOps.*' \
+  "$bin/lib/loader" --library-path "$path" "$bin/unit_backend" --gtest_filter='Backends/OnBackend.*:BackendOps.*' \
     > "$results/op-runner.txt" 2>&1 || rc=$?
   local ops_s=$((SECONDS - started))
   started=$SECONDS
-  "$out/lib/loader" --library-path "$path" "$out/unit_runtime" --gtest_filter='DeviceTraining.*' \
+  "$bin/lib/loader" --library-path "$path" "$bin/unit_runtime" --gtest_filter='DeviceTraining.*' \
     > "$results/training.txt" 2>&1 || train_rc=$?
   {
     echo "gpu: $(cat "$results/gpu.txt" 2>/dev/null || echo unknown)"
