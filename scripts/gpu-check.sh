@@ -12,7 +12,13 @@
 #                                  6 steps on the GPU in fp32 against the CPU's losses (one rank, no
 #                                  MPI started), and writes the results to gpu-check/results/
 #                                  (op-runner.txt, the per-op lines; training.txt, the per-step
-#                                  losses; summary.txt, one line per check).
+#                                  losses), then measures the training throughput of
+#                                  config/nemotron-h-1b.yaml (1.06B parameters, seq 4096) on the GPU
+#                                  with TF32 products (throughput.json), with MFU against the GPU's
+#                                  bf16 dense peak; summary.txt has one line per check.
+#
+# PEAK_TFLOPS: the dense bf16 peak MFU is quoted against, default 989.4 (H100/H200 SXM, the
+# hardware table's h200-sxm entry, src/sim/hardware.cpp).
 #
 # The carried libraries run under the carried loader, so the check does not depend on the
 # machine's distribution; the CUDA runtime, cuBLAS and the driver come from the machine
@@ -28,13 +34,13 @@ prepare() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPER_CUDA=ON -DPIPER_BLAS=openblas \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$build.log" 2>&1 \
     || { tail -30 "$build.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_runtime >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_runtime device_train >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
   # The executables and every library they load except the CUDA ones the GPU machine has (runtime,
   # cuBLAS, driver), xz-packed into one file: unpacked they pass the 64 MiB a working tree carries.
   local stage="$build/gpu-check-stage"
   rm -rf "$stage" "$out" && mkdir -p "$stage/lib" "$out"
-  cp "$build/unit_backend" "$build/unit_runtime" "$stage/"
-  ldd "$build/unit_backend" "$build/unit_runtime" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
+  cp "$build/unit_backend" "$build/unit_runtime" "$build/bench/device_train" "$stage/"
+  ldd "$build/unit_backend" "$build/unit_runtime" "$build/bench/device_train" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*) ;;
       *) cp -L "$lib" "$stage/lib/" ;;
@@ -61,16 +67,42 @@ run() {
   started=$SECONDS
   "$bin/lib/loader" --library-path "$path" "$bin/unit_runtime" --gtest_filter='DeviceTraining.*' \
     > "$results/training.txt" 2>&1 || train_rc=$?
+  local bench_rc=0 flops
+  started=$SECONDS
+  if [[ $train_rc -eq 0 ]] && grep -q 'cuda fp32 vs cpu' "$results/training.txt"; then
+    "$bin/lib/loader" --library-path "$path" "$bin/device_train" "$root/config/nemotron-h-1b.yaml" \
+      --set train.device=cuda --set train.tf32=true --warmup 2 --steps 5 > "$results/throughput.json" 2> "$results/throughput.err" \
+      || bench_rc=$?
+  else
+    echo '{"skipped":"no GPU, or the fp32 training check failed"}' > "$results/throughput.json"
+  fi
+  flops=$(python3 "$root/bench/model_flops.py" "$root/config/nemotron-h-1b.yaml")
+  local bench_s=$((SECONDS - started))
   {
     echo "gpu: $(cat "$results/gpu.txt" 2>/dev/null || echo unknown)"
     echo "op runner: exit $rc in $ops_s s; $(grep -c '^\[ ok   \] cuda' "$results/op-runner.txt" || true) cuda outputs within tolerance, $(grep -c '^\[ FAIL \] cuda' "$results/op-runner.txt" || true) above"
     grep -m1 'GPU test not run' "$results/op-runner.txt" || true
     grep '^\[ FAIL \] cuda' "$results/op-runner.txt" || true
-    echo "fp32 training against the cpu: exit $train_rc in $((SECONDS - started)) s; $(grep -m1 'cuda fp32 vs cpu' "$results/training.txt" || grep -m1 'GPU test not run' "$results/training.txt" || echo 'no result line')"
+    echo "fp32 training against the cpu: exit $train_rc; $(grep -m1 'cuda fp32 vs cpu' "$results/training.txt" || grep -m1 'GPU test not run' "$results/training.txt" || echo 'no result line')"
+    python3 - "$results/throughput.json" "$flops" "${PEAK_TFLOPS:-989.4}" "$bench_rc" "$bench_s" <<'PY'
+import json, sys
+path, flops, peak, rc, secs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+try:
+    r = json.load(open(path))
+except Exception as e:
+    print(f"throughput (nemotron-h-1b, tf32): exit {rc} in {secs} s; no result ({e})"); sys.exit()
+if "tokens_per_s" not in r:
+    print(f"throughput (nemotron-h-1b, tf32): not run: {r.get('skipped', '?')}"); sys.exit()
+achieved = flops * r["tokens_per_s"] / 1e12
+print(f"throughput (nemotron-h-1b, tf32): exit {rc} in {secs} s; {r['tokens_per_s']:.0f} tokens/s, "
+      f"median step {r['median_step_ms']:.1f} ms, {achieved:.1f} TFLOP/s = MFU {100 * achieved / peak:.1f}% "
+      f"of the {peak} TFLOP/s bf16 dense peak, peak memory {r['peak_bytes'] / 2**30:.1f} GiB")
+PY
   } > "$results/summary.txt"
   cat "$results/summary.txt"
   [[ $rc -eq 0 ]] || return "$rc"
-  return "$train_rc"
+  [[ $train_rc -eq 0 ]] || return "$train_rc"
+  return "$bench_rc"
 }
 
 case "$mode" in

@@ -5,6 +5,7 @@
 // checkpoints written on one device and resumed on the other.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -125,6 +126,23 @@ TEST(Device, DetachedSwitchesStrategyAsTheCpu) {
   ASSERT_EQ(cpu.size(), 6u);
   EXPECT_EQ(det, cpu);
   EXPECT_TRUE(read_params(tmp.file("cpu.prm")) == read_params(tmp.file("cpu_detached.prm")));
+}
+
+// The device throughput benchmark (bench/device_train, what scripts/gpu-check.sh runs on the 1B hybrid) trains
+// one rank without MPI and reports one JSON line.
+TEST(Device, ThroughputBenchmarkReportsOneLine) {
+  auto r = run(std::string(PIPER_BINARY_DIR) + "/bench/device_train " + source("config/tiny-moe.yaml") +
+               " --set train.device=cpu_detached --set train.threads=1 --warmup 1 --steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["device"], "cpu_detached");
+  EXPECT_EQ(j["tokens_per_step"].get<double>(), 8.0 * 64);  // global_batch x seq_len
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["peak_bytes"].get<double>(), 0.0);
+  EXPECT_TRUE(std::isfinite(j["loss_last"].get<double>()));
+  auto bad = run(std::string(PIPER_BINARY_DIR) + "/bench/device_train " + source("config/tiny.yaml") + " --steps 0");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--steps"), std::string::npos) << bad.output;
 }
 
 // A device this machine lacks is refused before training, naming the key and why; an unknown one too.
