@@ -252,6 +252,9 @@ int main(int argc, char** argv) {
   generate->add_option("--top-k", gen.top_k, "Sample among the K most likely tokens; 0 is all (default)")
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", gen.seed, "Seed of the sampler (default 0)");
+  generate->add_option("--device", gen.device, "Where to compute: cpu (default), cuda or cpu_detached, whatever the "
+                                               "checkpoint was trained on")
+      ->check(CLI::IsMember({"cpu", "cuda", "cpu_detached"}));
 
   try {
     app.parse(argc, argv);

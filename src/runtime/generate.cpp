@@ -2,8 +2,11 @@
 #include "runtime/generate.hpp"
 
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/files.hpp"
 #include "comm/mpi_comm.hpp"
@@ -27,10 +30,11 @@ data::TokenizerKind kind_of(const std::string& name, const std::string& path) {
   throw UserError("checkpoint " + path + ": tokenizer '" + name + "' is unknown (expected byte or sentencepiece)");
 }
 
-// The checkpoint's config with the strategy of one rank: the model and training as written (the data
-// order's batch and sequence length are what its position is counted in), no parallelism, no switches.
-config::Config one_rank(const std::string& yaml, const std::string& path) {
+// The checkpoint's config with the strategy of one rank on `device`: the model and training as written (the
+// data order's batch and sequence length are what its position is counted in), no parallelism, no switches.
+config::Config one_rank(const std::string& yaml, const std::string& path, const std::string& device) {
   config::Config cfg = config::parse(yaml, "the config of checkpoint " + path);
+  cfg.train.device = device;
   cfg.parallel = config::ParallelConfig{};
   cfg.directives = config::DirectivesConfig{};
   cfg.switches.clear();
@@ -61,7 +65,12 @@ Generated generate(const GenerateOptions& o, const MpiEnv& env) {
   } catch (const data::DataError& e) {
     throw UserError(e.what());
   }
-  const config::Config cfg = one_rank(meta.config_yaml, path);
+  try {
+    (void)backend::named(o.device);
+  } catch (const std::runtime_error& e) {
+    throw UserError(std::string("--device: ") + e.what());
+  }
+  const config::Config cfg = one_rank(meta.config_yaml, path, o.device);
   ir::validate(cfg, 1);
   const ir::Plan plan = ir::compile(cfg, 1);
   const std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();

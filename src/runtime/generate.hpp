@@ -16,6 +16,7 @@ struct GenerateOptions {
   float temperature = 0.8f; // 0: greedy
   int64_t top_k = 0;        // sample among the k most likely tokens; 0: all
   uint64_t seed = 0;
+  std::string device = "cpu";  // train.device for the run (the checkpoint's own is where it was trained)
 };
 
 struct Generated {

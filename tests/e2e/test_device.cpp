@@ -145,6 +145,27 @@ TEST(Device, ThroughputBenchmarkReportsOneLine) {
   EXPECT_NE(bad.output.find("--steps"), std::string::npos) << bad.output;
 }
 
+// A checkpoint trained on one device generates on any: greedy text from a cpu_detached run's checkpoint is the
+// same on cpu and on cpu_detached.
+TEST(Device, GeneratesOnAnyDeviceFromACheckpointOfAnother) {
+  TempDir tmp("device-generate");
+  auto t = run(train(1, "cpu_detached", "--set train.steps=4 --set checkpoint.dir=" + tmp.file("ckpt"), "config/tiny.yaml"));
+  ASSERT_EQ(t.code, 0) << t.output;
+  std::string text[2];
+  int i = 0;
+  for (const char* device : {"cpu", "cpu_detached"}) {
+    auto g = run(piper() + " generate " + tmp.file("ckpt") + " --prompt 'The ' --tokens 12 --temperature 0 --device " +
+                 device);
+    ASSERT_EQ(g.code, 0) << device << ":\n" << g.output;
+    text[i++] = g.output;
+  }
+  EXPECT_EQ(text[0], text[1]);
+  auto bad = run(piper() + " generate " + tmp.file("ckpt") + " --prompt 'The ' --device cuda");
+  if (bad.code != 0) {
+    EXPECT_NE(bad.output.find("--device"), std::string::npos) << bad.output;
+  }
+}
+
 // A device this machine lacks is refused before training, naming the key and why; an unknown one too.
 TEST(Device, AMissingOrUnknownDeviceIsRefusedSayingWhy) {
   auto r = run(train(1, "cuda", "--set train.steps=1", "config/tiny.yaml"));
