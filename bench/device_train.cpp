@@ -5,7 +5,7 @@
 // The model FLOPs per token, and so MFU, come from bench/model_flops.py, the one definition of them.
 //
 // Usage: BUILD_DIR/bench/device_train CONFIG [--set key=value ...] [--steps N] [--warmup N]
-//   -> one JSON line: {"device":..,"precision":..,"tf32":..,"params":..,"tokens_per_step":..,
+//   -> one JSON line: {"device":..,"precision":..,"params":..,"tokens_per_step":..,
 //      "median_step_ms":..,"tokens_per_s":..,"peak_bytes":..,"loss_first":..,"loss_last":..}
 #include <unistd.h>
 
@@ -105,10 +105,10 @@ int run(const Args& a) {
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  std::printf("{\"device\":\"%s\",\"precision\":\"fp32\",\"tf32\":%s,\"params\":%lld,\"tokens_per_step\":%.0f,"
+  std::printf("{\"device\":\"%s\",\"precision\":\"%s\",\"params\":%lld,\"tokens_per_step\":%.0f,"
               "\"median_step_ms\":%.3f,\"tokens_per_s\":%.1f,\"peak_bytes\":%lld,\"loss_first\":%.6f,"
               "\"loss_last\":%.6f}\n",
-              be.name(), cfg.train.tf32 ? "true" : "false", static_cast<long long>(rt.plan().model.param_count()),
+              be.name(), cfg.train.precision.c_str(), static_cast<long long>(rt.plan().model.param_count()),
               tokens_per_step, median, tokens_per_step / (median / 1000.0),
               static_cast<long long>(be.memory().total_peak), loss.front(), loss.back());
   std::error_code ec;

@@ -13,4 +13,9 @@ void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
 
+void round_to_bf16(const float* src, float* dst, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(f32_to_bf16(src[i]));
+}
+
 }  // namespace piper::kernels

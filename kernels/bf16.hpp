@@ -27,5 +27,7 @@ inline float bf16_to_f32(uint16_t h) {
 void bf16_to_f32(const uint16_t* src, float* dst, int64_t n);
 // dst[i] = f32_to_bf16(src[i]), i < n
 void f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
+// dst[i] = src[i] rounded to the nearest bf16 (even on ties), kept as f32: a bf16 product's inputs.
+void round_to_bf16(const float* src, float* dst, int64_t n);
 
 }  // namespace piper::kernels

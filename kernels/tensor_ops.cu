@@ -24,6 +24,11 @@ __global__ void add_kernel(T* y, const T* x, int64_t n) {
     y[i] = from_f32<T>(to_f32(y[i]) + to_f32(x[i]));
 }
 
+__global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+
 // One block per kSumBlock elements: part[b] = sum of their squares (fixed order within the block).
 template <class T>
 __global__ void sum_squares_partial(const T* x, int64_t n, double* part) {
@@ -67,6 +72,12 @@ void scatter_cols(const T* src, int64_t n, T* dst, int64_t S, int64_t col, int64
   if (M * n == 0) return;
   copy_cols_kernel<<<blocks_for(M * n), kThreads, 0, s>>>(src, n, 0, dst, S, col, n, M);
   PIPER_CUDA_LAUNCHED("scatter_cols");
+}
+
+void to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(src, dst, n);
+  PIPER_CUDA_LAUNCHED("to_bf16");
 }
 
 template <class T>

@@ -14,7 +14,7 @@
 #                                  (op-runner.txt, the per-op lines; training.txt, the per-step
 #                                  losses), then measures the training throughput of
 #                                  config/nemotron-h-1b.yaml (1.06B parameters, seq 4096) on the GPU
-#                                  with TF32 products (throughput.json), with MFU against the GPU's
+#                                  with bf16 products (throughput.json), with MFU against the GPU's
 #                                  bf16 dense peak; summary.txt has one line per check.
 #
 # PEAK_TFLOPS: the dense bf16 peak MFU is quoted against, default 989.4 (H100/H200 SXM, the
@@ -71,7 +71,7 @@ run() {
   started=$SECONDS
   if [[ $train_rc -eq 0 ]] && grep -q 'cuda fp32 vs cpu' "$results/training.txt"; then
     "$bin/lib/loader" --library-path "$path" "$bin/device_train" "$root/config/nemotron-h-1b.yaml" \
-      --set train.device=cuda --set train.tf32=true --warmup 2 --steps 5 > "$results/throughput.json" 2> "$results/throughput.err" \
+      --set train.device=cuda --set train.precision=bf16 --warmup 2 --steps 5 > "$results/throughput.json" 2> "$results/throughput.err" \
       || bench_rc=$?
   else
     echo '{"skipped":"no GPU, or the fp32 training check failed"}' > "$results/throughput.json"
@@ -83,18 +83,19 @@ run() {
     echo "op runner: exit $rc in $ops_s s; $(grep -c '^\[ ok   \] cuda' "$results/op-runner.txt" || true) cuda outputs within tolerance, $(grep -c '^\[ FAIL \] cuda' "$results/op-runner.txt" || true) above"
     grep -m1 'GPU test not run' "$results/op-runner.txt" || true
     grep '^\[ FAIL \] cuda' "$results/op-runner.txt" || true
-    echo "fp32 training against the cpu: exit $train_rc; $(grep -m1 'cuda fp32 vs cpu' "$results/training.txt" || grep -m1 'GPU test not run' "$results/training.txt" || echo 'no result line')"
+    echo "training against the cpu: exit $train_rc; $(grep -m1 'cuda fp32 vs cpu' "$results/training.txt" || grep -m1 'GPU test not run' "$results/training.txt" || echo 'no result line')"
+    grep -m1 'cuda bf16 products vs cpu' "$results/training.txt" || true
     python3 - "$results/throughput.json" "$flops" "${PEAK_TFLOPS:-989.4}" "$bench_rc" "$bench_s" <<'PY'
 import json, sys
 path, flops, peak, rc, secs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
 try:
     r = json.load(open(path))
 except Exception as e:
-    print(f"throughput (nemotron-h-1b, tf32): exit {rc} in {secs} s; no result ({e})"); sys.exit()
+    print(f"throughput (nemotron-h-1b, bf16 products): exit {rc} in {secs} s; no result ({e})"); sys.exit()
 if "tokens_per_s" not in r:
-    print(f"throughput (nemotron-h-1b, tf32): not run: {r.get('skipped', '?')}"); sys.exit()
+    print(f"throughput (nemotron-h-1b, bf16 products): not run: {r.get('skipped', '?')}"); sys.exit()
 achieved = flops * r["tokens_per_s"] / 1e12
-print(f"throughput (nemotron-h-1b, tf32): exit {rc} in {secs} s; {r['tokens_per_s']:.0f} tokens/s, "
+print(f"throughput (nemotron-h-1b, bf16 products): exit {rc} in {secs} s; {r['tokens_per_s']:.0f} tokens/s, "
       f"median step {r['median_step_ms']:.1f} ms, {achieved:.1f} TFLOP/s = MFU {100 * achieved / peak:.1f}% "
       f"of the {peak} TFLOP/s bf16 dense peak, peak memory {r['peak_bytes'] / 2**30:.1f} GiB")
 PY

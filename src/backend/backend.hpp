@@ -29,10 +29,12 @@ enum class MemCategory : uint8_t {
 constexpr int kMemCategoryCount = 5;
 const char* mem_category_name(MemCategory c);
 
-// How f32 matrix products may compute: in f32 throughout, or with their inputs rounded to TF32
-// (10-bit mantissa, f32 accumulation) where the device has TF32 units (NVIDIA Ampere and later; the
-// CPU has none and computes f32 either way). bf16 storage is unaffected.
-enum class MatmulPrecision : uint8_t { MATMUL_FP32, MATMUL_TF32 };
+// How f32 matrix products (linear_*) compute: in f32 throughout; with their inputs rounded to TF32
+// (10-bit mantissa) where the device has TF32 units (NVIDIA Ampere and later; the CPU has none and
+// computes f32); or with their inputs rounded to bf16 (8-bit mantissa) on every device, the rate of a
+// GPU's bf16 tensor cores. Accumulation and outputs are f32 in all three (gradients too). bf16
+// storage is unaffected.
+enum class MatmulPrecision : uint8_t { MATMUL_FP32, MATMUL_TF32, MATMUL_BF16 };
 
 // Storage type of a tensor's elements. Float ops accumulate in
 // accumulation_dtype(storage): bf16 storage computes in fp32.

@@ -143,6 +143,14 @@ class Widened {
 
   // Scratch for the kernels, at its local address, alive as long as the op.
   float* scratch(int64_t n) { return local(n); }
+  // A bf16 product's inputs: each view replaced by a copy rounded to bf16 (kept as f32).
+  void round_to_bf16(std::initializer_list<ConstTensorView*> in) {
+    for (ConstTensorView* v : in) {
+      float* r = local(v->numel());
+      k::round_to_bf16(v->f32(), r, v->numel());
+      v->ptr = r;
+    }
+  }
 
  private:
   float* local(int64_t n) {
@@ -242,9 +250,10 @@ class CpuBackend final : public Backend {
   void synchronize(int) override {}
 
   bool supports(DType) const override { return true; }  // bf16 through Widened
-  // No TF32 units: the products stay f32 whatever is asked.
+  // No TF32 units: TF32 products stay f32; bf16 products round their inputs (the GPU's arithmetic).
   void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
   MatmulPrecision matmul_precision() const override { return matmul_; }
+  bool bf16_products() const { return matmul_ == MatmulPrecision::MATMUL_BF16; }
   int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const override {
     return k::ssd_saved_size(ct::ssd_shape_of(x, Bm, chunk));
   }
@@ -254,18 +263,21 @@ class CpuBackend final : public Backend {
     Check c("linear_fwd", this);
     const auto d = ct::linear_fwd(c, x, w, y);
     Widened wide(*this, at_, {&x, &w}, {&y});
+    if (bf16_products()) wide.round_to_bf16({&x, &w});
     k::linear_fwd(x.f32(), w.f32(), y.f32(), d.M, d.K, d.N);
   }
   void linear_bwd_input(V dy, V w, O dx, bool accumulate) override {
     Check c("linear_bwd_input", this);
     const auto d = ct::linear_bwd_input(c, dy, w, dx);
     Widened wide(*this, at_, {&dy, &w}, {&dx});
+    if (bf16_products()) wide.round_to_bf16({&dy, &w});
     k::linear_bwd_input(dy.f32(), w.f32(), dx.f32(), d.M, d.K, d.N, accumulate);
   }
   void linear_bwd_weight(V dy, V x, O dw) override {
     Check c("linear_bwd_weight", this);
     const auto d = ct::linear_bwd_weight(c, dy, x, dw);
     Widened wide(*this, at_, {&dy, &x}, {&dw});
+    if (bf16_products()) wide.round_to_bf16({&dy, &x});
     k::linear_bwd_weight(dy.f32(), x.f32(), dw.f32(), d.M, d.K, d.N);
   }
   void rmsnorm_fwd(V x, V w, O y, O rstd, float eps) override {

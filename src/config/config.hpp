@@ -68,8 +68,10 @@ struct TrainConfig {
   // Where a rank's tensors live and its ops run (docs/backend.md): cpu | cuda (the rank's GPU) |
   // cpu_detached (the CPU backend with its memory out of the host's reach, a check of the runtime).
   std::string device = "cpu";
-  // f32 matrix products with TF32 inputs where the device has TF32 units (a GPU; the CPU computes f32).
-  bool tf32 = false;
+  // The precision of the matrix products (docs/backend.md): fp32 | tf32 (TF32 inputs where the device has
+  // TF32 units; the CPU computes fp32) | bf16 (bf16 inputs, fp32 accumulation, master weights, gradients,
+  // optimiser state and checkpoints).
+  std::string precision = "fp32";
   // Held-out evaluation (docs/data.md, "Held-out data"): the mean loss over the first eval_batches
   // global batches of the held-out sequences, after every eval_every-th step and the last.
   int64_t eval_every = 0;       // 0 = off; > 0 needs held-out data (data.eval_fraction or data.eval_path)

@@ -471,6 +471,9 @@ void validate(const Config& cfg, int world_size) {
   if (cfg.train.device != "cpu" && cfg.train.device != "cuda" && cfg.train.device != "cpu_detached")
     ck.fail(ck.head("train.device") + ": must be 'cpu', 'cuda' (each rank's GPU) or 'cpu_detached' (the CPU "
             "backend with its memory out of the host's reach, docs/backend.md), not '" + cfg.train.device + "'");
+  if (cfg.train.precision != "fp32" && cfg.train.precision != "tf32" && cfg.train.precision != "bf16")
+    ck.fail(ck.head("train.precision") + ": must be 'fp32', 'tf32' or 'bf16' (the matrix products' inputs; "
+            "docs/backend.md), not '" + cfg.train.precision + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
   check_eval(cfg, ck);
   check_parallel(a, world_size, ck);

@@ -244,22 +244,28 @@ class CudaBackend final : public Backend {
     Check c("linear_fwd", this);
     const auto d = ct::linear_fwd(c, x, w, y);
     // row-major y[M,N] = x[M,K] w[N,K]^T is column-major y^T[N,M] = w^T x^T
-    gemm("linear_fwd", CUBLAS_OP_T, CUBLAS_OP_N, d.N, d.M, d.K, w.ptr, d.K, x.ptr, d.K, 0.0f, y.ptr, d.N,
-         c.storage(), c.storage());
+    Tensor xb, wb;
+    const DType in = product_inputs(c.storage(), {{&x, &xb}, {&w, &wb}});
+    gemm("linear_fwd", CUBLAS_OP_T, CUBLAS_OP_N, d.N, d.M, d.K, w.ptr, d.K, x.ptr, d.K, 0.0f, y.ptr, d.N, in,
+         c.storage());
   }
   void linear_bwd_input(V dy, V w, O dx, bool accumulate) override {
     Check c("linear_bwd_input", this);
     const auto d = ct::linear_bwd_input(c, dy, w, dx);
     // dx[M,K] = dy[M,N] w[N,K]: column-major dx^T[K,M] = w^T[K,N] dy^T[N,M]
+    Tensor dyb, wb;
+    const DType in = product_inputs(c.storage(), {{&dy, &dyb}, {&w, &wb}});
     gemm("linear_bwd_input", CUBLAS_OP_N, CUBLAS_OP_N, d.K, d.M, d.N, w.ptr, d.K, dy.ptr, d.N,
-         accumulate ? 1.0f : 0.0f, dx.ptr, d.K, c.storage(), c.storage());
+         accumulate ? 1.0f : 0.0f, dx.ptr, d.K, in, c.storage());
   }
   void linear_bwd_weight(V dy, V x, O dw) override {
     Check c("linear_bwd_weight", this);
     const auto d = ct::linear_bwd_weight(c, dy, x, dw);
     // dw[N,K] += dy[M,N]^T x[M,K]: column-major dw^T[K,N] += x^T[K,M] dy[M,N]; dw is f32
+    Tensor dyb, xb;
+    const DType in = product_inputs(c.storage(), {{&dy, &dyb}, {&x, &xb}});
     gemm("linear_bwd_weight", CUBLAS_OP_N, CUBLAS_OP_T, d.K, d.N, d.M, x.ptr, d.K, dy.ptr, d.N, 1.0f, dw.ptr,
-         d.K, c.storage(), DType::DTYPE_F32);
+         d.K, in, DType::DTYPE_F32);
   }
   void rmsnorm_fwd(V x, V w, O y, O rstd, float eps) override {
     Check c("rmsnorm_fwd", this);
@@ -543,6 +549,20 @@ class CudaBackend final : public Backend {
     PIPER_CUDA_CHECK(cudaMemcpyAsync(host_scalar_, scalar_, sizeof(double), cudaMemcpyDeviceToHost, current()));
     PIPER_CUDA_CHECK(cudaStreamSynchronize(current()));
     return *host_scalar_;
+  }
+
+  // The storage type a product's inputs enter cuBLAS in: bf16 copies of f32 inputs for bf16 products (each
+  // view repointed to its copy, which `scratch` holds until the op returns), else the storage as it is.
+  DType product_inputs(DType storage, std::initializer_list<std::pair<ConstTensorView*, Tensor*>> inputs) {
+    if (storage != DType::DTYPE_F32 || matmul_ != MatmulPrecision::MATMUL_BF16) return storage;
+    for (const auto& [v, scratch] : inputs) {
+      *scratch = Tensor(*this, v->shape, MemCategory::MEM_BUFFERS, DType::DTYPE_BF16);
+      kc::to_bf16(static_cast<const float*>(v->ptr), static_cast<__nv_bfloat16*>(scratch->view().ptr), v->numel(),
+                  current());
+      v->ptr = scratch->view().ptr;
+      v->dtype = DType::DTYPE_BF16;
+    }
+    return DType::DTYPE_BF16;
   }
 
   // f32 accumulation; f32 inputs rounded to TF32 when asked (bf16 inputs are bf16 either way).

@@ -724,16 +724,32 @@ std::map<Op, Case> cases() {
   };
 }
 
-// The backend and storage type a run of the op runner uses, by name: "cpu", "cpu_detached" and
-// "cuda" (f32), "cpu_bf16" and "cuda_bf16", and "cuda_tf32" (f32 with TF32 products). A GPU backend this machine lacks skips its cases, saying why (ctest
-// counts them as not run: docs/testing.md).
+// A run of the op runner: the backend, the storage type and the precision of the products, by name:
+// "cpu", "cpu_detached", "cuda" (f32); "cpu_bf16", "cuda_bf16" (bf16 storage); "cuda_tf32" (TF32 products);
+// "cpu_bf16mm", "cuda_bf16mm" (f32 storage, bf16 products: train.precision bf16). A GPU backend this
+// machine lacks skips its cases, saying why (ctest counts them as not run: docs/testing.md).
+struct RunMode {
+  DType storage;
+  MatmulPrecision products;
+  const char* label;
+};
+RunMode run_named(const std::string& which) {
+  const auto ends = [&](const char* tail) {
+    const std::string t = tail;
+    return which.size() > t.size() && which.compare(which.size() - t.size(), t.size(), t) == 0;
+  };
+  if (ends("_bf16")) return {DType::DTYPE_BF16, MatmulPrecision::MATMUL_FP32, "bf16"};
+  if (ends("_tf32")) return {DType::DTYPE_F32, MatmulPrecision::MATMUL_TF32, "tf32"};
+  if (ends("_bf16mm")) return {DType::DTYPE_F32, MatmulPrecision::MATMUL_BF16, "bfmm"};
+  return {DType::DTYPE_F32, MatmulPrecision::MATMUL_FP32, "f32"};
+}
+
 class OnBackend : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   const std::string& which = GetParam();
-  const bool bf16 = which.size() > 5 && which.compare(which.size() - 5, 5, "_bf16") == 0;
-  const bool tf32 = which.size() > 5 && which.compare(which.size() - 5, 5, "_tf32") == 0;
-  const DType storage = bf16 ? DType::DTYPE_BF16 : DType::DTYPE_F32;
+  const RunMode mode = run_named(which);
+  const DType storage = mode.storage;
   Backend* be = which.rfind("cpu_detached", 0) == 0 ? &cpu_detached() : &cpu();
   if (which.rfind("cuda", 0) == 0) {
     std::string why;
@@ -741,8 +757,8 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
     if (!be) GTEST_SKIP() << "GPU test not run: " << why;
   }
   const auto table = cases();
-  const char* precision = tf32 ? "tf32" : dtype_name(storage);
-  be->set_matmul_precision(tf32 ? MatmulPrecision::MATMUL_TF32 : MatmulPrecision::MATMUL_FP32);
+  const char* precision = mode.label;
+  be->set_matmul_precision(mode.products);
   struct Restore {
     Backend* be;
     ~Restore() { be->set_matmul_precision(MatmulPrecision::MATMUL_FP32); }
@@ -755,9 +771,12 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
       ADD_FAILURE() << "op " << op_name(op) << " of the backend op table has no case in the op runner";
       continue;
     }
-    const double tol = storage == DType::DTYPE_BF16 ? it->second.tol_bf16
-                       : tf32 && is_product(op)       ? kTf32Products
-                                                      : it->second.tol;
+    // bf16 products round their inputs as bf16 storage does: the products' bf16 tolerance.
+    const bool rounded = is_product(op) && mode.products != MatmulPrecision::MATMUL_FP32;
+    const double tol = storage == DType::DTYPE_BF16                                     ? it->second.tol_bf16
+                       : rounded && mode.products == MatmulPrecision::MATMUL_TF32 ? kTf32Products
+                       : rounded                                                  ? it->second.tol_bf16
+                                                                                  : it->second.tol;
     for (const auto& [out, err] : it->second.run(dev)) {
       const bool ok = err <= tol;  // false for NaN: an output left unwritten
       std::printf("[ %-4s ] %-4s %-4s %-18s %-28s max rel err %.3e (tol %.0e)\n", ok ? "ok" : "FAIL", be->name(),
@@ -768,7 +787,8 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cpu_detached", "cuda", "cuda_bf16", "cuda_tf32"),
+INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cpu_bf16mm", "cpu_detached", "cuda", "cuda_bf16",
+                                                            "cuda_tf32", "cuda_bf16mm"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Every backend the process has is one the op runner names: the CPU first, then the CUDA
