@@ -272,7 +272,6 @@ class Backend {
   virtual bool supports(DType storage) const = 0;
   // The precision of f32 matrix products from now on (linear_*; MATMUL_FP32 to begin with).
   virtual void set_matmul_precision(MatmulPrecision p) = 0;
-  virtual MatmulPrecision matmul_precision() const = 0;
   // Elements of the state ssd_fwd saves for ssd_bwd.
   virtual int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const = 0;
 

@@ -141,24 +141,23 @@ class Widened {
   Widened(const Widened&) = delete;
   Widened& operator=(const Widened&) = delete;
 
-  // Scratch for the kernels, at its local address, alive as long as the op.
-  float* scratch(int64_t n) { return local(n); }
+  // Scratch of n floats for the kernels, at its local address, alive as long as the op.
+  float* scratch(int64_t n) {
+    copies_.emplace_back(be_, n, MemCategory::MEM_BUFFERS);
+    return static_cast<float*>(at_.local(copies_.back().data()));
+  }
   // A bf16 product's inputs: each view replaced by a copy rounded to bf16 (kept as f32).
   void round_to_bf16(std::initializer_list<ConstTensorView*> in) {
     for (ConstTensorView* v : in) {
-      float* r = local(v->numel());
+      float* r = scratch(v->numel());
       k::round_to_bf16(v->f32(), r, v->numel());
       v->ptr = r;
     }
   }
 
  private:
-  float* local(int64_t n) {
-    copies_.emplace_back(be_, n, MemCategory::MEM_BUFFERS);
-    return static_cast<float*>(at_.local(copies_.back().data()));
-  }
   float* widen(const void* bf16, int64_t n) {
-    float* wide = local(n);
+    float* wide = scratch(n);
     k::bf16_to_f32(static_cast<const uint16_t*>(bf16), wide, n);
     return wide;
   }
@@ -173,6 +172,9 @@ class Widened {
   std::vector<Out> outs_;
 };
 
+// Every block, device or host, is a whole number of 64-byte lines.
+size_t rounded_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(bool detached) : at_(detached) {}
@@ -186,7 +188,7 @@ class CpuBackend final : public Backend {
   // sizes every time, and fresh pages would cost a page fault each.
   void* allocate(size_t bytes, MemCategory c) override {
     if (bytes == 0) return nullptr;
-    const size_t rounded = (bytes + 63) / 64 * 64;
+    const size_t rounded = rounded_size(bytes);
     void* p = nullptr;
     auto it = cache_.find(rounded);
     if (it != cache_.end() && !it->second.empty()) {
@@ -202,7 +204,7 @@ class CpuBackend final : public Backend {
   }
   void deallocate(void* p, size_t bytes, MemCategory c) override {
     if (!p) return;
-    const size_t rounded = (bytes + 63) / 64 * 64;
+    const size_t rounded = rounded_size(bytes);
     cache_[rounded].push_back(at_.local(p));
     cached_bytes_ += rounded;
     stats_.add(c, -static_cast<int64_t>(bytes));
@@ -228,7 +230,7 @@ class CpuBackend final : public Backend {
   // The host's own memory: a host buffer is what the detached backend stages through.
   void* allocate_host(size_t bytes) override {
     if (bytes == 0) return nullptr;
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, rounded_size(bytes));
     if (!p) throw std::bad_alloc();
     return p;
   }
@@ -252,7 +254,6 @@ class CpuBackend final : public Backend {
   bool supports(DType) const override { return true; }  // bf16 through Widened
   // No TF32 units: TF32 products stay f32; bf16 products round their inputs (the GPU's arithmetic).
   void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
-  MatmulPrecision matmul_precision() const override { return matmul_; }
   bool bf16_products() const { return matmul_ == MatmulPrecision::MATMUL_BF16; }
   int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const override {
     return k::ssd_saved_size(ct::ssd_shape_of(x, Bm, chunk));
@@ -521,8 +522,8 @@ class CpuBackend final : public Backend {
  private:
   void check_stream(const char* what, int stream) const {
     if (stream != 0)
-      throw std::invalid_argument(std::string("backend cpu: ") + what + " on stream " +
-                                  std::to_string(stream) + "; the cpu backend has stream 0 only");
+      throw std::invalid_argument(std::string("backend ") + name() + ": " + what + " on stream " +
+                                  std::to_string(stream) + "; the " + name() + " backend has stream 0 only");
   }
   Addresses at_;
   MatmulPrecision matmul_ = MatmulPrecision::MATMUL_FP32;

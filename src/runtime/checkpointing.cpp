@@ -48,6 +48,18 @@ void for_each_stretch(const state::Piece& p, F&& f) {
     }
 }
 
+// Calls f(local offset, position in the staging buffer, length) for each run of a piece: a staging buffer holds
+// the runs back to back, in order.
+template <class F>
+void for_each_staged_run(const state::Piece& p, F&& f) {
+  size_t at = 0;
+  for (size_t r = 0; r < p.runs.size(); ++r) {
+    const auto n = static_cast<size_t>(p.runs[r].size());
+    f(p.local_offsets[r], at, n);
+    at += n;
+  }
+}
+
 std::vector<checkpoint::Run> runs_of(const std::vector<state::Run>& runs, size_t a, size_t b) {
   std::vector<checkpoint::Run> out;
   for (size_t r = a; r < b; ++r) out.push_back({runs[r].begin, runs[r].end});
@@ -199,11 +211,9 @@ std::vector<checkpoint::Piece> Checkpointer::pieces_to_write() {
     backend::HostBuffer& data = staged_[i];
     if (data.size() != static_cast<size_t>(state::total(p.runs)))
       data = backend::HostBuffer(device, static_cast<size_t>(state::total(p.runs)));
-    size_t at = 0;
-    for (size_t r = 0; r < p.runs.size(); ++r) {
-      device.to_host(data.data() + at, base + p.local_offsets[r], p.runs[r].size() * sizeof(float));
-      at += p.runs[r].size();
-    }
+    for_each_staged_run(p, [&](int64_t local, size_t at, size_t n) {
+      device.to_host(data.data() + at, base + local, n * sizeof(float));
+    });
     mine.push_back({name, runs_of(p.runs, 0, p.runs.size()), data.data()});
   }
   return mine;
@@ -311,11 +321,9 @@ void Checkpointer::land_read() {
   for (size_t i = 0; i < held.size(); ++i) {
     const state::Piece& p = held[i];
     float* base = rt_.state_buffer(p);
-    size_t at = 0;
-    for (size_t r = 0; r < p.runs.size(); ++r) {
-      rt_.device().to_device(base + p.local_offsets[r], reads_[i].data() + at, p.runs[r].size() * sizeof(float));
-      at += p.runs[r].size();
-    }
+    for_each_staged_run(p, [&](int64_t local, size_t at, size_t n) {
+      rt_.device().to_device(base + local, reads_[i].data() + at, n * sizeof(float));
+    });
   }
   reads_.clear();
 }

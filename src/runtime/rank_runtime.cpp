@@ -52,12 +52,6 @@ void load_batch(const data::TokenFile& tf, const data::TokenRange& range, const 
   for (int i = 0; i < n_mb; ++i) b.mbs.push_back({ids + i * per * T, ids + n + i * per * T, per, T, scale});
 }
 
-// `world` as the runtime's groups use it: through host staging where the device is one the host cannot
-// address (the MPI communicator reads and writes host memory).
-std::unique_ptr<comm::Communicator> staged_world(comm::Communicator& world, backend::Backend& device) {
-  if (device.host_addressable()) return nullptr;
-  return std::make_unique<comm::StagedCommunicator>(world, device);
-}
 
 // A group of the plan's ranks as the world ranks Communicator::split takes.
 std::vector<int> in_world(const comm::Communicator& world, std::vector<int> ranks) {
@@ -78,7 +72,7 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       grid_(plan_.strategy.dims()),
       device_(backend::named(cfg.train.device)),
       host_world_(world),
-      staged_(staged_world(world, device_)),
+      staged_(comm::staged_for(world, device_)),
       world_(staged_ ? *staged_ : world),
       dp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP)), "dp")),
       tp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP)), "tp")),

@@ -90,8 +90,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
                backend::Backend& be, MoveFigures& fig) {
   const int me = host_members.rank();
   // The state lives on `be`: messages go through host staging where the host cannot address it.
-  std::unique_ptr<comm::StagedCommunicator> staged;
-  if (!be.host_addressable()) staged = std::make_unique<comm::StagedCommunicator>(host_members, be);
+  const std::unique_ptr<comm::Communicator> staged = comm::staged_for(host_members, be);
   comm::Communicator& members = staged ? *staged : host_members;
   // Staging, counted as buffers: one message out, one in, as large as this process's largest.
   int64_t largest_out = 0, largest_in = 0;

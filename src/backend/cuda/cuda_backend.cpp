@@ -117,7 +117,7 @@ class CudaBackend final : public Backend {
   // current when it is allocated, or on one ordered after it.
   void* allocate(size_t bytes, MemCategory c) override {
     if (bytes == 0) return nullptr;
-    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    const size_t rounded = rounded_size(bytes);
     void* p = nullptr;
     auto it = cache_.find(rounded);
     if (it != cache_.end() && !it->second.empty()) {
@@ -137,7 +137,7 @@ class CudaBackend final : public Backend {
   }
   void deallocate(void* p, size_t bytes, MemCategory c) override {
     if (!p) return;
-    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    const size_t rounded = rounded_size(bytes);
     Cached blk{p, {}};
     for (cudaStream_t s : streams_) {
       cudaEvent_t e = take_event();
@@ -165,7 +165,7 @@ class CudaBackend final : public Backend {
   // have waited for their copies before they returned.
   void* allocate_host(size_t bytes) override {
     if (bytes == 0) return nullptr;
-    const size_t rounded = (bytes + 511) / 512 * 512;
+    const size_t rounded = rounded_size(bytes);
     std::lock_guard<std::mutex> lock(host_mutex_);
     auto it = host_cache_.find(rounded);
     if (it != host_cache_.end() && !it->second.empty()) {
@@ -184,7 +184,7 @@ class CudaBackend final : public Backend {
   void deallocate_host(void* p, size_t bytes) override {
     if (!p) return;
     std::lock_guard<std::mutex> lock(host_mutex_);
-    host_cache_[(bytes + 511) / 512 * 512].push_back(p);
+    host_cache_[rounded_size(bytes)].push_back(p);
   }
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) PIPER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, current()));
@@ -234,7 +234,6 @@ class CudaBackend final : public Backend {
 
   bool supports(DType storage) const override { return storage != DType::DTYPE_I32; }
   void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
-  MatmulPrecision matmul_precision() const override { return matmul_; }
   int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const override {
     return kc::ssd_saved_numel(ct::ssd_shape_of(x, Bm, chunk));
   }
@@ -531,6 +530,8 @@ class CudaBackend final : public Backend {
   };
 
   cudaStream_t current() const { return streams_[static_cast<size_t>(stream_)]; }
+  // Blocks, device and page-locked host ones, are cached in whole granules of kAlign bytes.
+  static size_t rounded_size(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
   void release_host_cache() {
     for (auto& [size, blocks] : host_cache_)
@@ -640,9 +641,6 @@ class CudaBackend final : public Backend {
   size_t cached_bytes_ = 0;
 };
 
-}  // namespace
-
-namespace {
 // This process's index among the ranks of its node, as the launchers say it (Open MPI, Slurm,
 // torchrun's convention), 0 without one: ranks of a node take its GPUs in turn.
 int local_rank() {
