@@ -267,6 +267,9 @@ class Backend {
   virtual Event record(int stream) = 0;
   virtual void wait(int stream, Event e) = 0;  // later work on `stream` waits for e
   virtual void synchronize(int stream) = 0;    // the host waits for the stream
+  // The platform's handle of the current stream, for a library that queues its own work on the
+  // device in order with the backend's (NCCL): a cudaStream_t on CUDA, nullptr on the CPU.
+  virtual void* native_stream() = 0;
 
   // Storage types the op table computes on (i32 index tensors always).
   virtual bool supports(DType storage) const = 0;

@@ -241,6 +241,7 @@ class CpuBackend final : public Backend {
   // One stream: every op has finished when its call returns, so events are already complete.
   int stream_count() const override { return 1; }
   void set_stream(int stream) override { check_stream("set_stream", stream); }
+  void* native_stream() override { return nullptr; }
   Event record(int stream) override {
     check_stream("record", stream);
     return {stream, ++events_};

@@ -1,5 +1,6 @@
 // agreement.cpp — bounded agreement and bounded waits over raw MPI (agreement.hpp).
 #include "comm/agreement.hpp"
+#include "comm/op_info.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -54,7 +55,7 @@ std::string seconds(double s) {
   return b;
 }
 
-std::string here() { return "world rank " + std::to_string(mpi_world_rank()) + " (host " + mpi_host_name() + ")"; }
+std::string here() { return rank_and_host(mpi_world_rank()); }
 
 // Polls until `done` or the deadline; false at the deadline. Sleeps between polls, from 50 us up to 5 ms,
 // so a long wait costs no core.

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "comm/mpi_comm.hpp"
+#include "comm/op_info.hpp"
 
 namespace piper::comm {
 
@@ -39,12 +40,11 @@ constexpr uint32_t kPing = 1, kPong = 2;
 in_addr host_address() {
   in_addr a{};
   a.s_addr = htonl(INADDR_LOOPBACK);
-  char name[256] = {0};
-  if (::gethostname(name, sizeof name - 1) != 0) return a;
+  const std::string& name = host_name();
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
-  if (::getaddrinfo(name, nullptr, &hints, &res) != 0 || !res) return a;
+  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0 || !res) return a;
   a = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
   ::freeaddrinfo(res);
   return a;

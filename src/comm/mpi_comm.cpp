@@ -2,6 +2,7 @@
 #include "comm/mpi_comm.hpp"
 
 #include "comm/liveness.hpp"
+#include "comm/op_info.hpp"
 
 #include <mpi.h>
 
@@ -38,50 +39,9 @@ std::string mpi_error_string(int rc) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-std::string where() {
-  return "world rank " + std::to_string(mpi_world_rank()) + " (host " + mpi_host_name() + ")";
-}
+std::string where() { return rank_and_host(mpi_world_rank()); }
 
 // ---- one operation ----------------------------------------------------------------
-
-enum class OpKind { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLTOALL, OP_BARRIER };
-
-const char* op_name(OpKind k) {
-  switch (k) {
-    case OpKind::OP_SEND: return "send";
-    case OpKind::OP_RECV: return "recv";
-    case OpKind::OP_ALLREDUCE: return "allreduce";
-    case OpKind::OP_REDUCE_SCATTER: return "reduce_scatter";
-    case OpKind::OP_ALLGATHER: return "allgather";
-    case OpKind::OP_ALLTOALL: return "alltoall";
-    case OpKind::OP_BARRIER: return "barrier";
-  }
-  return "?";
-}
-
-// What an error message says about an operation.
-struct OpInfo {
-  OpKind kind = OpKind::OP_SEND;
-  std::string group;    // the communicator's name
-  int group_rank = -1;  // this rank in it
-  int group_size = 0;
-  int peer = -1;        // p2p: group rank of the peer
-  int peer_world = -1;  // p2p: its world rank
-  int tag = -1;         // p2p only
-  size_t bytes = 0;     // this rank's payload (send or receive side)
-
-  std::string describe() const {
-    std::ostringstream s;
-    s << op_name(kind);
-    if (kind == OpKind::OP_SEND || kind == OpKind::OP_RECV) {
-      s << (kind == OpKind::OP_SEND ? " to" : " from") << " peer " << peer << " (world rank " << peer_world
-        << ") of " << group << ", " << bytes << " bytes, tag " << tag;
-    } else {
-      s << " on " << group << " (rank " << group_rank << " of " << group_size << "), " << bytes << " bytes";
-    }
-    return s.str();
-  }
-};
 
 // Shared by the Request and (with a progress thread) the engine that polls it.
 struct OpState {

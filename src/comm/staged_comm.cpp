@@ -106,11 +106,6 @@ Request StagedCommunicator::ialltoallv(const float* in, const std::vector<int64_
   });
 }
 
-std::unique_ptr<Communicator> staged_for(Communicator& host, backend::Backend& device) {
-  if (device.host_addressable()) return nullptr;
-  return std::make_unique<StagedCommunicator>(host, device);
-}
-
 std::unique_ptr<Communicator> StagedCommunicator::split_impl(const std::vector<int>& world_ranks,
                                                              const std::string& label) {
   std::unique_ptr<Communicator> group = host_->split(world_ranks, label);

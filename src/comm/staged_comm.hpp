@@ -52,8 +52,4 @@ class StagedCommunicator final : public Communicator {
   backend::Backend& device_;
 };
 
-// `host` as buffers on `device` need it: a StagedCommunicator over it where the host cannot address the
-// device, nullptr where `host` serves the device's buffers as they are.
-std::unique_ptr<Communicator> staged_for(Communicator& host, backend::Backend& device);
-
 }  // namespace piper::comm

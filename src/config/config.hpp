@@ -68,6 +68,10 @@ struct TrainConfig {
   // Where a rank's tensors live and its ops run (docs/backend.md): cpu | cuda (the rank's GPU) |
   // cpu_detached (the CPU backend with its memory out of the host's reach, a check of the runtime).
   std::string device = "cpu";
+  // How tensors on a device the host cannot address travel between ranks (docs/comm.md, "Device
+  // buffers"): auto (NCCL where every rank has a GPU of its own, else mpi) | nccl | mpi (the MPI
+  // communicator through page-locked host staging; two ranks may share a GPU).
+  std::string device_comm = "auto";
   // The precision of the matrix products (docs/backend.md): fp32 | tf32 (TF32 inputs where the device has
   // TF32 units; the CPU computes fp32) | bf16 (bf16 inputs, fp32 accumulation, master weights, gradients,
   // optimiser state and checkpoints).

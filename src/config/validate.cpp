@@ -471,6 +471,12 @@ void validate(const Config& cfg, int world_size) {
   if (cfg.train.device != "cpu" && cfg.train.device != "cuda" && cfg.train.device != "cpu_detached")
     ck.fail(ck.head("train.device") + ": must be 'cpu', 'cuda' (each rank's GPU) or 'cpu_detached' (the CPU "
             "backend with its memory out of the host's reach, docs/backend.md), not '" + cfg.train.device + "'");
+  if (cfg.train.device_comm != "auto" && cfg.train.device_comm != "nccl" && cfg.train.device_comm != "mpi")
+    ck.fail(ck.head("train.device_comm") + ": must be 'auto', 'nccl' or 'mpi' (host staging; docs/comm.md), not '" +
+            cfg.train.device_comm + "'");
+  else if (cfg.train.device_comm == "nccl" && cfg.train.device != "cuda")
+    ck.fail(ck.head("train.device_comm") + ": 'nccl' moves GPU tensors and needs train.device: cuda, not '" +
+            cfg.train.device + "'; use 'auto'");
   if (cfg.train.precision != "fp32" && cfg.train.precision != "tf32" && cfg.train.precision != "bf16")
     ck.fail(ck.head("train.precision") + ": must be 'fp32', 'tf32' or 'bf16' (the matrix products' inputs; "
             "docs/backend.md), not '" + cfg.train.precision + "'");

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/staged_comm.hpp"
+#include "comm/device_comm.hpp"
 #include "ir/world_play.hpp"
 
 namespace piper::runtime {
@@ -72,8 +72,8 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       grid_(plan_.strategy.dims()),
       device_(backend::named(cfg.train.device)),
       host_world_(world),
-      staged_(comm::staged_for(world, device_)),
-      world_(staged_ ? *staged_ : world),
+      device_world_(comm::for_device(world, device_, comm::device_comm_named(cfg.train.device_comm))),
+      world_(device_world_ ? *device_world_ : world),
       dp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP)), "dp")),
       tp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP)), "tp")),
       ep_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_EP)), "ep")),

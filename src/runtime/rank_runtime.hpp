@@ -123,8 +123,9 @@ class RankRuntime {
   const ir::ParallelDims grid_;
   backend::Backend& device_;  // train.device: where the rank's tensors live
   comm::Communicator& host_world_;
-  std::unique_ptr<comm::Communicator> staged_;  // the world through host staging, for a device the host cannot address
-  comm::Communicator& world_;                   // the world the groups come from: *staged_ or the one given
+  // The world for a device the host cannot address: NCCL, or host staging (comm::for_device).
+  std::unique_ptr<comm::Communicator> device_world_;
+  comm::Communicator& world_;  // the world the groups come from: *device_world_ or the one given
   std::unique_ptr<comm::Communicator> dp_, tp_, ep_, edp_;
   const Groups groups_;
   const std::vector<int> held_units_;

@@ -7,7 +7,7 @@
 #include <memory>
 #include <utility>
 
-#include "comm/staged_comm.hpp"
+#include "comm/device_comm.hpp"
 #include "state/switch_plan.hpp"
 
 namespace piper::runtime {
@@ -89,8 +89,10 @@ bool holds(const Side& s, int unit) { return s.rt && s.rt->model().holds(unit); 
 void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Communicator& host_members,
                backend::Backend& be, MoveFigures& fig) {
   const int me = host_members.rank();
-  // The state lives on `be`: messages go through host staging where the host cannot address it.
-  const std::unique_ptr<comm::Communicator> staged = comm::staged_for(host_members, be);
+  // The state lives on `be`: messages go through host staging where the host cannot address it (a switch
+  // moves each block once; an NCCL communicator for it would cost more to create than it saves).
+  const std::unique_ptr<comm::Communicator> staged =
+      comm::for_device(host_members, be, comm::DeviceComm::DEVICE_COMM_MPI);
   comm::Communicator& members = staged ? *staged : host_members;
   // Staging, counted as buffers: one message out, one in, as large as this process's largest.
   int64_t largest_out = 0, largest_in = 0;

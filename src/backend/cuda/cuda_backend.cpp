@@ -208,6 +208,7 @@ class CudaBackend final : public Backend {
 
   // ---- streams and events
   int stream_count() const override { return kStreams; }
+  void* native_stream() override { return current(); }
   void set_stream(int stream) override {
     check_stream("set_stream", stream);
     stream_ = stream;

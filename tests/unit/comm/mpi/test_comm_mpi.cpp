@@ -17,6 +17,7 @@
 #include "backend/backend.hpp"
 #include "comm/comm.hpp"
 #include "comm/mpi_comm.hpp"
+#include "comm/nccl_comm.hpp"
 #include "comm/staged_comm.hpp"
 #include "ir/parallel_dims.hpp"
 
@@ -169,28 +170,27 @@ TEST(CommMpi, AlltoallvMovesVariableBlocks) {
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
-// ---- device buffers through host staging ------------------------------------------------
+// ---- device buffers: host staging and NCCL ----------------------------------------------
 
-// Floats of a host vector in a tensor of the detached CPU backend, whose memory the host cannot read,
-// and back: what the staged communicator's buffers are.
-backend::Tensor on_device(const std::vector<float>& host) {
-  backend::Tensor t(backend::cpu_detached(), std::max<int64_t>(1, static_cast<int64_t>(host.size())),
-                    backend::MemCategory::MEM_BUFFERS);
+// Floats of a host vector in a tensor of a device the host cannot address, and back.
+backend::Tensor on_device(backend::Backend& be, const std::vector<float>& host) {
+  backend::Tensor t(be, std::max<int64_t>(1, static_cast<int64_t>(host.size())), backend::MemCategory::MEM_BUFFERS);
   t.zero();
-  backend::cpu_detached().to_device(t.data(), host.data(), host.size() * sizeof(float));
+  be.to_device(t.data(), host.data(), host.size() * sizeof(float));
   return t;
 }
-std::vector<float> to_host(const backend::Tensor& t, size_t n) {
+std::vector<float> to_host(backend::Backend& be, const backend::Tensor& t, size_t n) {
   std::vector<float> host(n);
-  backend::cpu_detached().to_host(host.data(), t.data(), n * sizeof(float));
+  be.to_host(host.data(), t.data(), n * sizeof(float));
   return host;
 }
 
-// Every operation on device buffers lands the same floats as the host operation on host buffers.
-TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
+// Every operation of `dev` on buffers of `be` lands the same floats as the host operation on host buffers.
+void expect_device_comm_matches_the_host(Communicator& dev, backend::Backend& be) {
   const int r = world().rank(), p = world().size();
   const size_t P = static_cast<size_t>(p), n = 1000;
-  StagedCommunicator dev(world(), backend::cpu_detached());
+  auto on_device = [&](const std::vector<float>& host) { return ::piper::comm::on_device(be, host); };
+  auto to_host = [&](const backend::Tensor& t, size_t k) { return ::piper::comm::to_host(be, t, k); };
   EXPECT_EQ(dev.rank(), r);
   EXPECT_EQ(dev.size(), p);
   std::vector<float> in(n * P);
@@ -245,7 +245,7 @@ TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
     EXPECT_EQ(got[1], static_cast<float>((prev + 1) * 2));
     EXPECT_EQ(got.back(), static_cast<float>((prev + 1) * static_cast<int>((in.size() - 1) % 500 + 1)));
   }
-  {  // a group split from it is staged too: the even and the odd ranks
+  {  // a group split from it moves device buffers too: the even and the odd ranks
     std::vector<int> members;
     for (int i = r % 2; i < p; i += 2) members.push_back(i);
     std::unique_ptr<Communicator> group = dev.split(members, "parity");
@@ -256,6 +256,24 @@ TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
     for (int m : members) sum += static_cast<float>(m);
     EXPECT_EQ(to_host(d, 8), std::vector<float>(8, sum));
   }
+}
+
+TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
+  StagedCommunicator dev(world(), backend::cpu_detached());
+  expect_device_comm_matches_the_host(dev, backend::cpu_detached());
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// The same through NCCL, on one GPU per rank (a GPU test: not run where the ranks have none, or share one).
+TEST(CommMpi, NcclDeviceBuffersMatchTheHostOperations) {
+  std::string why;
+  backend::Backend* gpu = backend::cuda(&why);
+  std::unique_ptr<Communicator> dev;
+  if (gpu) dev = make_nccl(world(), *gpu, &why);  // collective: every rank gets the same answer
+  double have = dev ? 1 : 0;
+  world().allreduce_double(&have, 1);
+  if (have < world().size()) GTEST_SKIP() << "GPU test not run: " << why;
+  expect_device_comm_matches_the_host(*dev, *gpu);
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 

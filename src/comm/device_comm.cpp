@@ -1,0 +1,37 @@
+// device_comm.cpp — the choice between NCCL and host staging for a device's tensors.
+#include "comm/device_comm.hpp"
+
+#include <stdexcept>
+
+#include "comm/nccl_comm.hpp"
+#include "comm/staged_comm.hpp"
+
+namespace piper::comm {
+
+#ifndef PIPER_HAVE_CUDA
+std::unique_ptr<Communicator> make_nccl(Communicator&, backend::Backend&, std::string* why) {
+  if (why) *why = "this build has no CUDA backend and so no NCCL (configured with -DPIPER_CUDA=OFF)";
+  return nullptr;
+}
+#endif
+
+DeviceComm device_comm_named(const std::string& name) {
+  if (name == "auto") return DeviceComm::DEVICE_COMM_AUTO;
+  if (name == "nccl") return DeviceComm::DEVICE_COMM_NCCL;
+  if (name == "mpi") return DeviceComm::DEVICE_COMM_MPI;
+  throw std::invalid_argument("device communicator '" + name + "': not one of auto, nccl, mpi");
+}
+
+std::unique_ptr<Communicator> for_device(Communicator& host, backend::Backend& device, DeviceComm how) {
+  if (device.host_addressable()) return nullptr;
+  if (how != DeviceComm::DEVICE_COMM_MPI) {
+    std::string why;
+    if (std::unique_ptr<Communicator> nccl = make_nccl(host, device, &why)) return nccl;
+    if (how == DeviceComm::DEVICE_COMM_NCCL)
+      throw CommError("piper comm: NCCL cannot serve " + host.name() + ": " + why +
+                      "; set train.device_comm: mpi (host staging) or auto");
+  }
+  return std::make_unique<StagedCommunicator>(host, device);
+}
+
+}  // namespace piper::comm

@@ -1,0 +1,522 @@
+// nccl_comm.cpp — the NCCL communicator (comm/nccl_comm.hpp): lanes, events, timeouts, splits.
+#include "comm/nccl_comm.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/op_info.hpp"
+
+namespace piper::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Clock::time_point deadline_after(double s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CommError(std::string("piper comm: CUDA ") + what + " failed: " + cudaGetErrorString(e));
+}
+
+std::string nccl_text(ncclResult_t r, ncclComm_t c) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = c ? ncclGetLastError(c) : nullptr;
+  if (last && *last) s += std::string(" (") + last + ")";
+  return s;
+}
+
+// Backs off from a yield to 1 ms between polls of something that has not finished.
+class Backoff {
+ public:
+  void pause() {
+    if (us_ == 0) {
+      std::this_thread::yield();
+      us_ = 10;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(us_));
+    us_ = std::min(us_ * 2, 1000);
+  }
+
+ private:
+  int us_ = 0;
+};
+
+enum Lane : size_t { kCollective = 0, kUp = 1, kDown = 2 };
+constexpr size_t kLanes = 3;
+const char* lane_name(size_t lane) { return lane == kCollective ? "collectives" : lane == kUp ? "up" : "down"; }
+
+// What the world and its splits share: the rank's identity for messages, options, and a pool of events.
+struct Context {
+  CommOptions options;
+  int world_rank = -1;
+  std::vector<cudaEvent_t> free_events;
+
+  ~Context() {
+    for (cudaEvent_t e : free_events) cudaEventDestroy(e);
+  }
+  cudaEvent_t event() {
+    if (!free_events.empty()) {
+      cudaEvent_t e = free_events.back();
+      free_events.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+  void release(cudaEvent_t e) {
+    if (e) free_events.push_back(e);
+  }
+  std::string where() const { return rank_and_host(world_rank); }
+};
+
+// One NCCL communicator and the stream its operations run on.
+struct LaneState {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  bool aborted = false;
+  std::string why_aborted;
+
+  // Stops the lane's NCCL communicator without waiting for its operations; it serves no more.
+  void abort(std::string why) noexcept {
+    if (aborted) return;
+    ncclCommAbort(comm);
+    comm = nullptr;
+    aborted = true;
+    why_aborted = std::move(why);
+  }
+};
+
+// A non-blocking NCCL call's state after it returned: polls until it is no longer in progress, within the
+// timeout; a failure or a timeout aborts the communicator and throws, saying what was being done.
+void settle(ncclResult_t rc, LaneState& lane, const Context& ctx, const std::string& what) {
+  const auto start = Clock::now();
+  const auto deadline = deadline_after(ctx.options.timeout_s);
+  Backoff backoff;
+  while (rc == ncclInProgress) {
+    if (Clock::now() > deadline) {
+      std::ostringstream msg;
+      msg.setf(std::ios::fixed);
+      msg.precision(2);
+      msg << "piper comm: NCCL timeout on " << ctx.where() << ": " << what << "; waited " << seconds_since(start)
+          << " s (timeout " << ctx.options.timeout_s << " s); the NCCL communicator was aborted";
+      lane.abort(msg.str());
+      throw CommError(lane.why_aborted);
+    }
+    backoff.pause();
+    ncclCommGetAsyncError(lane.comm, &rc);
+  }
+  if (rc != ncclSuccess) {
+    lane.abort("piper comm: NCCL error on " + ctx.where() + ": " + what + ": " + nccl_text(rc, lane.comm));
+    throw CommError(lane.why_aborted);
+  }
+}
+
+// The end of one queued operation: an event on its lane's stream.
+struct Completion {
+  std::shared_ptr<Context> ctx;
+  cudaEvent_t done = nullptr;
+  ~Completion() { ctx->release(done); }
+};
+
+class NcclCommunicator;
+
+class NcclRequest final : public RequestImpl {
+ public:
+  NcclRequest(NcclCommunicator& comm, size_t lane, OpInfo info, std::shared_ptr<Completion> done)
+      : comm_(comm), lane_(lane), info_(std::move(info)), done_(std::move(done)) {}
+  bool test() override;
+  void wait() override;
+  void abandon() noexcept override;
+
+ private:
+  NcclCommunicator& comm_;
+  size_t lane_;
+  OpInfo info_;
+  std::shared_ptr<Completion> done_;  // null until a message to itself is matched
+  Clock::time_point posted_ = Clock::now();
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Takes the lanes; `owned` is the host group of a split (null for the world over the caller's host).
+  NcclCommunicator(std::shared_ptr<Context> ctx, Communicator& host, std::unique_ptr<Communicator> owned,
+                   backend::Backend& device, std::array<LaneState, kLanes> lanes)
+      : ctx_(std::move(ctx)), owned_(std::move(owned)), host_(owned_ ? owned_.get() : &host), device_(device),
+        lanes_(lanes) {}
+  ~NcclCommunicator() override {
+    for (size_t i = 0; i < kLanes; ++i) {
+      LaneState& l = lanes_[i];
+      if (l.comm) {
+        // Queued work finishes first; a lane that cannot finish within the timeout is aborted.
+        try {
+          settle(ncclCommFinalize(l.comm), l, *ctx_, std::string("finalising the ") + lane_name(i) + " lane of " + name());
+        } catch (const CommError&) {
+        }
+        if (l.comm) ncclCommDestroy(l.comm);
+      }
+      if (l.stream) cudaStreamDestroy(l.stream);
+    }
+  }
+
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  int world_rank(int i) const override { return host_->world_rank(i); }
+  const std::string& name() const override { return host_->name(); }
+  const CommOptions& options() const override { return ctx_->options; }
+
+  Request isend(const float* buf, size_t n, int peer, int tag) override {
+    return message(OpKind::OP_SEND, const_cast<float*>(buf), n, peer, tag);
+  }
+  Request irecv(float* buf, size_t n, int peer, int tag) override { return message(OpKind::OP_RECV, buf, n, peer, tag); }
+
+  Request iallreduce(float* buf, size_t n) override {
+    return collective(OpKind::OP_ALLREDUCE, n, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c, s);
+    });
+  }
+  Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override {
+    return collective(OpKind::OP_REDUCE_SCATTER, n_per_rank * static_cast<size_t>(size()),
+                      [&](ncclComm_t c, cudaStream_t s) {
+                        return ncclReduceScatter(in, out, n_per_rank, ncclFloat32, ncclSum, c, s);
+                      });
+  }
+  Request iallgather(const float* in, float* out, size_t n_per_rank) override {
+    return collective(OpKind::OP_ALLGATHER, n_per_rank, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(in, out, n_per_rank, ncclFloat32, c, s);
+    });
+  }
+  Request ialltoall(const float* in, float* out, size_t n_per_rank) override {
+    return collective(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()),
+                      [&](ncclComm_t c, cudaStream_t s) { return ncclAlltoAll(in, out, n_per_rank, ncclFloat32, c, s); });
+  }
+  // Sends and receives to and from every rank in one NCCL group on the collectives' lane.
+  Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
+                     const std::vector<int64_t>& recv_counts) override {
+    const auto p = static_cast<size_t>(size());
+    if (send_counts.size() != p || recv_counts.size() != p)
+      throw std::invalid_argument("piper comm: alltoallv on " + name() + " takes " + std::to_string(p) +
+                                  " counts per side, not " + std::to_string(send_counts.size()) + " and " +
+                                  std::to_string(recv_counts.size()));
+    size_t total = 0;
+    for (int64_t c : send_counts) total += static_cast<size_t>(c);
+    return collective(OpKind::OP_ALLTOALL, total, [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t rc = ncclGroupStart();
+      size_t sent = 0, got = 0;
+      for (size_t j = 0; j < p && (rc == ncclSuccess || rc == ncclInProgress); ++j) {
+        const auto ns = static_cast<size_t>(send_counts[j]), nr = static_cast<size_t>(recv_counts[j]);
+        if (ns) rc = ncclSend(in + sent, ns, ncclFloat32, static_cast<int>(j), c, s);
+        if (nr && (rc == ncclSuccess || rc == ncclInProgress))
+          rc = ncclRecv(out + got, nr, ncclFloat32, static_cast<int>(j), c, s);
+        sent += ns;
+        got += nr;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return rc == ncclSuccess || rc == ncclInProgress ? end : rc;
+    });
+  }
+  Request iallreduce_double(double* buf, size_t n) override { return host_->iallreduce_double(buf, n); }
+  void barrier() override { host_->barrier(); }
+
+  // For NcclRequest.
+  LaneState& lane(size_t i) { return lanes_[i]; }
+  const Context& context() const { return *ctx_; }
+  void throw_if_aborted(size_t lane, const OpInfo& info) const {
+    const LaneState& l = lanes_[lane];
+    if (l.aborted)
+      throw CommError("piper comm: " + info.describe() + " on " + ctx_->where() + ": the " + lane_name(lane) +
+                      " lane of " + name() + " is aborted after an earlier failure: " + l.why_aborted);
+  }
+  void check_async(size_t lane, const OpInfo& info) {
+    LaneState& l = lanes_[lane];
+    throw_if_aborted(lane, info);
+    ncclResult_t rc = ncclSuccess;
+    ncclCommGetAsyncError(l.comm, &rc);
+    if (rc != ncclSuccess && rc != ncclInProgress) settle(rc, l, *ctx_, info.describe());
+  }
+
+ protected:
+  std::unique_ptr<Communicator> split_impl(const std::vector<int>& world_ranks, const std::string& label) override {
+    std::unique_ptr<Communicator> group = host_->split(world_ranks, label);  // checks the lists
+    // A group's colour is its lowest world rank; a rank's key its position in the list.
+    const int color = group ? *std::min_element(world_ranks.begin(), world_ranks.end()) : NCCL_SPLIT_NOCOLOR;
+    const int key = group ? group->rank() : 0;
+    std::array<LaneState, kLanes> child{};
+    for (size_t i = 0; i < kLanes; ++i) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      throw_if_aborted(i, OpInfo{OpKind::OP_BARRIER, name(), rank(), size()});
+      settle(ncclCommSplit(lanes_[i].comm, color, key, &child[i].comm, &config), lanes_[i], *ctx_,
+             std::string("splitting the ") + lane_name(i) + " lane of " + name() + " into " +
+                 group_name(label, world_ranks));
+      if (group) cuda_ok(cudaStreamCreateWithFlags(&child[i].stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    }
+    if (!group) return nullptr;
+    return std::make_unique<NcclCommunicator>(ctx_, *host_, std::move(group), device_, child);
+  }
+
+ private:
+  OpInfo info(OpKind kind, size_t bytes, int peer = -1, int tag = -1) const {
+    OpInfo i{kind, name(), rank(), size()};
+    i.bytes = bytes;
+    i.peer = peer;
+    i.tag = tag;
+    if (peer >= 0 && peer < size()) i.peer_world = world_rank(peer);
+    return i;
+  }
+
+  // An event on the backend's current stream: where the buffer's last use ends.
+  cudaEvent_t ready() {
+    cudaEvent_t e = ctx_->event();
+    cuda_ok(cudaEventRecord(e, static_cast<cudaStream_t>(device_.native_stream())), "cudaEventRecord");
+    return e;
+  }
+
+  // Queues `call` on `lane` after the work queued on the backend so far; the request ends with it.
+  template <class Call>
+  Request queued(size_t lane, OpInfo inf, Call call) {
+    LaneState& l = lanes_[lane];
+    throw_if_aborted(lane, inf);
+    cudaEvent_t before = ready();
+    cuda_ok(cudaStreamWaitEvent(l.stream, before, 0), "cudaStreamWaitEvent");
+    ctx_->release(before);  // the wait holds what it needs
+    settle(call(l.comm, l.stream), l, *ctx_, inf.describe());
+    auto done = std::make_shared<Completion>();
+    done->ctx = ctx_;
+    done->done = ctx_->event();
+    cuda_ok(cudaEventRecord(done->done, l.stream), "cudaEventRecord");
+    return Request(std::make_unique<NcclRequest>(*this, lane, std::move(inf), std::move(done)));
+  }
+
+  template <class Call>
+  Request collective(OpKind kind, size_t n, Call call) {
+    return queued(kCollective, info(kind, n * sizeof(float)), call);
+  }
+
+  Request message(OpKind kind, float* buf, size_t n, int peer, int tag) {
+    if (peer < 0 || peer >= size())
+      throw std::invalid_argument("piper comm: " + std::string(op_name(kind)) + " on " + name() + " with peer " +
+                                  std::to_string(peer) + ": group ranks are 0.." + std::to_string(size() - 1));
+    OpInfo inf = info(kind, n * sizeof(float), peer, tag);
+    if (peer == rank()) return to_itself(kind, buf, n, std::move(inf));
+    const size_t lane = kind == OpKind::OP_SEND ? (peer > rank() ? kUp : kDown) : (peer < rank() ? kUp : kDown);
+    return queued(lane, std::move(inf), [&](ncclComm_t c, cudaStream_t s) {
+      return kind == OpKind::OP_SEND ? ncclSend(buf, n, ncclFloat32, peer, c, s) : ncclRecv(buf, n, ncclFloat32, peer, c, s);
+    });
+  }
+
+  // A message to itself waits in a mailbox until its other half is posted (matched by tag in posting
+  // order); then one device copy on the up lane completes both.
+  struct Posted {
+    float* buf;
+    size_t n;
+    int tag;
+    cudaEvent_t ready;
+    std::shared_ptr<std::shared_ptr<Completion>> slot;  // filled when matched
+  };
+  Request to_itself(OpKind kind, float* buf, size_t n, OpInfo inf) {
+    throw_if_aborted(kUp, inf);
+    auto slot = std::make_shared<std::shared_ptr<Completion>>();
+    std::deque<Posted>& mine = kind == OpKind::OP_SEND ? self_sends_ : self_recvs_;
+    std::deque<Posted>& other = kind == OpKind::OP_SEND ? self_recvs_ : self_sends_;
+    Posted p{buf, n, inf.tag, ready(), slot};
+    auto it = std::find_if(other.begin(), other.end(), [&](const Posted& q) { return q.tag == p.tag; });
+    if (it == other.end()) {
+      mine.push_back(p);
+    } else {
+      Posted q = *it;
+      other.erase(it);
+      const Posted& send = kind == OpKind::OP_SEND ? p : q;
+      const Posted& recv = kind == OpKind::OP_SEND ? q : p;
+      if (send.n > recv.n)
+        throw CommError("piper comm: " + inf.describe() + " on " + ctx_->where() + ": a message of " +
+                        std::to_string(send.n) + " floats to itself, received into " + std::to_string(recv.n) +
+                        " (the receive must be at least as large)");
+      LaneState& l = lanes_[kUp];
+      cuda_ok(cudaStreamWaitEvent(l.stream, send.ready, 0), "cudaStreamWaitEvent");
+      cuda_ok(cudaStreamWaitEvent(l.stream, recv.ready, 0), "cudaStreamWaitEvent");
+      ctx_->release(send.ready);
+      ctx_->release(recv.ready);
+      if (send.n)
+        cuda_ok(cudaMemcpyAsync(recv.buf, send.buf, send.n * sizeof(float), cudaMemcpyDeviceToDevice, l.stream),
+                "cudaMemcpyAsync");
+      auto done = std::make_shared<Completion>();
+      done->ctx = ctx_;
+      done->done = ctx_->event();
+      cuda_ok(cudaEventRecord(done->done, l.stream), "cudaEventRecord");
+      *send.slot = done;
+      *recv.slot = done;
+    }
+    return Request(std::make_unique<SelfRequest>(*this, std::move(inf), std::move(slot)));
+  }
+
+  // A message to itself: incomplete until matched, then as any other.
+  class SelfRequest final : public RequestImpl {
+   public:
+    SelfRequest(NcclCommunicator& comm, OpInfo info, std::shared_ptr<std::shared_ptr<Completion>> slot)
+        : comm_(comm), info_(std::move(info)), slot_(std::move(slot)) {}
+    bool test() override {
+      comm_.throw_if_aborted(kUp, info_);
+      return *slot_ && cudaEventQuery((*slot_)->done) == cudaSuccess;
+    }
+    void wait() override {
+      const auto start = Clock::now();
+      const auto deadline = deadline_after(comm_.options().timeout_s);
+      Backoff backoff;
+      while (!test()) {
+        if (Clock::now() > deadline) {
+          std::ostringstream msg;
+          msg.setf(std::ios::fixed);
+          msg.precision(2);
+          msg << "piper comm: timeout on " << comm_.context().where() << ": " << info_.describe() << " (to itself, "
+              << (*slot_ ? "copying" : "its other half not posted") << "); waited " << seconds_since(start)
+              << " s (timeout " << comm_.options().timeout_s << " s)";
+          throw CommError(msg.str());
+        }
+        backoff.pause();
+      }
+    }
+    void abandon() noexcept override { comm_.forget_unmatched(slot_); }
+
+   private:
+    NcclCommunicator& comm_;
+    OpInfo info_;
+    std::shared_ptr<std::shared_ptr<Completion>> slot_;
+  };
+
+ public:
+  // An abandoned message to itself that was never matched leaves the mailbox.
+  void forget_unmatched(const std::shared_ptr<std::shared_ptr<Completion>>& slot) noexcept {
+    for (std::deque<Posted>* q : {&self_sends_, &self_recvs_})
+      for (auto it = q->begin(); it != q->end(); ++it)
+        if (it->slot == slot) {
+          ctx_->release(it->ready);
+          q->erase(it);
+          return;
+        }
+  }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  std::unique_ptr<Communicator> owned_;
+  Communicator* host_;
+  backend::Backend& device_;
+  std::array<LaneState, kLanes> lanes_;
+  std::deque<Posted> self_sends_, self_recvs_;
+};
+
+bool NcclRequest::test() {
+  comm_.check_async(lane_, info_);
+  const cudaError_t e = cudaEventQuery(done_->done);
+  if (e == cudaErrorNotReady) return false;
+  cuda_ok(e, "cudaEventQuery");
+  return true;
+}
+
+void NcclRequest::wait() {
+  const auto start = Clock::now();
+  const auto deadline = deadline_after(comm_.options().timeout_s);
+  Backoff backoff;
+  while (!test()) {
+    if (Clock::now() > deadline) {
+      std::ostringstream msg;
+      msg.setf(std::ios::fixed);
+      msg.precision(2);
+      msg << "piper comm: timeout on " << comm_.context().where() << ": NCCL " << info_.describe() << "; waited "
+          << seconds_since(start) << " s (timeout " << comm_.options().timeout_s << " s), posted "
+          << seconds_since(posted_) << " s ago";
+      throw CommError(msg.str());
+    }
+    backoff.pause();
+  }
+}
+
+// The operation may never finish (its peer is gone or stuck): abort its lane, so nothing waits for it.
+void NcclRequest::abandon() noexcept {
+  if (comm_.lane(lane_).aborted || cudaEventQuery(done_->done) == cudaSuccess) return;
+  comm_.lane(lane_).abort("piper comm: NCCL " + info_.describe() + " on " + comm_.context().where() +
+                         " was abandoned unfinished (after an error)");
+}
+
+// The key of this rank's GPU, the same on two ranks exactly when they share it: host and PCI bus id.
+std::vector<float> gpu_key() {
+  int dev = 0;
+  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  char bus[32] = {};
+  cuda_ok(cudaDeviceGetPCIBusId(bus, sizeof bus, dev), "cudaDeviceGetPCIBusId");
+  const std::string key = host_name() + "/" + bus;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  std::vector<float> out(2);
+  std::memcpy(out.data(), &h, sizeof h);
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& device, std::string* why) {
+  auto refuse = [&](const std::string& reason) -> std::unique_ptr<Communicator> {
+    if (why) *why = reason;
+    return nullptr;
+  };
+  if (device.kind() != backend::DeviceKind::DEVICE_CUDA)
+    return refuse(std::string("NCCL serves CUDA buffers, and the device is ") + device.name());
+  const auto p = static_cast<size_t>(host.size());
+  // Which ranks share a GPU: every rank learns the same answer.
+  const std::vector<float> key = gpu_key();
+  std::vector<float> keys(2 * p);
+  host.allgather(key.data(), keys.data(), 2);
+  for (size_t i = 0; i < p; ++i)
+    for (size_t j = i + 1; j < p; ++j)
+      if (std::memcmp(&keys[2 * i], &keys[2 * j], 2 * sizeof(float)) == 0)
+        return refuse("ranks " + std::to_string(i) + " and " + std::to_string(j) + " of " + host.name() +
+                      " share one GPU, which NCCL refuses");
+
+  auto ctx = std::make_shared<Context>();
+  ctx->options = host.options();
+  ctx->world_rank = host.world_rank(host.rank());
+  // Rank 0's unique id reaches every rank over the host communicator (as floats: the bytes travel as they are).
+  static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "ncclUniqueId travels as floats");
+  constexpr size_t kIdFloats = sizeof(ncclUniqueId) / sizeof(float);
+  ncclUniqueId id{};
+  if (host.rank() == 0) {
+    const ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) throw CommError("piper comm: ncclGetUniqueId on " + ctx->where() + ": " + nccl_text(rc, nullptr));
+  }
+  std::vector<float> mine(kIdFloats), all(kIdFloats * p);
+  std::memcpy(mine.data(), &id, sizeof id);
+  host.allgather(mine.data(), all.data(), kIdFloats);
+  std::memcpy(&id, all.data(), sizeof id);
+
+  std::array<LaneState, kLanes> lanes{};
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  settle(ncclCommInitRankConfig(&lanes[kCollective].comm, host.size(), id, host.rank(), &config), lanes[kCollective],
+         *ctx, "creating the NCCL communicator of " + host.name());
+  for (size_t i = kUp; i < kLanes; ++i) {
+    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+    c.blocking = 0;
+    settle(ncclCommSplit(lanes[kCollective].comm, 0, host.rank(), &lanes[i].comm, &c), lanes[kCollective], *ctx,
+           std::string("creating the ") + lane_name(i) + " lane of " + host.name());
+  }
+  for (LaneState& l : lanes) cuda_ok(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return std::make_unique<NcclCommunicator>(std::move(ctx), host, nullptr, device, lanes);
+}
+
+}  // namespace piper::comm
