@@ -3,12 +3,14 @@
 #
 #   scripts/gpu-check.sh prepare   here, on the development machine: builds build-gpu/ (the CUDA
 #                                  backend for sm_90, OpenBLAS for the CPU reference) and packs the
-#                                  op runner and the device training test with every shared library
+#                                  op runner, the NCCL tests, the device training test and the
+#                                  throughput benchmark with every shared library
 #                                  they load, the loader and libc included, into gpu-check/ (ignored
 #                                  by git);
 #   scripts/gpu-check.sh run       on a machine with one NVIDIA GPU and its driver, nothing else
 #                                  installed: runs the op runner on the GPU against the double
-#                                  reference, and trains a hybrid (Mamba-2, MoE, attention, MLP) for
+#                                  reference, runs the NCCL communicator's one-GPU tests
+#                                  (nccl.txt), and trains a hybrid (Mamba-2, MoE, attention, MLP) for
 #                                  6 steps on the GPU in fp32 against the CPU's losses (one rank, no
 #                                  MPI started), and writes the results to gpu-check/results/
 #                                  (op-runner.txt, the per-op lines; training.txt, the per-step
@@ -21,8 +23,9 @@
 # hardware table's h200-sxm entry, src/sim/hardware.cpp).
 #
 # The carried libraries run under the carried loader, so the check does not depend on the
-# machine's distribution; the CUDA runtime, cuBLAS and the driver come from the machine
-# (CUDA_HOME, default /usr/local/cuda, and the driver's libcuda.so.1).
+# machine's distribution; the CUDA runtime, cuBLAS, NCCL and the driver come from the machine
+# (CUDA_HOME, default /usr/local/cuda, whose lib64 holds NCCL on the CUDA 13 toolkit, and the driver's
+# libcuda.so.1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -34,13 +37,13 @@ prepare() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPER_CUDA=ON -DPIPER_BLAS=openblas \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$build.log" 2>&1 \
     || { tail -30 "$build.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_runtime device_train >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_comm unit_runtime device_train >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
   # The executables and every library they load except the CUDA ones the GPU machine has (runtime,
   # cuBLAS, driver), xz-packed into one file: unpacked they pass the 64 MiB a working tree carries.
   local stage="$build/gpu-check-stage"
   rm -rf "$stage" "$out" && mkdir -p "$stage/lib" "$out"
-  cp "$build/unit_backend" "$build/unit_runtime" "$build/bench/device_train" "$stage/"
-  ldd "$build/unit_backend" "$build/unit_runtime" "$build/bench/device_train" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
+  cp "$build/unit_backend" "$build/unit_comm" "$build/unit_runtime" "$build/bench/device_train" "$stage/"
+  ldd "$build/unit_backend" "$build/unit_comm" "$build/unit_runtime" "$build/bench/device_train" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*) ;;
       *) cp -L "$lib" "$stage/lib/" ;;
@@ -60,10 +63,12 @@ run() {
   driver=$(dirname "$(ldconfig -p 2>/dev/null | awk '/libcuda.so.1 / {print $NF; exit}')" 2>/dev/null || true)
   local path="$bin/lib:$cuda/lib64:$cuda/targets/x86_64-linux/lib${driver:+:$driver}"
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$results/gpu.txt" || true
-  local started=$SECONDS rc=0 train_rc=0
+  local started=$SECONDS rc=0 train_rc=0 nccl_rc=0
   "$bin/lib/loader" --library-path "$path" "$bin/unit_backend" --gtest_filter='Backends/OnBackend.*:BackendOps.*' \
     > "$results/op-runner.txt" 2>&1 || rc=$?
   local ops_s=$((SECONDS - started))
+  "$bin/lib/loader" --library-path "$path" "$bin/unit_comm" --gtest_filter='NcclComm.*' \
+    > "$results/nccl.txt" 2>&1 || nccl_rc=$?
   started=$SECONDS
   "$bin/lib/loader" --library-path "$path" "$bin/unit_runtime" --gtest_filter='DeviceTraining.*' \
     > "$results/training.txt" 2>&1 || train_rc=$?
@@ -83,6 +88,7 @@ run() {
     echo "op runner: exit $rc in $ops_s s; $(grep -c '^\[ ok   \] cuda' "$results/op-runner.txt" || true) cuda outputs within tolerance, $(grep -c '^\[ FAIL \] cuda' "$results/op-runner.txt" || true) above"
     grep -m1 'GPU test not run' "$results/op-runner.txt" || true
     grep '^\[ FAIL \] cuda' "$results/op-runner.txt" || true
+    echo "nccl communicator (one GPU): exit $nccl_rc; $(grep -c '^\[       OK \] NcclComm' "$results/nccl.txt" || true) passed, $(grep -c '^\[  FAILED  \] NcclComm.* ms)$' "$results/nccl.txt" || true) failed, $(grep -c '^\[  SKIPPED \] NcclComm.* ms)$' "$results/nccl.txt" || true) not run"
     echo "training against the cpu: exit $train_rc; $(grep -m1 'cuda fp32 vs cpu' "$results/training.txt" || grep -m1 'GPU test not run' "$results/training.txt" || echo 'no result line')"
     grep -m1 'cuda bf16 products vs cpu' "$results/training.txt" || true
     python3 - "$results/throughput.json" "$flops" "${PEAK_TFLOPS:-989.4}" "$bench_rc" "$bench_s" <<'PY'
@@ -102,6 +108,7 @@ PY
   } > "$results/summary.txt"
   cat "$results/summary.txt"
   [[ $rc -eq 0 ]] || return "$rc"
+  [[ $nccl_rc -eq 0 ]] || return "$nccl_rc"
   [[ $train_rc -eq 0 ]] || return "$train_rc"
   return "$bench_rc"
 }

@@ -128,6 +128,15 @@ void settle(ncclResult_t rc, LaneState& lane, const Context& ctx, const std::str
   }
 }
 
+// A non-blocking split reports its progress on the new communicator; a rank outside every new group
+// (NCCL_SPLIT_NOCOLOR) gets none and polls the parent. The parent must be healthy afterwards too.
+void settle_split(ncclResult_t rc, LaneState& parent, LaneState& child, const Context& ctx, const std::string& what) {
+  settle(rc, child.comm ? child : parent, ctx, what);
+  ncclResult_t state = ncclSuccess;
+  ncclCommGetAsyncError(parent.comm, &state);
+  settle(state, parent, ctx, what);
+}
+
 // The end of one queued operation: an event on its lane's stream.
 struct Completion {
   std::shared_ptr<Context> ctx;
@@ -149,7 +158,7 @@ class NcclRequest final : public RequestImpl {
   NcclCommunicator& comm_;
   size_t lane_;
   OpInfo info_;
-  std::shared_ptr<Completion> done_;  // null until a message to itself is matched
+  std::shared_ptr<Completion> done_;
   Clock::time_point posted_ = Clock::now();
 };
 
@@ -262,9 +271,10 @@ class NcclCommunicator final : public Communicator {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       throw_if_aborted(i, OpInfo{OpKind::OP_BARRIER, name(), rank(), size()});
-      settle(ncclCommSplit(lanes_[i].comm, color, key, &child[i].comm, &config), lanes_[i], *ctx_,
-             std::string("splitting the ") + lane_name(i) + " lane of " + name() + " into " +
-                 group_name(label, world_ranks));
+      const ncclResult_t rc = ncclCommSplit(lanes_[i].comm, color, key, &child[i].comm, &config);
+      settle_split(rc, lanes_[i], child[i], *ctx_,
+                   std::string("splitting the ") + lane_name(i) + " lane of " + name() + " into " +
+                       group_name(label, world_ranks));
       if (group) cuda_ok(cudaStreamCreateWithFlags(&child[i].stream, cudaStreamNonBlocking), "cudaStreamCreate");
     }
     if (!group) return nullptr;
@@ -512,8 +522,9 @@ std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& de
   for (size_t i = kUp; i < kLanes; ++i) {
     ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
     c.blocking = 0;
-    settle(ncclCommSplit(lanes[kCollective].comm, 0, host.rank(), &lanes[i].comm, &c), lanes[kCollective], *ctx,
-           std::string("creating the ") + lane_name(i) + " lane of " + host.name());
+    const ncclResult_t rc = ncclCommSplit(lanes[kCollective].comm, 0, host.rank(), &lanes[i].comm, &c);
+    settle_split(rc, lanes[kCollective], lanes[i], *ctx,
+                 std::string("creating the ") + lane_name(i) + " lane of " + host.name());
   }
   for (LaneState& l : lanes) cuda_ok(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   return std::make_unique<NcclCommunicator>(std::move(ctx), host, nullptr, device, lanes);

@@ -295,6 +295,10 @@ const std::vector<BadCase> kBad = {
      {"parallel.tp=4: the key/value heads (model.n_kv_heads = 2) must divide by tp"}},
     {"ZeroNeedsDataParallel", "parallel:\n  zero: 1\n", {}, 1,
      {"bad.yaml:2:3: parallel.zero=1: ZeRO shards over data-parallel ranks", "use dp >= 2 or zero 0"}},
+    {"DeviceCommUnknown", "train:\n  device_comm: gloo\n", {}, 1,
+     {"bad.yaml:2:3: train.device_comm", "must be 'auto', 'nccl' or 'mpi'", "not 'gloo'"}},
+    {"DeviceCommNcclOnTheCpu", "train:\n  device_comm: nccl\n", {}, 1,
+     {"bad.yaml:2:3: train.device_comm", "'nccl' moves GPU tensors and needs train.device: cuda, not 'cpu'"}},
 };
 
 class BadConfig : public testing::TestWithParam<BadCase> {};

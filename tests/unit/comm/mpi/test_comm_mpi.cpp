@@ -268,11 +268,11 @@ TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
 TEST(CommMpi, NcclDeviceBuffersMatchTheHostOperations) {
   std::string why;
   backend::Backend* gpu = backend::cuda(&why);
-  std::unique_ptr<Communicator> dev;
-  if (gpu) dev = make_nccl(world(), *gpu, &why);  // collective: every rank gets the same answer
-  double have = dev ? 1 : 0;
-  world().allreduce_double(&have, 1);
-  if (have < world().size()) GTEST_SKIP() << "GPU test not run: " << why;
+  double gpus = gpu ? 1 : 0;
+  world().allreduce_double(&gpus, 1);
+  if (gpus < world().size()) GTEST_SKIP() << "GPU test not run: " << (gpu ? "a rank has no CUDA device" : why);
+  std::unique_ptr<Communicator> dev = make_nccl(world(), *gpu, &why);  // collective: the same answer everywhere
+  if (!dev) GTEST_SKIP() << "GPU test not run: " << why;
   expect_device_comm_matches_the_host(*dev, *gpu);
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
