@@ -137,6 +137,25 @@ void settle_split(ncclResult_t rc, LaneState& parent, LaneState& child, const Co
   settle(state, parent, ctx, what);
 }
 
+// Polls `r` until it is done, within the timeout; past it, a CommError names the operation (`what()`).
+template <class What>
+void poll_until_done(RequestImpl& r, const Context& ctx, What what, Clock::time_point posted) {
+  const auto start = Clock::now();
+  const auto deadline = deadline_after(ctx.options.timeout_s);
+  Backoff backoff;
+  while (!r.test()) {
+    if (Clock::now() > deadline) {
+      std::ostringstream msg;
+      msg.setf(std::ios::fixed);
+      msg.precision(2);
+      msg << "piper comm: timeout on " << ctx.where() << ": " << what() << "; waited " << seconds_since(start)
+          << " s (timeout " << ctx.options.timeout_s << " s), posted " << seconds_since(posted) << " s ago";
+      throw CommError(msg.str());
+    }
+    backoff.pause();
+  }
+}
+
 // The end of one queued operation: an event on its lane's stream.
 struct Completion {
   std::shared_ptr<Context> ctx;
@@ -386,21 +405,9 @@ class NcclCommunicator final : public Communicator {
       return *slot_ && cudaEventQuery((*slot_)->done) == cudaSuccess;
     }
     void wait() override {
-      const auto start = Clock::now();
-      const auto deadline = deadline_after(comm_.options().timeout_s);
-      Backoff backoff;
-      while (!test()) {
-        if (Clock::now() > deadline) {
-          std::ostringstream msg;
-          msg.setf(std::ios::fixed);
-          msg.precision(2);
-          msg << "piper comm: timeout on " << comm_.context().where() << ": " << info_.describe() << " (to itself, "
-              << (*slot_ ? "copying" : "its other half not posted") << "); waited " << seconds_since(start)
-              << " s (timeout " << comm_.options().timeout_s << " s)";
-          throw CommError(msg.str());
-        }
-        backoff.pause();
-      }
+      poll_until_done(*this, comm_.context(), [&] {
+        return info_.describe() + (*slot_ ? " (to itself, copying)" : " (to itself, its other half not posted)");
+      }, posted_);
     }
     void abandon() noexcept override { comm_.forget_unmatched(slot_); }
 
@@ -408,6 +415,7 @@ class NcclCommunicator final : public Communicator {
     NcclCommunicator& comm_;
     OpInfo info_;
     std::shared_ptr<std::shared_ptr<Completion>> slot_;
+    Clock::time_point posted_ = Clock::now();
   };
 
  public:
@@ -440,21 +448,7 @@ bool NcclRequest::test() {
 }
 
 void NcclRequest::wait() {
-  const auto start = Clock::now();
-  const auto deadline = deadline_after(comm_.options().timeout_s);
-  Backoff backoff;
-  while (!test()) {
-    if (Clock::now() > deadline) {
-      std::ostringstream msg;
-      msg.setf(std::ios::fixed);
-      msg.precision(2);
-      msg << "piper comm: timeout on " << comm_.context().where() << ": NCCL " << info_.describe() << "; waited "
-          << seconds_since(start) << " s (timeout " << comm_.options().timeout_s << " s), posted "
-          << seconds_since(posted_) << " s ago";
-      throw CommError(msg.str());
-    }
-    backoff.pause();
-  }
+  poll_until_done(*this, comm_.context(), [&] { return "NCCL " + info_.describe(); }, posted_);
 }
 
 // The operation may never finish (its peer is gone or stuck): abort its lane, so nothing waits for it.

@@ -72,22 +72,26 @@ TEST(DeviceComm, NcclForADeviceItCannotServeIsRefusedSayingWhy) {
 
 // ---- NCCL on one GPU ----------------------------------------------------------------------
 
-struct Gpu {
-  backend::Backend* be = nullptr;
-  std::string why;
-};
-Gpu gpu() {
-  Gpu g;
-  g.be = backend::cuda(&g.why);
-  return g;
-}
+// This process's GPU and NCCL over it alone; the test is not run without a CUDA device.
+class NcclComm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    gpu_ = backend::cuda(&why);
+    if (!gpu_) GTEST_SKIP() << "GPU test not run: " << why;
+    nccl_ = make_nccl(self_, *gpu_, &why);
+    ASSERT_NE(nccl_, nullptr) << why;
+  }
+  backend::Backend& be() { return *gpu_; }
 
-TEST(NcclComm, CollectivesOfOneRankLandTheirInputs) {
-  const Gpu g = gpu();
-  if (!g.be) GTEST_SKIP() << "GPU test not run: " << g.why;
-  backend::Backend& be = *g.be;
-  SelfCommunicator self;
-  std::unique_ptr<Communicator> nccl = for_device(self, be, DeviceComm::DEVICE_COMM_AUTO);
+  SelfCommunicator self_;
+  backend::Backend* gpu_ = nullptr;
+  std::unique_ptr<Communicator> nccl_;
+};
+
+TEST_F(NcclComm, CollectivesOfOneRankLandTheirInputs) {
+  backend::Backend& be = this->be();
+  std::unique_ptr<Communicator> nccl = for_device(self_, be, DeviceComm::DEVICE_COMM_AUTO);
   ASSERT_NE(nccl, nullptr);
   EXPECT_EQ(dynamic_cast<StagedCommunicator*>(nccl.get()), nullptr) << "auto on a CUDA device of its own is NCCL";
   EXPECT_EQ(nccl->size(), 1);
@@ -113,13 +117,9 @@ TEST(NcclComm, CollectivesOfOneRankLandTheirInputs) {
   nccl->barrier();
 }
 
-TEST(NcclComm, AnOperationWaitsForTheBackendsQueuedWork) {
-  const Gpu g = gpu();
-  if (!g.be) GTEST_SKIP() << "GPU test not run: " << g.why;
-  backend::Backend& be = *g.be;
-  SelfCommunicator self;
-  std::unique_ptr<Communicator> nccl = make_nccl(self, be, nullptr);
-  ASSERT_NE(nccl, nullptr);
+TEST_F(NcclComm, AnOperationWaitsForTheBackendsQueuedWork) {
+  backend::Backend& be = this->be();
+  Communicator* nccl = nccl_.get();
   const size_t n = size_t{1} << 24;  // 64 MB: a device copy long enough to be in flight when the next call comes
   std::vector<float> src(n);
   for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i % 1000);
@@ -130,13 +130,9 @@ TEST(NcclComm, AnOperationWaitsForTheBackendsQueuedWork) {
   EXPECT_EQ(to_host(be, out), src);
 }
 
-TEST(NcclComm, MessagesToItselfMatchByTag) {
-  const Gpu g = gpu();
-  if (!g.be) GTEST_SKIP() << "GPU test not run: " << g.why;
-  backend::Backend& be = *g.be;
-  SelfCommunicator self;
-  std::unique_ptr<Communicator> nccl = make_nccl(self, be, nullptr);
-  ASSERT_NE(nccl, nullptr);
+TEST_F(NcclComm, MessagesToItselfMatchByTag) {
+  backend::Backend& be = this->be();
+  Communicator* nccl = nccl_.get();
   backend::Tensor a = on_device(be, {1, 2}), b = on_device(be, {3, 4, 5});
   backend::Tensor ra = on_device(be, {0, 0}), rb = on_device(be, {0, 0, 0});
   Request s1 = nccl->isend(a.data(), 2, 0, 1);
@@ -152,13 +148,9 @@ TEST(NcclComm, MessagesToItselfMatchByTag) {
   EXPECT_THROW(nccl->isend(a.data(), 2, 1, 0), std::invalid_argument);  // a group of one has no rank 1
 }
 
-TEST(NcclComm, ASplitIsNcclToo) {
-  const Gpu g = gpu();
-  if (!g.be) GTEST_SKIP() << "GPU test not run: " << g.why;
-  backend::Backend& be = *g.be;
-  SelfCommunicator self;
-  std::unique_ptr<Communicator> nccl = make_nccl(self, be, nullptr);
-  ASSERT_NE(nccl, nullptr);
+TEST_F(NcclComm, ASplitIsNcclToo) {
+  backend::Backend& be = this->be();
+  Communicator* nccl = nccl_.get();
   std::unique_ptr<Communicator> group = nccl->split({0}, "dp");
   ASSERT_NE(group, nullptr);
   EXPECT_EQ(group->name(), "dp [0]");
@@ -167,10 +159,8 @@ TEST(NcclComm, ASplitIsNcclToo) {
   EXPECT_EQ(to_host(be, y), (std::vector<float>{7, 8, 0, 0}));
 }
 
-TEST(NcclComm, AMessageNeverMatchedTimesOutNamingIt) {
-  const Gpu g = gpu();
-  if (!g.be) GTEST_SKIP() << "GPU test not run: " << g.why;
-  backend::Backend& be = *g.be;
+TEST_F(NcclComm, AMessageNeverMatchedTimesOutNamingIt) {
+  backend::Backend& be = this->be();
   CommOptions opt;
   opt.timeout_s = 0.3;
   SelfCommunicator self(opt);
