@@ -8,12 +8,19 @@
 
 namespace piper::comm {
 
-#ifndef PIPER_HAVE_CUDA
-std::unique_ptr<Communicator> make_nccl(Communicator&, backend::Backend&, std::string* why) {
+std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& device, std::string* why) {
+  if (device.kind() != backend::DeviceKind::DEVICE_CUDA) {
+    if (why) *why = std::string("NCCL serves CUDA buffers, and the device is ") + device.name();
+    return nullptr;
+  }
+#ifdef PIPER_HAVE_CUDA
+  return start_nccl(host, device, why);
+#else
+  (void)host;
   if (why) *why = "this build has no CUDA backend and so no NCCL (configured with -DPIPER_CUDA=OFF)";
   return nullptr;
-}
 #endif
+}
 
 DeviceComm device_comm_named(const std::string& name) {
   if (name == "auto") return DeviceComm::DEVICE_COMM_AUTO;

@@ -33,4 +33,8 @@ namespace piper::comm {
 // together). Throws CommError when NCCL fails to start.
 std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& device, std::string* why);
 
+// make_nccl's part for a CUDA device (comm/nccl/, in builds with the CUDA backend): the check for a
+// shared GPU, the bootstrap and the lanes.
+std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& device, std::string* why);
+
 }  // namespace piper::comm

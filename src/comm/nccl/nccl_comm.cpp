@@ -474,13 +474,11 @@ std::vector<float> gpu_key() {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& device, std::string* why) {
+std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& device, std::string* why) {
   auto refuse = [&](const std::string& reason) -> std::unique_ptr<Communicator> {
     if (why) *why = reason;
     return nullptr;
   };
-  if (device.kind() != backend::DeviceKind::DEVICE_CUDA)
-    return refuse(std::string("NCCL serves CUDA buffers, and the device is ") + device.name());
   const auto p = static_cast<size_t>(host.size());
   // Which ranks share a GPU: every rank learns the same answer.
   const std::vector<float> key = gpu_key();
