@@ -1,15 +1,17 @@
 // nccl_comm.hpp — NCCL behind the communicator interface, for float buffers on the CUDA backend.
 //
 // Each communicator holds three NCCL communicators ("lanes"), each with its own CUDA stream:
-// collectives on one, messages to higher group ranks (and to itself) on a second, messages to
-// lower ranks on a third. An operation is queued at once: its lane's stream first waits for an
-// event recorded on the backend's current stream (the work that produced or last used the
-// buffer), and an event recorded after it completes the request. So communication overlaps the
-// compute queued after it, and two ranks exchanging messages never wait on each other's lane.
+// collectives on one, messages to higher group ranks on a second, messages to
+// lower ranks on a third. An operation is posted at once and never waits for its peer: an event
+// recorded on the backend's current stream marks the work that produced or last used the buffer;
+// the lane's stream waits for it, then NCCL puts the operation on the stream (the first message to
+// a peer first connects to it, in NCCL's own thread, while the lane holds later posts in order),
+// and an event recorded after it completes the request. So communication overlaps the compute
+// queued after it, and two ranks exchanging messages never wait on each other's lane.
 // NCCL matches the messages between two ranks in posting order (it has no tags): the sends of
 // one rank to a peer and that peer's receives must be posted in the same order (the runtime's
 // programs are; docs/comm.md). Messages to itself are matched by tag, as MPI does, and copied on
-// the device.
+// the device, on a stream of their own.
 //
 // NCCL is bootstrapped over the host communicator (its unique id travels over it); the NCCL
 // communicators are non-blocking, and every wait, including their creation, honours

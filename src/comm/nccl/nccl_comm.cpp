@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "comm/liveness.hpp"
 #include "comm/op_info.hpp"
 
 namespace piper::comm {
@@ -86,12 +88,37 @@ struct Context {
   std::string where() const { return rank_and_host(world_rank); }
 };
 
-// One NCCL communicator and the stream its operations run on.
+// The end of one operation: an event on its lane's stream, recorded once NCCL has put the operation
+// on the stream.
+struct Completion {
+  std::shared_ptr<Context> ctx;
+  cudaEvent_t done = nullptr;
+  bool recorded = false;
+  ~Completion() { ctx->release(done); }
+};
+
+using NcclCall = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+
+// An operation posted on a lane and not yet on its stream.
+struct Pending {
+  NcclCall call;
+  cudaEvent_t before = nullptr;  // the backend's stream when it was posted
+  std::shared_ptr<Completion> done;
+  std::string what;
+};
+
+// One NCCL communicator, the stream its operations run on, and the operations posted on it that NCCL
+// has not yet put on the stream. A non-blocking NCCL call may return before its operation is on the
+// stream (ncclInProgress: the first message to a peer connects to it, in a thread of NCCL's, which
+// needs the peer to post its half); no further call may go to the communicator until it has. So the
+// lane posts in order, one call in progress at a time, and a post never waits for the peer.
 struct LaneState {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   bool aborted = false;
   std::string why_aborted;
+  std::deque<Pending> pending;  // the front one is in NCCL's hands when `front_called`
+  bool front_called = false;
 
   // Stops the lane's NCCL communicator without waiting for its operations; it serves no more.
   void abort(std::string why) noexcept {
@@ -100,6 +127,7 @@ struct LaneState {
     comm = nullptr;
     aborted = true;
     why_aborted = std::move(why);
+    pending.clear();
   }
 };
 
@@ -115,7 +143,8 @@ void settle(ncclResult_t rc, LaneState& lane, const Context& ctx, const std::str
       msg.setf(std::ios::fixed);
       msg.precision(2);
       msg << "piper comm: NCCL timeout on " << ctx.where() << ": " << what << "; waited " << seconds_since(start)
-          << " s (timeout " << ctx.options.timeout_s << " s); the NCCL communicator was aborted";
+          << " s (timeout " << ctx.options.timeout_s << " s); the NCCL communicator was aborted"
+          << liveness_report(kLivenessProbeS);
       lane.abort(msg.str());
       throw CommError(lane.why_aborted);
     }
@@ -137,6 +166,33 @@ void settle_split(ncclResult_t rc, LaneState& parent, LaneState& child, const Co
   settle(state, parent, ctx, what);
 }
 
+// Puts the lane's posted operations on its stream, in order, as far as NCCL lets it without waiting:
+// each after the backend's work its post saw, its completion event after it. Throws CommError, with
+// the lane aborted, when NCCL reports an error.
+void progress(LaneState& lane, Context& ctx) {
+  while (!lane.aborted && !lane.pending.empty()) {
+    Pending& op = lane.pending.front();
+    ncclResult_t rc = ncclSuccess;
+    if (!lane.front_called) {
+      cuda_ok(cudaStreamWaitEvent(lane.stream, op.before, 0), "cudaStreamWaitEvent");
+      ctx.release(op.before);  // the wait holds what it needs
+      op.before = nullptr;
+      rc = op.call(lane.comm, lane.stream);
+      lane.front_called = true;
+    }
+    if (rc == ncclSuccess || rc == ncclInProgress) ncclCommGetAsyncError(lane.comm, &rc);
+    if (rc == ncclInProgress) return;
+    if (rc != ncclSuccess) {
+      lane.abort("piper comm: NCCL error on " + ctx.where() + ": " + op.what + ": " + nccl_text(rc, lane.comm));
+      throw CommError(lane.why_aborted);
+    }
+    cuda_ok(cudaEventRecord(op.done->done, lane.stream), "cudaEventRecord");
+    op.done->recorded = true;
+    lane.pending.pop_front();
+    lane.front_called = false;
+  }
+}
+
 // Polls `r` until it is done, within the timeout; past it, a CommError names the operation (`what()`).
 template <class What>
 void poll_until_done(RequestImpl& r, const Context& ctx, What what, Clock::time_point posted) {
@@ -149,19 +205,13 @@ void poll_until_done(RequestImpl& r, const Context& ctx, What what, Clock::time_
       msg.setf(std::ios::fixed);
       msg.precision(2);
       msg << "piper comm: timeout on " << ctx.where() << ": " << what() << "; waited " << seconds_since(start)
-          << " s (timeout " << ctx.options.timeout_s << " s), posted " << seconds_since(posted) << " s ago";
+          << " s (timeout " << ctx.options.timeout_s << " s), posted " << seconds_since(posted) << " s ago"
+          << liveness_report(kLivenessProbeS);
       throw CommError(msg.str());
     }
     backoff.pause();
   }
 }
-
-// The end of one queued operation: an event on its lane's stream.
-struct Completion {
-  std::shared_ptr<Context> ctx;
-  cudaEvent_t done = nullptr;
-  ~Completion() { ctx->release(done); }
-};
 
 class NcclCommunicator;
 
@@ -192,8 +242,9 @@ class NcclCommunicator final : public Communicator {
     for (size_t i = 0; i < kLanes; ++i) {
       LaneState& l = lanes_[i];
       if (l.comm) {
-        // Queued work finishes first; a lane that cannot finish within the timeout is aborted.
+        // Posted work finishes first; a lane that cannot finish within the timeout is aborted.
         try {
+          drain(i, "finalising");
           settle(ncclCommFinalize(l.comm), l, *ctx_, std::string("finalising the ") + lane_name(i) + " lane of " + name());
         } catch (const CommError&) {
         }
@@ -201,6 +252,7 @@ class NcclCommunicator final : public Communicator {
       }
       if (l.stream) cudaStreamDestroy(l.stream);
     }
+    if (self_stream_) cudaStreamDestroy(self_stream_);
   }
 
   int rank() const override { return host_->rank(); }
@@ -215,24 +267,24 @@ class NcclCommunicator final : public Communicator {
   Request irecv(float* buf, size_t n, int peer, int tag) override { return message(OpKind::OP_RECV, buf, n, peer, tag); }
 
   Request iallreduce(float* buf, size_t n) override {
-    return collective(OpKind::OP_ALLREDUCE, n, [&](ncclComm_t c, cudaStream_t s) {
+    return collective(OpKind::OP_ALLREDUCE, n, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c, s);
     });
   }
   Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override {
     return collective(OpKind::OP_REDUCE_SCATTER, n_per_rank * static_cast<size_t>(size()),
-                      [&](ncclComm_t c, cudaStream_t s) {
+                      [=](ncclComm_t c, cudaStream_t s) {
                         return ncclReduceScatter(in, out, n_per_rank, ncclFloat32, ncclSum, c, s);
                       });
   }
   Request iallgather(const float* in, float* out, size_t n_per_rank) override {
-    return collective(OpKind::OP_ALLGATHER, n_per_rank, [&](ncclComm_t c, cudaStream_t s) {
+    return collective(OpKind::OP_ALLGATHER, n_per_rank, [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(in, out, n_per_rank, ncclFloat32, c, s);
     });
   }
   Request ialltoall(const float* in, float* out, size_t n_per_rank) override {
     return collective(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()),
-                      [&](ncclComm_t c, cudaStream_t s) { return ncclAlltoAll(in, out, n_per_rank, ncclFloat32, c, s); });
+                      [=](ncclComm_t c, cudaStream_t s) { return ncclAlltoAll(in, out, n_per_rank, ncclFloat32, c, s); });
   }
   // Sends and receives to and from every rank in one NCCL group on the collectives' lane.
   Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
@@ -244,7 +296,8 @@ class NcclCommunicator final : public Communicator {
                                   std::to_string(recv_counts.size()));
     size_t total = 0;
     for (int64_t c : send_counts) total += static_cast<size_t>(c);
-    return collective(OpKind::OP_ALLTOALL, total, [&](ncclComm_t c, cudaStream_t s) {
+    // The call may run after this returns: it keeps its own copy of the counts.
+    return collective(OpKind::OP_ALLTOALL, total, [=](ncclComm_t c, cudaStream_t s) {
       ncclResult_t rc = ncclGroupStart();
       size_t sent = 0, got = 0;
       for (size_t j = 0; j < p && (rc == ncclSuccess || rc == ncclInProgress); ++j) {
@@ -271,9 +324,12 @@ class NcclCommunicator final : public Communicator {
       throw CommError("piper comm: " + info.describe() + " on " + ctx_->where() + ": the " + lane_name(lane) +
                       " lane of " + name() + " is aborted after an earlier failure: " + l.why_aborted);
   }
-  void check_async(size_t lane, const OpInfo& info) {
-    LaneState& l = lanes_[lane];
+  // Moves every lane's posted operations on (a rank waiting on one lane may be what its peer needs to
+  // post on another); then an error NCCL reports for `lane` throws.
+  void advance(size_t lane, const OpInfo& info) {
+    for (LaneState& l : lanes_) progress(l, *ctx_);
     throw_if_aborted(lane, info);
+    LaneState& l = lanes_[lane];
     ncclResult_t rc = ncclSuccess;
     ncclCommGetAsyncError(l.comm, &rc);
     if (rc != ncclSuccess && rc != ncclInProgress) settle(rc, l, *ctx_, info.describe());
@@ -290,6 +346,7 @@ class NcclCommunicator final : public Communicator {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
       throw_if_aborted(i, OpInfo{OpKind::OP_BARRIER, name(), rank(), size()});
+      drain(i, "splitting");
       const ncclResult_t rc = ncclCommSplit(lanes_[i].comm, color, key, &child[i].comm, &config);
       settle_split(rc, lanes_[i], child[i], *ctx_,
                    std::string("splitting the ") + lane_name(i) + " lane of " + name() + " into " +
@@ -317,25 +374,45 @@ class NcclCommunicator final : public Communicator {
     return e;
   }
 
-  // Queues `call` on `lane` after the work queued on the backend so far; the request ends with it.
-  template <class Call>
-  Request queued(size_t lane, OpInfo inf, Call call) {
+  // Posts `call` on `lane`, after the work queued on the backend so far; the request ends with it.
+  Request queued(size_t lane, OpInfo inf, NcclCall call) {
     LaneState& l = lanes_[lane];
     throw_if_aborted(lane, inf);
-    cudaEvent_t before = ready();
-    cuda_ok(cudaStreamWaitEvent(l.stream, before, 0), "cudaStreamWaitEvent");
-    ctx_->release(before);  // the wait holds what it needs
-    settle(call(l.comm, l.stream), l, *ctx_, inf.describe());
     auto done = std::make_shared<Completion>();
     done->ctx = ctx_;
     done->done = ctx_->event();
-    cuda_ok(cudaEventRecord(done->done, l.stream), "cudaEventRecord");
+    l.pending.push_back(Pending{std::move(call), ready(), done, inf.describe()});
+    progress(l, *ctx_);
     return Request(std::make_unique<NcclRequest>(*this, lane, std::move(inf), std::move(done)));
   }
 
-  template <class Call>
-  Request collective(OpKind kind, size_t n, Call call) {
-    return queued(kCollective, info(kind, n * sizeof(float)), call);
+  Request collective(OpKind kind, size_t n, NcclCall call) {
+    return queued(kCollective, info(kind, n * sizeof(float)), std::move(call));
+  }
+
+  // Waits, within the timeout, until every operation posted on `lane` is on its stream (before a call
+  // that needs the NCCL communicator idle: a split, the finalisation).
+  void drain(size_t lane, const char* doing) {
+    LaneState& l = lanes_[lane];
+    const auto start = Clock::now();
+    const auto deadline = deadline_after(ctx_->options.timeout_s);
+    Backoff backoff;
+    for (;;) {
+      progress(l, *ctx_);
+      if (l.aborted || l.pending.empty()) return;
+      if (Clock::now() > deadline) {
+        std::ostringstream msg;
+        msg.setf(std::ios::fixed);
+        msg.precision(2);
+        msg << "piper comm: NCCL timeout on " << ctx_->where() << ": " << doing << " the " << lane_name(lane)
+            << " lane of " << name() << " waits for " << l.pending.front().what << " to start; waited "
+            << seconds_since(start) << " s (timeout " << ctx_->options.timeout_s << " s); the NCCL communicator was aborted"
+            << liveness_report(kLivenessProbeS);
+        l.abort(msg.str());
+        throw CommError(l.why_aborted);
+      }
+      backoff.pause();
+    }
   }
 
   Request message(OpKind kind, float* buf, size_t n, int peer, int tag) {
@@ -345,13 +422,13 @@ class NcclCommunicator final : public Communicator {
     OpInfo inf = info(kind, n * sizeof(float), peer, tag);
     if (peer == rank()) return to_itself(kind, buf, n, std::move(inf));
     const size_t lane = kind == OpKind::OP_SEND ? (peer > rank() ? kUp : kDown) : (peer < rank() ? kUp : kDown);
-    return queued(lane, std::move(inf), [&](ncclComm_t c, cudaStream_t s) {
+    return queued(lane, std::move(inf), [=](ncclComm_t c, cudaStream_t s) {
       return kind == OpKind::OP_SEND ? ncclSend(buf, n, ncclFloat32, peer, c, s) : ncclRecv(buf, n, ncclFloat32, peer, c, s);
     });
   }
 
   // A message to itself waits in a mailbox until its other half is posted (matched by tag in posting
-  // order); then one device copy on the up lane completes both.
+  // order); then one device copy, on a stream of its own, completes both.
   struct Posted {
     float* buf;
     size_t n;
@@ -360,7 +437,6 @@ class NcclCommunicator final : public Communicator {
     std::shared_ptr<std::shared_ptr<Completion>> slot;  // filled when matched
   };
   Request to_itself(OpKind kind, float* buf, size_t n, OpInfo inf) {
-    throw_if_aborted(kUp, inf);
     auto slot = std::make_shared<std::shared_ptr<Completion>>();
     std::deque<Posted>& mine = kind == OpKind::OP_SEND ? self_sends_ : self_recvs_;
     std::deque<Posted>& other = kind == OpKind::OP_SEND ? self_recvs_ : self_sends_;
@@ -377,18 +453,19 @@ class NcclCommunicator final : public Communicator {
         throw CommError("piper comm: " + inf.describe() + " on " + ctx_->where() + ": a message of " +
                         std::to_string(send.n) + " floats to itself, received into " + std::to_string(recv.n) +
                         " (the receive must be at least as large)");
-      LaneState& l = lanes_[kUp];
-      cuda_ok(cudaStreamWaitEvent(l.stream, send.ready, 0), "cudaStreamWaitEvent");
-      cuda_ok(cudaStreamWaitEvent(l.stream, recv.ready, 0), "cudaStreamWaitEvent");
+      if (!self_stream_) cuda_ok(cudaStreamCreateWithFlags(&self_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      cuda_ok(cudaStreamWaitEvent(self_stream_, send.ready, 0), "cudaStreamWaitEvent");
+      cuda_ok(cudaStreamWaitEvent(self_stream_, recv.ready, 0), "cudaStreamWaitEvent");
       ctx_->release(send.ready);
       ctx_->release(recv.ready);
       if (send.n)
-        cuda_ok(cudaMemcpyAsync(recv.buf, send.buf, send.n * sizeof(float), cudaMemcpyDeviceToDevice, l.stream),
+        cuda_ok(cudaMemcpyAsync(recv.buf, send.buf, send.n * sizeof(float), cudaMemcpyDeviceToDevice, self_stream_),
                 "cudaMemcpyAsync");
       auto done = std::make_shared<Completion>();
       done->ctx = ctx_;
       done->done = ctx_->event();
-      cuda_ok(cudaEventRecord(done->done, l.stream), "cudaEventRecord");
+      cuda_ok(cudaEventRecord(done->done, self_stream_), "cudaEventRecord");
+      done->recorded = true;
       *send.slot = done;
       *recv.slot = done;
     }
@@ -401,7 +478,6 @@ class NcclCommunicator final : public Communicator {
     SelfRequest(NcclCommunicator& comm, OpInfo info, std::shared_ptr<std::shared_ptr<Completion>> slot)
         : comm_(comm), info_(std::move(info)), slot_(std::move(slot)) {}
     bool test() override {
-      comm_.throw_if_aborted(kUp, info_);
       return *slot_ && cudaEventQuery((*slot_)->done) == cudaSuccess;
     }
     void wait() override {
@@ -437,10 +513,12 @@ class NcclCommunicator final : public Communicator {
   backend::Backend& device_;
   std::array<LaneState, kLanes> lanes_;
   std::deque<Posted> self_sends_, self_recvs_;
+  cudaStream_t self_stream_ = nullptr;  // the copies of messages to itself, made on first use
 };
 
 bool NcclRequest::test() {
-  comm_.check_async(lane_, info_);
+  comm_.advance(lane_, info_);
+  if (!done_->recorded) return false;  // posted, not yet on the stream
   const cudaError_t e = cudaEventQuery(done_->done);
   if (e == cudaErrorNotReady) return false;
   cuda_ok(e, "cudaEventQuery");
@@ -453,7 +531,7 @@ void NcclRequest::wait() {
 
 // The operation may never finish (its peer is gone or stuck): abort its lane, so nothing waits for it.
 void NcclRequest::abandon() noexcept {
-  if (comm_.lane(lane_).aborted || cudaEventQuery(done_->done) == cudaSuccess) return;
+  if (comm_.lane(lane_).aborted || (done_->recorded && cudaEventQuery(done_->done) == cudaSuccess)) return;
   comm_.lane(lane_).abort("piper comm: NCCL " + info_.describe() + " on " + comm_.context().where() +
                          " was abandoned unfinished (after an error)");
 }
