@@ -245,6 +245,28 @@ void expect_device_comm_matches_the_host(Communicator& dev, backend::Backend& be
     EXPECT_EQ(got[1], static_cast<float>((prev + 1) * 2));
     EXPECT_EQ(got.back(), static_cast<float>((prev + 1) * static_cast<int>((in.size() - 1) % 500 + 1)));
   }
+  {  // every rank sends to every other before it posts a receive (NCCL connects the pairs meanwhile)
+    std::vector<backend::Tensor> got;
+    std::vector<Request> sends, recvs;
+    backend::Tensor d_in = on_device(in);
+    for (int j = 0; j < p; ++j)
+      if (j != r) sends.push_back(dev.isend(d_in.data() + static_cast<size_t>(j) * n, n, j, 11));
+    for (int j = 0; j < p; ++j)
+      if (j != r) {
+        got.push_back(on_device(std::vector<float>(n, -1.f)));
+        recvs.push_back(dev.irecv(got.back().data(), n, j, 11));
+      }
+    for (Request& q : recvs) q.wait();
+    for (Request& q : sends) q.wait();
+    size_t k = 0;
+    for (int j = 0; j < p; ++j)
+      if (j != r) {  // block r of rank j's input
+        const std::vector<float> block = to_host(got[k++], n);
+        const size_t first = static_cast<size_t>(r) * n;
+        EXPECT_EQ(block.front(), static_cast<float>((j + 1) * static_cast<int>(first % 500 + 1))) << "from rank " << j;
+        EXPECT_EQ(block.back(), static_cast<float>((j + 1) * static_cast<int>((first + n - 1) % 500 + 1))) << "from rank " << j;
+      }
+  }
   {  // a group split from it moves device buffers too: the even and the odd ranks
     std::vector<int> members;
     for (int i = r % 2; i < p; i += 2) members.push_back(i);
