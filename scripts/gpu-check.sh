@@ -33,11 +33,12 @@ out="$root/gpu-check"
 mode="${1:-}"
 
 prepare() {
-  local build="$root/build-gpu"
+  local build="$root/build-gpu" log="$root/build-gpu/prepare.log"
+  mkdir -p "$build"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPER_CUDA=ON -DPIPER_BLAS=openblas \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$build.log" 2>&1 \
-    || { tail -30 "$build.log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_comm unit_runtime device_train >> "$build.log" 2>&1 || { tail -30 "$build.log"; exit 1; }
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$log" 2>&1 \
+    || { tail -30 "$log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_comm unit_runtime device_train >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
   # The executables and every library they load except the CUDA ones the GPU machine has (runtime,
   # cuBLAS, driver), xz-packed into one file: unpacked they pass the 64 MiB a working tree carries.
   local stage="$build/gpu-check-stage"
