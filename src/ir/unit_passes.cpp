@@ -51,11 +51,12 @@ PassShape pass_shape(UnitKind kind, NodeKind pass, const PassDims& d) {
       if (pass == NodeKind::FWD) return {1, {sum_rows}};
       return {};
     case UnitKind::UNIT_HEAD:
-      // Forward: norm and local logits | row maxima gathered | exponential sums
-      // and the target logit | [sum | target] summed | loss and dlogits.
+      // Forward: norm and local logits | row maxima summed into an [M, tp]
+      // table of zeros (each rank's in its column) | exponential sums and the
+      // target logit | [sum | target] summed | loss and dlogits.
       // Backward: dxn partial from the local vocabulary rows | summed | norm.
       if (pass == NodeKind::FWD)
-        return {3, {{NodeKind::ALLGATHER, GroupDim::GROUP_TP, 1, 0}, {NodeKind::ALLREDUCE, GroupDim::GROUP_TP, 2, 0}}};
+        return {3, {{NodeKind::ALLREDUCE, GroupDim::GROUP_TP, d.tp, 0}, {NodeKind::ALLREDUCE, GroupDim::GROUP_TP, 2, 0}}};
       return {2, {sum_rows}};
     case UnitKind::UNIT_MAMBA:
     case UnitKind::UNIT_ATTENTION:

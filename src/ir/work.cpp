@@ -378,8 +378,8 @@ void head_pass(Ops& o, const Dims& d, Pass pass, int tp) {
     o.gemm("lm_head", M, d.V, d.D);
     // Fused: the loss and d(loss)/d(logits) in one pass over the logits.
     o.pointwise("cross_entropy", kCrossEntropy * M * d.V, 2 * M * d.V, kIdBytes * M);
-    if (tp > 1) {  // vocab-parallel: row maxima gathered, exp sums and target logits summed (fp32)
-      o.comm(NodeKind::ALLGATHER, 4.0 * M * tp);
+    if (tp > 1) {  // vocab-parallel: a table of the row maxima, the exp sums and target logits summed (fp32)
+      o.comm(NodeKind::ALLREDUCE, 4.0 * M * tp);
       o.comm(NodeKind::ALLREDUCE, 4.0 * 2 * M);
     }
   }

@@ -1,9 +1,6 @@
 // embed_head_units.cpp — the token embedding and the head (final norm,
 // untied lm_head, cross-entropy), and the unit factory.
-#include <algorithm>
-#include <cmath>
 #include <stdexcept>
-#include <vector>
 
 #include "model/units.hpp"
 
@@ -40,14 +37,14 @@ void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
 
 // Params: 0 final_norm.weight [D], 1 lm_head.weight [V, D].
 // tp 1: one segment. tp > 1, Megatron's vocab-parallel loss (ir::pass_shape):
-// norm and local logits | the row maxima gathered | exponential sums and the
+// norm and local logits | the row maxima summed into a table | exponential sums and the
 // target logit | summed | loss and dlogits. Full logits are never gathered.
 double HeadUnit::forward(int k, int slot, const PassArgs& a) {
   const MicroBatch& mb = *a.mb;
   const int64_t D = cfg_.d_model, V = dims_.vocab;
   if (k == 0) {
     const int64_t M = mb.rows();
-    Saved s{M, act(M * D), act(M), {}, mb.targets == nullptr, {}, {}, {}, {}, {}, {}};
+    Saved s{M, act(M * D), act(M), {}, mb.targets == nullptr, {}, {}, {}, {}, {}};
     be_.rmsnorm_fwd(view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
     Tensor logits = act(M * V);
     be_.linear_fwd(s.xn.view({M, D}), view(be_, w(1), {V, D}), logits.view({M, V}));
@@ -76,7 +73,7 @@ double HeadUnit::forward(int k, int slot, const PassArgs& a) {
 CommBuffer HeadUnit::point(ir::NodeKind pass, int k, int slot) {
   Saved& s = saved_.at(slot);
   if (pass != ir::NodeKind::FWD) return {s.dxn.data(), s.dxn.data(), s.rows * cfg_.d_model, {}, {}};
-  if (k == 0) return {s.local_max.data(), s.all_max.data(), s.rows, {}, {}};
+  if (k == 0) return {s.all_max.data(), s.all_max.data(), s.all_max.numel(), {}, {}};
   return {s.sums.data(), s.sums.data(), s.sums.numel(), {}, {}};
 }
 
@@ -101,30 +98,26 @@ void HeadUnit::weight_grads(int slot, const PassArgs& /*a*/) {
   be_.linear_bwd_weight(s.dlogits.view({M, V}), s.xn.view({M, D}), view(be_, g(1), {V, D}));
 }
 
-// Segment 0 of the vocab-parallel loss: each row's max over this rank's logits.
+// Segment 0 of the vocab-parallel loss: each row's max over this rank's logits, in column tp rank of
+// an [M, tp] table of zeros, which the group's all-reduce fills with every rank's maxima (a sum of one
+// value and zeros is that value exactly).
 void HeadUnit::vocab_parallel_maxima(Saved& s) {
-  const int64_t M = s.rows, V = dims_.vocab;
-  s.local_max = scratch(M);
-  s.all_max = scratch(M * tp_.size);
-  be_.row_max(s.logits.view({M, V}), s.local_max.view({M}));
+  const int64_t M = s.rows, V = dims_.vocab, T = tp_.size;
+  Tensor local_max = scratch(M);
+  s.all_max = scratch(M * T);
+  be_.fill_zero(s.all_max.data(), s.all_max.bytes());
+  be_.row_max(s.logits.view({M, V}), local_max.view({M}));
+  be_.scatter_cols(local_max.view({M, 1}), s.all_max.view({M, T}), tp_.rank);
 }
 
-// Segment 1: the group's row max over the gathered maxima [tp, M] (tp x M floats, taken to the host
-// for it), then exp(logit - max) into dlogits and per row [sum of exp | target logit] (0 where the
-// target is another rank's).
+// Segment 1: the group's row max over the table [M, tp], then exp(logit - max) into dlogits and per
+// row [sum of exp | target logit] (0 where the target is another rank's).
 void HeadUnit::vocab_parallel_sums(Saved& s, const int32_t* targets) {
   const int64_t M = s.rows, V = dims_.vocab, T = tp_.size;
   s.row_max = scratch(M);
   s.sums = scratch(2 * M);
-  std::vector<float> all(static_cast<size_t>(T * M)), mx(static_cast<size_t>(M));
-  be_.to_host(all.data(), s.all_max.data(), all.size() * sizeof(float));
-  const float* in = all.data();
-  float* out = mx.data();
-  for (int64_t m = 0; m < M; ++m) {
-    out[m] = in[m];
-    for (int64_t t = 1; t < T; ++t) out[m] = std::max(out[m], in[t * M + m]);
-  }
-  be_.to_device(s.row_max.data(), mx.data(), mx.size() * sizeof(float));
+  be_.row_max(s.all_max.view({M, T}), s.row_max.view({M}));
+  s.all_max = {};
   s.dlogits = act(M * V);
   be_.vocab_ce_partials(s.logits.view({M, V}), s.row_max.view({M}), view(be_, targets, {M}), dims_.vocab_offset,
                         s.dlogits.view({M, V}), s.sums.view({2, M}));
@@ -137,8 +130,6 @@ double HeadUnit::vocab_parallel_loss(Saved& s, const int32_t* targets, float sca
   const int64_t M = s.rows, V = dims_.vocab;
   const double loss = be_.vocab_ce_finish(s.sums.view({2, M}), s.row_max.view({M}), view(be_, targets, {M}),
                                           dims_.vocab_offset, s.dlogits.view({M, V}), scale);
-  s.local_max = {};
-  s.all_max = {};
   s.row_max = {};
   s.sums = {};
   return tp_.rank == 0 ? loss : 0.0;

@@ -46,10 +46,10 @@ class HeadUnit final : public Unit {
     Tensor dlogits;  // [rows, V]: d(loss)/d(logits), or the logits of an inference forward
     bool inference = false;
     // The vocab-parallel loss between its points: logits [rows, V/tp] until
-    // the exponential sums, this rank's row maxima, everyone's, their max,
-    // and [sum of exp | target logit] per row.
+    // the exponential sums, every rank's row maxima [rows, tp], their max
+    // [rows], and [sum of exp | target logit] per row [2, rows].
     Tensor logits;
-    Tensor local_max, all_max, row_max, sums;
+    Tensor all_max, row_max, sums;
     Tensor dxn;  // backward: the partial input gradient of the norm, summed at point 0
   };
   void vocab_parallel_maxima(Saved& s);
