@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/deadline.hpp"
 #include "comm/liveness.hpp"
 #include "comm/mpi_comm.hpp"
 
@@ -16,18 +17,10 @@ namespace piper::comm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // One report or answer: a status byte, then the error text (NUL-terminated, cut to fit).
 constexpr int kMessage = 2048;
 constexpr char kOk = 0, kFailed = 1, kStalled = 2;
 constexpr int kReportTag = 32001, kAnswerTag = 32002;
-
-Clock::time_point deadline_after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::vector<char> message(char status, const std::string& text) {
   std::vector<char> m(kMessage, '\0');

@@ -3,6 +3,8 @@
 // MPI call drives every pending transfer, which would blur what the progress thread does).
 #include "comm/liveness.hpp"
 
+#include "comm/deadline.hpp"
+
 #include <mpi.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,7 +27,6 @@ namespace piper::comm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // A datagram: the magic, the kind, the sender's world rank and the probe's serial.
 struct Datagram {
@@ -91,7 +92,7 @@ class Responder {
       pongs_.assign(static_cast<size_t>(size_), 0);
     }
     const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s));
+    const auto deadline = deadline_after(wait_s);
     int round = 0;
     while (Clock::now() < deadline) {
       if (round < 3 && Clock::now() >= start + std::chrono::milliseconds(100 * round)) {

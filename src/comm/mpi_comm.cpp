@@ -1,6 +1,7 @@
 // mpi_comm.cpp — the MPI communicator: operations as MPI requests, a progress thread that drives them, timeouts.
 #include "comm/mpi_comm.hpp"
 
+#include "comm/deadline.hpp"
 #include "comm/liveness.hpp"
 #include "comm/op_info.hpp"
 
@@ -27,10 +28,6 @@ static_assert(MPI_SUCCESS == 0, "PIPER_MPI_CHECK assumes MPI_SUCCESS == 0");
 namespace piper::comm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string mpi_error_string(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -322,16 +319,8 @@ class MpiRequest final : public RequestImpl {
 
   void wait() override {
     const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
-    if (!engine_->wait(*op_, deadline)) {
-      std::ostringstream msg;
-      msg.setf(std::ios::fixed);
-      msg.precision(2);
-      msg << "piper comm: timeout on " << where() << ": " << op_->info.describe() << "; waited "
-          << seconds_since(start) << " s (timeout " << timeout_s_ << " s), posted " << seconds_since(op_->posted)
-          << " s ago" << liveness_report(kLivenessProbeS);
-      throw CommError(msg.str());
-    }
+    if (!engine_->wait(*op_, deadline_after(timeout_s_)))
+      throw CommError(timeout_message(mpi_world_rank(), op_->info.describe(), start, timeout_s_, op_->posted));
     throw_if_failed();
   }
 

@@ -6,6 +6,8 @@
 #include <climits>
 #include <sstream>
 
+#include "comm/liveness.hpp"
+
 namespace piper::comm {
 
 const char* op_name(OpKind k) {
@@ -31,6 +33,17 @@ std::string OpInfo::describe() const {
     s << " on " << group << " (rank " << group_rank << " of " << group_size << "), " << bytes << " bytes";
   }
   return s.str();
+}
+
+std::string timeout_message(int world_rank, const std::string& op, Clock::time_point waited_from, double timeout_s,
+                            Clock::time_point posted) {
+  std::ostringstream msg;
+  msg.setf(std::ios::fixed);
+  msg.precision(2);
+  msg << "piper comm: timeout on " << rank_and_host(world_rank) << ": " << op << "; waited " << seconds_since(waited_from)
+      << " s (timeout " << timeout_s << " s), posted " << seconds_since(posted) << " s ago"
+      << liveness_report(kLivenessProbeS);
+  return msg.str();
 }
 
 const std::string& host_name() {

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <string>
 
+#include "comm/deadline.hpp"
+
 namespace piper::comm {
 
 enum class OpKind { OP_SEND, OP_RECV, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLTOALL, OP_BARRIER };
@@ -25,6 +27,12 @@ struct OpInfo {
   // (rank 0 of 2), 4096 bytes".
   std::string describe() const;
 };
+
+// What a wait on operation `op` says when it timed out: "piper comm: timeout on world rank 0 (host
+// node07): <op>; waited 1.00 s (timeout 1.00 s), posted 1.00 s ago", then what the liveness probe
+// found (liveness.hpp).
+std::string timeout_message(int world_rank, const std::string& op, Clock::time_point waited_from, double timeout_s,
+                            Clock::time_point posted);
 
 // "world rank 3 (host node07)": the rank an error message comes from.
 std::string rank_and_host(int world_rank);

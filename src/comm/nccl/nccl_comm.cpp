@@ -16,20 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "comm/deadline.hpp"
 #include "comm/liveness.hpp"
 #include "comm/op_info.hpp"
 
 namespace piper::comm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-Clock::time_point deadline_after(double s) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CommError(std::string("piper comm: CUDA ") + what + " failed: " + cudaGetErrorString(e));
@@ -94,6 +87,7 @@ struct Completion {
   std::shared_ptr<Context> ctx;
   cudaEvent_t done = nullptr;
   bool recorded = false;
+  explicit Completion(std::shared_ptr<Context> c) : ctx(std::move(c)), done(ctx->event()) {}
   ~Completion() { ctx->release(done); }
 };
 
@@ -104,7 +98,7 @@ struct Pending {
   NcclCall call;
   cudaEvent_t before = nullptr;  // the backend's stream when it was posted
   std::shared_ptr<Completion> done;
-  std::string what;
+  OpInfo info;  // described only in an error
 };
 
 // One NCCL communicator, the stream its operations run on, and the operations posted on it that NCCL
@@ -131,6 +125,18 @@ struct LaneState {
   }
 };
 
+// A wait on `lane` that ran past the timeout: the lane is aborted and a CommError says what was waited on.
+[[noreturn]] void abort_for_timeout(LaneState& lane, const Context& ctx, const std::string& what, Clock::time_point start) {
+  std::ostringstream msg;
+  msg.setf(std::ios::fixed);
+  msg.precision(2);
+  msg << "piper comm: NCCL timeout on " << ctx.where() << ": " << what << "; waited " << seconds_since(start)
+      << " s (timeout " << ctx.options.timeout_s << " s); the NCCL communicator was aborted"
+      << liveness_report(kLivenessProbeS);
+  lane.abort(msg.str());
+  throw CommError(lane.why_aborted);
+}
+
 // A non-blocking NCCL call's state after it returned: polls until it is no longer in progress, within the
 // timeout; a failure or a timeout aborts the communicator and throws, saying what was being done.
 void settle(ncclResult_t rc, LaneState& lane, const Context& ctx, const std::string& what) {
@@ -138,16 +144,7 @@ void settle(ncclResult_t rc, LaneState& lane, const Context& ctx, const std::str
   const auto deadline = deadline_after(ctx.options.timeout_s);
   Backoff backoff;
   while (rc == ncclInProgress) {
-    if (Clock::now() > deadline) {
-      std::ostringstream msg;
-      msg.setf(std::ios::fixed);
-      msg.precision(2);
-      msg << "piper comm: NCCL timeout on " << ctx.where() << ": " << what << "; waited " << seconds_since(start)
-          << " s (timeout " << ctx.options.timeout_s << " s); the NCCL communicator was aborted"
-          << liveness_report(kLivenessProbeS);
-      lane.abort(msg.str());
-      throw CommError(lane.why_aborted);
-    }
+    if (Clock::now() > deadline) abort_for_timeout(lane, ctx, what, start);
     backoff.pause();
     ncclCommGetAsyncError(lane.comm, &rc);
   }
@@ -183,7 +180,7 @@ void progress(LaneState& lane, Context& ctx) {
     if (rc == ncclSuccess || rc == ncclInProgress) ncclCommGetAsyncError(lane.comm, &rc);
     if (rc == ncclInProgress) return;
     if (rc != ncclSuccess) {
-      lane.abort("piper comm: NCCL error on " + ctx.where() + ": " + op.what + ": " + nccl_text(rc, lane.comm));
+      lane.abort("piper comm: NCCL error on " + ctx.where() + ": " + op.info.describe() + ": " + nccl_text(rc, lane.comm));
       throw CommError(lane.why_aborted);
     }
     cuda_ok(cudaEventRecord(op.done->done, lane.stream), "cudaEventRecord");
@@ -200,15 +197,7 @@ void poll_until_done(RequestImpl& r, const Context& ctx, What what, Clock::time_
   const auto deadline = deadline_after(ctx.options.timeout_s);
   Backoff backoff;
   while (!r.test()) {
-    if (Clock::now() > deadline) {
-      std::ostringstream msg;
-      msg.setf(std::ios::fixed);
-      msg.precision(2);
-      msg << "piper comm: timeout on " << ctx.where() << ": " << what() << "; waited " << seconds_since(start)
-          << " s (timeout " << ctx.options.timeout_s << " s), posted " << seconds_since(posted) << " s ago"
-          << liveness_report(kLivenessProbeS);
-      throw CommError(msg.str());
-    }
+    if (Clock::now() > deadline) throw CommError(timeout_message(ctx.world_rank, what(), start, ctx.options.timeout_s, posted));
     backoff.pause();
   }
 }
@@ -378,10 +367,8 @@ class NcclCommunicator final : public Communicator {
   Request queued(size_t lane, OpInfo inf, NcclCall call) {
     LaneState& l = lanes_[lane];
     throw_if_aborted(lane, inf);
-    auto done = std::make_shared<Completion>();
-    done->ctx = ctx_;
-    done->done = ctx_->event();
-    l.pending.push_back(Pending{std::move(call), ready(), done, inf.describe()});
+    auto done = std::make_shared<Completion>(ctx_);
+    l.pending.push_back(Pending{std::move(call), ready(), done, inf});
     progress(l, *ctx_);
     return Request(std::make_unique<NcclRequest>(*this, lane, std::move(inf), std::move(done)));
   }
@@ -400,17 +387,11 @@ class NcclCommunicator final : public Communicator {
     for (;;) {
       progress(l, *ctx_);
       if (l.aborted || l.pending.empty()) return;
-      if (Clock::now() > deadline) {
-        std::ostringstream msg;
-        msg.setf(std::ios::fixed);
-        msg.precision(2);
-        msg << "piper comm: NCCL timeout on " << ctx_->where() << ": " << doing << " the " << lane_name(lane)
-            << " lane of " << name() << " waits for " << l.pending.front().what << " to start; waited "
-            << seconds_since(start) << " s (timeout " << ctx_->options.timeout_s << " s); the NCCL communicator was aborted"
-            << liveness_report(kLivenessProbeS);
-        l.abort(msg.str());
-        throw CommError(l.why_aborted);
-      }
+      if (Clock::now() > deadline)
+        abort_for_timeout(l, *ctx_,
+                          std::string(doing) + " the " + lane_name(lane) + " lane of " + name() + " waits for " +
+                              l.pending.front().info.describe() + " to start",
+                          start);
       backoff.pause();
     }
   }
@@ -461,9 +442,7 @@ class NcclCommunicator final : public Communicator {
       if (send.n)
         cuda_ok(cudaMemcpyAsync(recv.buf, send.buf, send.n * sizeof(float), cudaMemcpyDeviceToDevice, self_stream_),
                 "cudaMemcpyAsync");
-      auto done = std::make_shared<Completion>();
-      done->ctx = ctx_;
-      done->done = ctx_->event();
+      auto done = std::make_shared<Completion>(ctx_);
       cuda_ok(cudaEventRecord(done->done, self_stream_), "cudaEventRecord");
       done->recorded = true;
       *send.slot = done;
