@@ -24,9 +24,10 @@ __global__ void add_kernel(T* y, const T* x, int64_t n) {
     y[i] = from_f32<T>(to_f32(y[i]) + to_f32(x[i]));
 }
 
-__global__ void to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+template <class S, class D>
+__global__ void convert_kernel(const S* src, D* dst, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = __float2bfloat16_rn(src[i]);
+    dst[i] = from_f32<D>(to_f32(src[i]));
 }
 
 // One block per kSumBlock elements: part[b] = sum of their squares (fixed order within the block).
@@ -74,10 +75,11 @@ void scatter_cols(const T* src, int64_t n, T* dst, int64_t S, int64_t col, int64
   PIPER_CUDA_LAUNCHED("scatter_cols");
 }
 
-void to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s) {
+template <class S, class D>
+void convert(const S* src, D* dst, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(src, dst, n);
-  PIPER_CUDA_LAUNCHED("to_bf16");
+  convert_kernel<<<blocks_for(n), kThreads, 0, s>>>(src, dst, n);
+  PIPER_CUDA_LAUNCHED("convert");
 }
 
 template <class T>
@@ -121,5 +123,7 @@ void add_column_sums(const float* part, int64_t R, int64_t D, float* dst, cudaSt
 PIPER_INSTANTIATE(float)
 PIPER_INSTANTIATE(__nv_bfloat16)
 #undef PIPER_INSTANTIATE
+template void convert<float, __nv_bfloat16>(const float*, __nv_bfloat16*, int64_t, cudaStream_t);
+template void convert<__nv_bfloat16, float>(const __nv_bfloat16*, float*, int64_t, cudaStream_t);
 
 }  // namespace piper::kernels::cuda

@@ -17,8 +17,10 @@ void gather_cols(const T* src, int64_t S, int64_t col, T* dst, int64_t n, int64_
 // dst[M,S][:, col : col + n] = src[M,n]
 template <class T>
 void scatter_cols(const T* src, int64_t n, T* dst, int64_t S, int64_t col, int64_t M, cudaStream_t s);
-// dst[n] = src[n] rounded to bf16 (nearest even): the inputs of a bf16 product from f32 tensors
-void to_bf16(const float* src, __nv_bfloat16* dst, int64_t n, cudaStream_t s);
+// dst[n] = src[n] in D (float or bf16; to bf16 rounded to nearest even): the inputs of a bf16 product
+// from f32 tensors, and the convert op
+template <class S, class D>
+void convert(const S* src, D* dst, int64_t n, cudaStream_t s);
 // y[n] += x[n]
 template <class T>
 void add_inplace(T* y, const T* x, int64_t n, cudaStream_t s);

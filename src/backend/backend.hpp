@@ -214,6 +214,8 @@ struct Event {
   X(scatter_cols, void, (V src, O dst, int64_t col))                                             \
   /* y += x */                                                                                   \
   X(add_inplace, void, (O y, V x))                                                               \
+  /* dst = src in dst's storage type (f32 <-> bf16 rounding to nearest even; alike: a copy) */   \
+  X(convert, void, (V src, O dst))                                                               \
   X(adamw_update, void, (O p, V g, O m, O v, const AdamWStep& step))                             \
   /* sum of x^2 in double, independent of the thread count */                                    \
   X(sum_squares, double, (V x))

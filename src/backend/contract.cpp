@@ -29,6 +29,7 @@ void Check::is(const char* name, const ConstTensorView& t, Kind kind) {
       that(t.dtype == DType::DTYPE_F32, tensor + ", expected f32 (statistics, router tensors, " +
                                              "parameter gradients and optimiser state are f32)");
       break;
+    case Kind::KIND_FLOAT:
     case Kind::KIND_DATA:
       that(t.dtype != DType::DTYPE_I32, tensor + ", expected a float type (f32 or bf16)");
       if (!self_->supports(t.dtype)) {
@@ -38,6 +39,7 @@ void Check::is(const char* name, const ConstTensorView& t, Kind kind) {
         fail(tensor + ", expected " + types + " (the float types backend " + self_->name() +
              " computes in)");
       }
+      if (kind == Kind::KIND_FLOAT) break;
       if (!storage_set_) {
         storage_ = t.dtype;
         storage_set_ = true;
@@ -419,6 +421,11 @@ ColDims scatter_cols(Check& c, V src, O dst, int64_t col) {
 int64_t add_inplace(Check& c, O y, V x) {
   c.is("y", y), c.shape("x", x, y.shape);
   return y.numel();
+}
+
+int64_t convert(Check& c, V src, O dst) {
+  c.is("src", src, Kind::KIND_FLOAT), c.shape("dst", dst, src.shape, Kind::KIND_FLOAT);
+  return src.numel();
 }
 
 int64_t adamw_update(Check& c, O p, V g, O m, O v, const AdamWStep& step) {

@@ -18,8 +18,9 @@ using O = Backend::O;
 // What a tensor of an op holds: data (activations, their gradients, parameters read by the op)
 // in the op's storage type — f32 or bf16, one for all its data tensors, one the backend computes
 // on; f32 always (saved statistics, router tensors, parameter gradients, optimiser state); or
-// i32 indices.
-enum class Kind : uint8_t { KIND_DATA, KIND_F32, KIND_I32 };
+// i32 indices; or any float type the backend computes on, apart from the op's storage type (the
+// two sides of a conversion).
+enum class Kind : uint8_t { KIND_DATA, KIND_F32, KIND_I32, KIND_FLOAT };
 
 class Check {
  public:
@@ -98,6 +99,7 @@ RowDims vocab_ce_finish(Check& c, V sums, V row_max, V targets, O dlogits);
 ColDims gather_cols(Check& c, V src, int64_t col, O dst);
 ColDims scatter_cols(Check& c, V src, O dst, int64_t col);
 int64_t add_inplace(Check& c, O y, V x);
+int64_t convert(Check& c, V src, O dst);
 int64_t adamw_update(Check& c, O p, V g, O m, O v, const AdamWStep& step);
 int64_t sum_squares(Check& c, V x);
 

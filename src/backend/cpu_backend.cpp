@@ -506,6 +506,18 @@ class CpuBackend final : public Backend {
     Widened wide(*this, at_, {&x}, {&y});
     k::add_inplace(y.f32(), x.f32(), n);
   }
+  void convert(V src, O dst) override {
+    Check c("convert", this);
+    const int64_t n = ct::convert(c, src, dst);
+    const void* from = at_.local(src.ptr);
+    void* to = at_.local(dst.ptr);
+    if (src.dtype == dst.dtype)
+      copy(dst.ptr, src.ptr, static_cast<size_t>(n) * dtype_size(src.dtype));
+    else if (dst.dtype == DType::DTYPE_BF16)
+      k::f32_to_bf16(static_cast<const float*>(from), static_cast<uint16_t*>(to), n);
+    else
+      k::bf16_to_f32(static_cast<const uint16_t*>(from), static_cast<float*>(to), n);
+  }
   void adamw_update(O p, V g, O m, O v, const AdamWStep& st) override {
     Check c("adamw_update", this);
     const int64_t n = ct::adamw_update(c, p, g, m, v, st);

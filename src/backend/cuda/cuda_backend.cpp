@@ -332,6 +332,16 @@ class CudaBackend final : public Backend {
     const int64_t n = ct::add_inplace(c, y, x);
     by_storage(c, [&]<class T>() { kc::add_inplace(ptr<T>(y), ptr<T>(x), n, current()); });
   }
+  void convert(V src, O dst) override {
+    Check c("convert", this);
+    const int64_t n = ct::convert(c, src, dst);
+    if (src.dtype == dst.dtype)
+      copy(dst.ptr, src.ptr, static_cast<size_t>(n) * dtype_size(src.dtype));
+    else if (dst.dtype == DType::DTYPE_BF16)
+      kc::convert(f32(src), ptr<bf16>(dst), n, current());
+    else
+      kc::convert(ptr<bf16>(src), f32(dst), n, current());
+  }
   void adamw_update(O p, V g, O m, O v, const AdamWStep& st) override {
     Check c("adamw_update", this);
     const int64_t n = ct::adamw_update(c, p, g, m, v, st);
@@ -559,8 +569,7 @@ class CudaBackend final : public Backend {
     if (storage != DType::DTYPE_F32 || matmul_ != MatmulPrecision::MATMUL_BF16) return storage;
     for (const auto& [v, scratch] : inputs) {
       *scratch = Tensor(*this, v->shape, MemCategory::MEM_BUFFERS, DType::DTYPE_BF16);
-      kc::to_bf16(static_cast<const float*>(v->ptr), static_cast<__nv_bfloat16*>(scratch->view().ptr), v->numel(),
-                  current());
+      kc::convert(static_cast<const float*>(v->ptr), static_cast<bf16*>(scratch->view().ptr), v->numel(), current());
       v->ptr = scratch->view().ptr;
       v->dtype = DType::DTYPE_BF16;
     }

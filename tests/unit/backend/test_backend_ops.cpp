@@ -502,6 +502,17 @@ Errors add_inplace(Device& d) {
   return {{"y", normwise_err(d.get(ty), y)}};
 }
 
+// Both ways between the case's storage type and f32: f32 -> bf16 rounds, bf16 -> f32 is exact,
+// f32 -> f32 a copy.
+Errors convert(Device& d) {
+  const Vec x = random_f(kElems, 82);
+  Tensor wide = d.put_f32(x, {kElems}), narrow = d.empty({kElems});
+  d.be().convert(wide.view(), narrow.view());
+  Tensor back(d.be(), Shape{kElems}, MemCategory::MEM_BUFFERS, DType::DTYPE_F32);
+  d.be().convert(narrow.view(), back.view());
+  return {{"to storage", normwise_err(d.get(narrow), x)}, {"to f32", normwise_err(d.get(back), d.get(narrow))}};
+}
+
 // MoE routing: MM token rows in sequences of SEQ, ME experts, MK = top_k, D = Kd.
 constexpr int64_t MM = 12, SEQ = 4, ME = 6, MK = 2, MP = MM * MK;
 using Ids = std::vector<int32_t>;
@@ -719,6 +730,7 @@ std::map<Op, Case> cases() {
       {Op::OP_gather_cols, {1e-7, kBf16Elementwise, [](Device& d) { return gather_scatter(d, false); }}},
       {Op::OP_scatter_cols, {1e-7, kBf16Elementwise, [](Device& d) { return gather_scatter(d, true); }}},
       {Op::OP_add_inplace, {1e-6, kBf16Elementwise, add_inplace}},
+      {Op::OP_convert, {0.0, kBf16Elementwise, convert}},
       {Op::OP_adamw_update, {1e-5, 1e-5, adamw_update}},
       {Op::OP_sum_squares, {1e-6, kBf16Elementwise, sum_squares}},
   };
@@ -864,6 +876,15 @@ TEST(BackendOps, MisshapenTensorsAreRefusedWithTheOpAndTensorNamed) {
               std::string::npos)
         << e.what();
   }
+  be.convert(half.view(), x.view());  // a conversion's two sides are of their own types
+  try {
+    be.convert(ids.view(), half.view({12}));
+    ADD_FAILURE() << "convert accepted dst [12] for src [4]";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "backend cpu, op convert: tensor dst has shape [12], expected [4]");
+  }
+  Tensor index(be, Shape{4, 3}, MemCategory::MEM_BUFFERS, DType::DTYPE_I32);
+  EXPECT_THROW(be.convert(index.view(), x.view()), std::invalid_argument);
   EXPECT_THROW(be.set_stream(1), std::invalid_argument);
 }
 
