@@ -64,6 +64,14 @@ void AttentionBlock::mixer_backward_weight(int slot, const float* xn) {
   be_.linear_bwd_weight(s.dv.view({M, KVD}), x, view(be_, g(ATTN_V_PROJ), {KVD, D}));
 }
 
+// lse, a statistic, stays f32.
+std::vector<Tensor*> AttentionBlock::mixer_kept(int slot) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end()) return {};
+  Saved& s = it->second;
+  return {&s.q, &s.k, &s.v, &s.att};
+}
+
 void AttentionBlock::mixer_release(int slot) { saved_.erase(slot); }
 
 }  // namespace piper::model

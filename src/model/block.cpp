@@ -80,6 +80,7 @@ void Block::drop(int slot, ir::Recompute mode) {
 void Block::recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
+  widen(s.xn);  // selective: kept from the forward
   if (mode == ir::Recompute::RECOMPUTE_FULL) {
     s.xn = act(M * D);
     s.rstd = act(M);
@@ -87,6 +88,17 @@ void Block::recompute(int slot, const MicroBatch& mb, const float* x, ir::Recomp
   }
   Tensor out = scratch(M * D);  // the output is not needed again: the backward reads only the saved state
   mixer_forward(slot, mb, s.xn.data(), out.data());
+  narrow(slot);  // the backward reads what it would have read without the recomputation
+}
+
+// The normalised input (the mixer's products read it again for the weight gradients) and the
+// mixer's; rstd is a statistic and stays f32.
+std::vector<Tensor*> Block::kept(int slot) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end()) return {};
+  std::vector<Tensor*> t = mixer_kept(slot);
+  t.push_back(&it->second.xn);
+  return t;
 }
 
 void Block::release(int slot) {

@@ -98,6 +98,14 @@ void HeadUnit::weight_grads(int slot, const PassArgs& /*a*/) {
   be_.linear_bwd_weight(s.dlogits.view({M, V}), s.xn.view({M, D}), view(be_, g(1), {V, D}));
 }
 
+// The normalised input and d(loss)/d(logits), which only products read again; nothing of an
+// inference forward, whose logits are read as they are.
+std::vector<Tensor*> HeadUnit::kept(int slot) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end() || it->second.inference) return {};
+  return {&it->second.xn, &it->second.dlogits};
+}
+
 // Segment 0 of the vocab-parallel loss: each row's max over this rank's logits, in column tp rank of
 // an [M, tp] table of zeros, which the group's all-reduce fills with every rank's maxima (a sum of one
 // value and zeros is that value exactly).

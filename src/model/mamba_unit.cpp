@@ -113,6 +113,15 @@ void MambaBlock::mixer_backward_weight(int slot, const float* xn) {
   be_.linear_bwd_weight(s.dzxbcdt.view({M, R}), view(be_, xn, {M, D}), view(be_, g(MAMBA_IN_PROJ), {R, D}));
 }
 
+// The wide activations; the scan's step sizes (dt_raw, dt: one value per row and head, which the
+// scan's decays exponentiate), its chunk states and the norm's rstd stay f32.
+std::vector<Tensor*> MambaBlock::mixer_kept(int slot) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end()) return {};
+  Saved& s = it->second;
+  return {&s.z, &s.xbc_in, &s.xbc_conv, &s.x, &s.B, &s.C, &s.y, &s.normed};
+}
+
 void MambaBlock::mixer_release(int slot) { saved_.erase(slot); }
 
 }  // namespace piper::model

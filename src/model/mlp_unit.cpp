@@ -46,6 +46,12 @@ void MlpBlock::mixer_backward_weight(int slot, const float* xn) {
   be_.linear_bwd_weight(s.dup.view({M, F}), x, view(be_, g(MLP_UP_PROJ), {F, D}));
 }
 
+std::vector<Tensor*> MlpBlock::mixer_kept(int slot) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end()) return {};
+  return {&it->second.gate, &it->second.up, &it->second.h};
+}
+
 void MlpBlock::mixer_release(int slot) { saved_.erase(slot); }
 
 }  // namespace piper::model

@@ -25,6 +25,19 @@ Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::v
                                                {sharding.ep_rank, sharding.ep_size, sharding.ep_size > 1 ? ep : nullptr});
 }
 
+Precision precision_named(const std::string& name) {
+  if (name == "fp32") return {};
+  if (name == "tf32") return {backend::MatmulPrecision::MATMUL_TF32, backend::DType::DTYPE_F32};
+  if (name == "bf16") return {backend::MatmulPrecision::MATMUL_BF16, backend::DType::DTYPE_BF16};
+  throw std::invalid_argument("train.precision: must be 'fp32', 'tf32' or 'bf16', not '" + name + "'");
+}
+
+void Model::set_precision(const Precision& p) {
+  be_.set_matmul_precision(p.products);
+  for (const auto& u : units_)
+    if (u) u->keep_activations_in(p.kept);
+}
+
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
                                      int64_t max_context, uint64_t seed, float temperature,
                                      int64_t top_k, const std::function<bool()>& stop) {

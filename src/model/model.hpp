@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -12,6 +13,16 @@
 #include "model/unit.hpp"
 
 namespace piper::model {
+
+// What train.precision asks of the backend and the units (docs/backend.md): the precision of the
+// matrix products, and the storage type of the activations kept from a forward for its backward
+// (Unit::kept): fp32 and tf32 keep f32, bf16 keeps bf16.
+struct Precision {
+  backend::MatmulPrecision products = backend::MatmulPrecision::MATMUL_FP32;
+  backend::DType kept = backend::DType::DTYPE_F32;
+};
+// "fp32", "tf32" or "bf16" (config::validate refuses others); throws std::invalid_argument otherwise.
+Precision precision_named(const std::string& name);
 
 class Model {
  public:
@@ -27,6 +38,8 @@ class Model {
   bool holds(int unit) const { return params_.holds(unit); }
   Unit& unit(int u) { return *units_.at(static_cast<size_t>(u)); }
   backend::Backend& backend() { return be_; }
+  // The products' precision on the backend, and the kept activations' storage in every unit held.
+  void set_precision(const Precision& p);
 
   // Continues `prompt` by `n` tokens, sampling from softmax(logits / temperature)
   // over the `top_k` most likely tokens (0: all of them) with a generator seeded

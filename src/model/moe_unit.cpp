@@ -214,6 +214,14 @@ Unit::Routing MoeBlock::take_routing() {
   return std::exchange(routing_, Routing{0.0, std::vector<double>(static_cast<size_t>(cfg_.n_experts), 0.0)});
 }
 
+// The experts' activations; the router's tensors stay f32.
+std::vector<Tensor*> MoeBlock::mixer_kept(int slot) {
+  auto it = saved_.find(slot);
+  if (it == saved_.end()) return {};
+  Saved& s = it->second;
+  return {&s.gate, &s.up, &s.h};
+}
+
 void MoeBlock::mixer_release(int slot) { saved_.erase(slot); }
 
 }  // namespace piper::model

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "model/unit.hpp"
 
@@ -37,11 +38,16 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
     throw std::logic_error("unit " + spec_.name + ": " + ir::node_kind_name(pass) + " has " +
                            std::to_string(shape(pass).segments) + " segment(s), asked for segment " +
                            std::to_string(k));
+  if (k == 0 && pass != ir::NodeKind::FWD) convert_kept(slot, backend::DType::DTYPE_F32);
   switch (pass) {
-    case ir::NodeKind::FWD:
-      return forward(k, slot, a);
+    case ir::NodeKind::FWD: {
+      const double loss = forward(k, slot, a);
+      if (last(pass, k)) narrow(slot);
+      return loss;
+    }
     case ir::NodeKind::BWD_I:
       backward_input(k, slot, a);
+      if (last(pass, k)) narrow(slot);  // until the weight half
       return 0.0;
     case ir::NodeKind::BWD_W:
       weight_grads(slot, a);
@@ -52,6 +58,26 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
       if (k == weight_segment()) weight_grads(slot, a);
       if (last(pass, k)) release(slot);
       return 0.0;
+  }
+}
+
+void Unit::widen(Tensor& t) {
+  if (t.empty() || t.dtype() == backend::DType::DTYPE_F32) return;
+  Tensor wide(be_, t.shape(), backend::MemCategory::MEM_ACTIVATIONS, backend::DType::DTYPE_F32);
+  be_.convert(t.view(), wide.view());
+  t = std::move(wide);
+}
+
+void Unit::convert_kept(int slot, backend::DType to) {
+  if (kept_dtype_ == backend::DType::DTYPE_F32) return;  // nothing was narrowed
+  for (Tensor* t : kept(slot)) {
+    if (to == backend::DType::DTYPE_F32) {
+      widen(*t);
+    } else if (!t->empty() && t->dtype() != to) {
+      Tensor narrow(be_, t->shape(), backend::MemCategory::MEM_ACTIVATIONS, to);
+      be_.convert(t->view(), narrow.view());
+      *t = std::move(narrow);
+    }
   }
 }
 

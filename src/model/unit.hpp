@@ -120,6 +120,9 @@ class Unit {
     std::vector<double> tokens;
   };
   virtual Routing take_routing() { return {}; }
+  // The storage type of the activations a unit keeps from a forward for its backward (kept()):
+  // f32 to begin with; bf16 under train.precision bf16 (Model::set_precision).
+  void keep_activations_in(backend::DType t) { kept_dtype_ = t; }
 
  protected:
   virtual double forward(int k, int slot, const PassArgs& a) = 0;
@@ -130,6 +133,15 @@ class Unit {
   // The segment of a fused BWD after which the weight gradients can run (the first, unless the
   // mixer's backward spans segments).
   virtual int weight_segment() const { return 0; }
+  // The activations of `slot` that wait from the forward for the backward in the kept storage type:
+  // narrowed when the forward (and a split backward's input half) ends, widened to f32 again when
+  // the backward begins. Statistics (rstd, lse, the scan's states), the router's tensors and the
+  // small per-head tensors stay f32 and are not listed.
+  virtual std::vector<Tensor*> kept(int /*slot*/) { return {}; }
+  // t as f32 again (nothing to do for an f32 or empty tensor), for a pass that reads it before the backward.
+  void widen(Tensor& t);
+  // kept(slot) in the kept storage type, as a forward leaves them (a recomputation too).
+  void narrow(int slot) { convert_kept(slot, kept_dtype_); }
 
   float* w(size_t i) { return params_.value(spec_.index, i); }
   float* g(size_t i) { return params_.grad(spec_.index, i); }
@@ -144,6 +156,10 @@ class Unit {
   EpInfo ep_;
   LocalDims dims_;
   ir::PassShape shapes_[4];  // FWD, BWD_I, BWD_W, BWD
+
+ private:
+  void convert_kept(int slot, backend::DType to);
+  backend::DType kept_dtype_ = backend::DType::DTYPE_F32;
 };
 
 // Plays one pass of `unit` alone: its segments in order, each communication
@@ -183,6 +199,9 @@ class Block : public Unit {
   virtual void mixer_backward_segment(int /*k*/, int /*slot*/) {}
   // What the mixer adds to the loss sum for `slot` (the MoE balance loss), once its forward is done.
   virtual double mixer_loss(int /*slot*/) const { return 0.0; }
+  std::vector<Tensor*> kept(int slot) final;
+  // The mixer's share of kept().
+  virtual std::vector<Tensor*> mixer_kept(int slot) = 0;
 
  private:
   struct Saved {

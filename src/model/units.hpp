@@ -38,6 +38,7 @@ class HeadUnit final : public Unit {
   double forward(int k, int slot, const PassArgs& a) override;
   void backward_input(int k, int slot, const PassArgs& a) override;
   void weight_grads(int slot, const PassArgs& a) override;
+  std::vector<Tensor*> kept(int slot) override;
 
  private:
   struct Saved {
@@ -67,6 +68,7 @@ class MlpBlock final : public Block {
   void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
+  std::vector<Tensor*> mixer_kept(int slot) override;
 
  private:
   struct Saved {
@@ -97,6 +99,7 @@ class MoeBlock final : public Block {
   void mixer_backward_segment(int k, int slot) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
+  std::vector<Tensor*> mixer_kept(int slot) override;
   double mixer_loss(int slot) const override;
   // The router's gradient comes from the backward's dispatch step, so the weight half waits for it.
   int weight_segment() const override { return static_cast<int>(backward_steps_.size()) - 1; }
@@ -152,6 +155,7 @@ class AttentionBlock final : public Block {
   void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
+  std::vector<Tensor*> mixer_kept(int slot) override;
 
  private:
   struct Saved {
@@ -172,6 +176,7 @@ class MambaBlock final : public Block {
   void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
+  std::vector<Tensor*> mixer_kept(int slot) override;
 
  private:
   struct Saved {

@@ -88,9 +88,7 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       instructions_per_step_(program.compute.size() + program.comm.size()),
       evaluator_(model_, optimizer_, ir::forward_program(program), groups_, Passes::FORWARD),
       executor_(model_, optimizer_, std::move(program), groups_) {
-  device_.set_matmul_precision(cfg.train.precision == "bf16"   ? backend::MatmulPrecision::MATMUL_BF16
-                               : cfg.train.precision == "tf32" ? backend::MatmulPrecision::MATMUL_TF32
-                                                               : backend::MatmulPrecision::MATMUL_FP32);
+  model_.set_precision(model::precision_named(cfg.train.precision));
   if (start == StateStart::INITIALISED) model_.params().init(cfg.train.seed);
 }
 
