@@ -61,24 +61,18 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
   }
 }
 
-void Unit::widen(Tensor& t) {
-  if (t.empty() || t.dtype() == backend::DType::DTYPE_F32) return;
-  Tensor wide(be_, t.shape(), backend::MemCategory::MEM_ACTIVATIONS, backend::DType::DTYPE_F32);
-  be_.convert(t.view(), wide.view());
-  t = std::move(wide);
-}
+void Unit::widen(Tensor& t) { store_as(t, backend::DType::DTYPE_F32); }
 
 void Unit::convert_kept(int slot, backend::DType to) {
   if (kept_dtype_ == backend::DType::DTYPE_F32) return;  // nothing was narrowed
-  for (Tensor* t : kept(slot)) {
-    if (to == backend::DType::DTYPE_F32) {
-      widen(*t);
-    } else if (!t->empty() && t->dtype() != to) {
-      Tensor narrow(be_, t->shape(), backend::MemCategory::MEM_ACTIVATIONS, to);
-      be_.convert(t->view(), narrow.view());
-      *t = std::move(narrow);
-    }
-  }
+  for (Tensor* t : kept(slot)) store_as(*t, to);
+}
+
+void Unit::store_as(Tensor& t, backend::DType to) {
+  if (t.empty() || t.dtype() == to) return;
+  Tensor converted(be_, t.shape(), backend::MemCategory::MEM_ACTIVATIONS, to);
+  be_.convert(t.view(), converted.view());
+  t = std::move(converted);
 }
 
 void Unit::drop(int /*slot*/, ir::Recompute mode) {

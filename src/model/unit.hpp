@@ -159,6 +159,8 @@ class Unit {
 
  private:
   void convert_kept(int slot, backend::DType to);
+  // The kept activation t in storage type `to` (nothing to do when empty or of that type already).
+  void store_as(Tensor& t, backend::DType to);
   backend::DType kept_dtype_ = backend::DType::DTYPE_F32;
 };
 
