@@ -56,8 +56,8 @@ double exchange_ms(piper::comm::Communicator& world, int64_t bytes, int reps) {
     world.barrier();
     const auto t0 = Clock::now();
     std::vector<piper::comm::Request> pending;
-    pending.push_back(world.irecv(in.data(), n, peer, kTag));
-    pending.push_back(world.isend(out.data(), n, peer, kTag));
+    pending.push_back(world.irecv(in.data(), n, piper::backend::DType::DTYPE_F32, peer, kTag));
+    pending.push_back(world.isend(out.data(), n, piper::backend::DType::DTYPE_F32, peer, kTag));
     piper::comm::wait_all(pending);
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };

@@ -1,5 +1,7 @@
-// comm.hpp — the communicator interface over float buffers: one object per process group, non-blocking
-// operations returning RAII requests, and timeouts that name the operation that hung.
+// comm.hpp — the communicator interface: one object per process group, non-blocking operations returning
+// RAII requests, and timeouts that name the operation that hung. Collectives reduce and move float
+// buffers; a point-to-point message carries n elements of a storage type (activations between
+// pipeline stages travel in the type they are stored in).
 //
 // Contract (every implementation, see docs/comm.md):
 // - Ranks: `rank()` is this process's index in the group, `peer` arguments are
@@ -24,6 +26,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "backend/backend.hpp"
 
 namespace piper::comm {
 
@@ -97,9 +101,12 @@ class Communicator {
   virtual const std::string& name() const = 0;  // "world [0..3]", "dp group [0,2]"
   virtual const CommOptions& options() const = 0;
 
-  // Non-blocking; n counts floats. peer is a group rank.
-  virtual Request isend(const float* buf, size_t n, int peer, int tag) = 0;
-  virtual Request irecv(float* buf, size_t n, int peer, int tag) = 0;
+  // Non-blocking messages of n elements of storage type t (backend::dtype_size bytes each); peer is a
+  // group rank. A receive may be longer than the message it matches; its elements past the message
+  // are then unspecified (a staged receive lands all of them).
+  virtual Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) = 0;
+  virtual Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) = 0;
+  // Collectives: n counts floats.
   // buf (n) <- sum over ranks of buf, in place.
   virtual Request iallreduce(float* buf, size_t n) = 0;
   // in (size() * n_per_rank): block r of the sum goes to rank r's out (n_per_rank).
@@ -117,8 +124,8 @@ class Communicator {
                              const std::vector<int64_t>& recv_counts) = 0;
 
   // Blocking versions: the i* call, then wait().
-  void send(const float* buf, size_t n, int peer, int tag) { isend(buf, n, peer, tag).wait(); }
-  void recv(float* buf, size_t n, int peer, int tag) { irecv(buf, n, peer, tag).wait(); }
+  void send(const void* buf, size_t n, backend::DType t, int peer, int tag) { isend(buf, n, t, peer, tag).wait(); }
+  void recv(void* buf, size_t n, backend::DType t, int peer, int tag) { irecv(buf, n, t, peer, tag).wait(); }
   void allreduce(float* buf, size_t n) { iallreduce(buf, n).wait(); }
   void reduce_scatter(const float* in, float* out, size_t n_per_rank) {
     ireduce_scatter(in, out, n_per_rank).wait();

@@ -343,6 +343,16 @@ class MpiRequest final : public RequestImpl {
 
 // ---- the communicator -------------------------------------------------------------
 
+// A message's elements as MPI sees them: bf16 moves as 16-bit words (no reduction reads it).
+MPI_Datatype mpi_type(backend::DType t) {
+  switch (t) {
+    case backend::DType::DTYPE_F32: return MPI_FLOAT;
+    case backend::DType::DTYPE_BF16: return MPI_UINT16_T;
+    case backend::DType::DTYPE_I32: return MPI_INT32_T;
+  }
+  throw std::invalid_argument("piper comm: a message of an unknown storage type");
+}
+
 int checked_count(size_t n, const char* what) {
   if (n > static_cast<size_t>(INT_MAX))
     throw std::invalid_argument(std::string("piper comm: ") + what + " of " + std::to_string(n) +
@@ -375,16 +385,16 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   const CommOptions& options() const override { return options_; }
 
-  Request isend(const float* buf, size_t n, int peer, int tag) override {
+  Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) override {
     int count = checked_count(n, "send");
-    return post(p2p_info(OpKind::OP_SEND, n, peer, tag), [&](MPI_Request* r) {
-      return MPI_Isend(buf, count, MPI_FLOAT, peer, tag, comm_, r);
+    return post(p2p_info(OpKind::OP_SEND, n * backend::dtype_size(t), peer, tag), [&](MPI_Request* r) {
+      return MPI_Isend(buf, count, mpi_type(t), peer, tag, comm_, r);
     });
   }
-  Request irecv(float* buf, size_t n, int peer, int tag) override {
+  Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) override {
     int count = checked_count(n, "recv");
-    return post(p2p_info(OpKind::OP_RECV, n, peer, tag), [&](MPI_Request* r) {
-      return MPI_Irecv(buf, count, MPI_FLOAT, peer, tag, comm_, r);
+    return post(p2p_info(OpKind::OP_RECV, n * backend::dtype_size(t), peer, tag), [&](MPI_Request* r) {
+      return MPI_Irecv(buf, count, mpi_type(t), peer, tag, comm_, r);
     });
   }
   Request iallreduce(float* buf, size_t n) override {
@@ -457,12 +467,12 @@ class MpiCommunicator final : public Communicator {
     if (peer < 0 || peer >= size())
       throw std::invalid_argument("piper comm: peer " + std::to_string(peer) + " outside " + name_);
   }
-  OpInfo p2p_info(OpKind kind, size_t n, int peer, int tag) const {
+  OpInfo p2p_info(OpKind kind, size_t bytes, int peer, int tag) const {
     check_peer(peer);
     if (tag < 0 || tag > tag_ub_)
       throw std::invalid_argument("piper comm: tag " + std::to_string(tag) + " outside [0, " +
                                   std::to_string(tag_ub_) + "]");
-    OpInfo info = coll_info(kind, n * sizeof(float));
+    OpInfo info = coll_info(kind, bytes);
     info.peer = peer;
     info.peer_world = world_ranks_[static_cast<size_t>(peer)];
     info.tag = tag;

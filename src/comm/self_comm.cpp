@@ -13,12 +13,12 @@ namespace piper::comm {
 struct SelfCommunicator::Mailbox {
   struct Sent {
     int tag;
-    std::vector<float> data;
+    std::vector<unsigned char> data;
   };
   struct Posted {
     int tag;
-    float* buf;
-    size_t n;
+    void* buf;
+    size_t bytes;
     std::shared_ptr<bool> done;
   };
   std::deque<Sent> sent;
@@ -27,9 +27,11 @@ struct SelfCommunicator::Mailbox {
 
 namespace {
 
-void copy_floats(float* dst, const float* src, size_t n) {
-  if (n && dst != src) std::memcpy(dst, src, n * sizeof(float));
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) std::memcpy(dst, src, bytes);
 }
+
+void copy_floats(float* dst, const float* src, size_t n) { copy_bytes(dst, src, n * sizeof(float)); }
 
 // A receive posted before its send: complete once the send has delivered into it. Nothing else can deliver
 // while the owning thread waits, so a wait on an unmatched receive fails at once instead of hanging.
@@ -67,37 +69,47 @@ void SelfCommunicator::check_peer(const char* op, int peer) const {
                                 "; a communicator of one process has peer 0 only");
 }
 
-Request SelfCommunicator::isend(const float* buf, size_t n, int peer, int tag) {
+namespace {
+
+// "3 bf16": a message's length in its elements, for errors.
+std::string elements(size_t n, backend::DType t) { return std::to_string(n) + " " + backend::dtype_name(t); }
+
+}  // namespace
+
+Request SelfCommunicator::isend(const void* buf, size_t n, backend::DType t, int peer, int tag) {
   check_peer("isend", peer);
+  const size_t bytes = n * backend::dtype_size(t);
+  const auto* data = static_cast<const unsigned char*>(buf);
   auto& posted = mail_->posted;
   auto it = std::find_if(posted.begin(), posted.end(), [&](const Mailbox::Posted& p) { return p.tag == tag; });
   if (it == posted.end()) {
-    mail_->sent.push_back({tag, std::vector<float>(buf, buf + n)});  // buffered: the send is complete
+    mail_->sent.push_back({tag, std::vector<unsigned char>(data, data + bytes)});  // buffered: the send is complete
     return {};
   }
-  if (n > it->n)
-    throw CommError(name_ + ": isend of " + std::to_string(n) + " floats with tag " + std::to_string(tag) +
-                    " into a receive of " + std::to_string(it->n));
-  copy_floats(it->buf, buf, n);
+  if (bytes > it->bytes)
+    throw CommError(name_ + ": isend of " + elements(n, t) + " (" + std::to_string(bytes) + " bytes) with tag " +
+                    std::to_string(tag) + " into a receive of " + std::to_string(it->bytes) + " bytes");
+  copy_bytes(it->buf, buf, bytes);
   *it->done = true;
   posted.erase(it);
   return {};
 }
 
-Request SelfCommunicator::irecv(float* buf, size_t n, int peer, int tag) {
+Request SelfCommunicator::irecv(void* buf, size_t n, backend::DType t, int peer, int tag) {
   check_peer("irecv", peer);
+  const size_t bytes = n * backend::dtype_size(t);
   auto& sent = mail_->sent;
   auto it = std::find_if(sent.begin(), sent.end(), [&](const Mailbox::Sent& s) { return s.tag == tag; });
   if (it != sent.end()) {
-    if (it->data.size() > n)
-      throw CommError(name_ + ": irecv of " + std::to_string(n) + " floats with tag " + std::to_string(tag) +
-                      " matched a send of " + std::to_string(it->data.size()));
-    copy_floats(buf, it->data.data(), it->data.size());
+    if (it->data.size() > bytes)
+      throw CommError(name_ + ": irecv of " + elements(n, t) + " (" + std::to_string(bytes) + " bytes) with tag " +
+                      std::to_string(tag) + " matched a send of " + std::to_string(it->data.size()) + " bytes");
+    copy_bytes(buf, it->data.data(), it->data.size());
     sent.erase(it);
     return {};
   }
   auto done = std::make_shared<bool>(false);
-  mail_->posted.push_back({tag, buf, n, done});
+  mail_->posted.push_back({tag, buf, bytes, done});
   std::weak_ptr<Mailbox> mail = mail_;
   auto cancel = [mail, done] {
     if (auto m = mail.lock())
@@ -106,7 +118,7 @@ Request SelfCommunicator::irecv(float* buf, size_t n, int peer, int tag) {
                       m->posted.end());
   };
   return Request(std::make_unique<PostedReceive>(
-      done, name_ + ": irecv of " + std::to_string(n) + " floats with tag " + std::to_string(tag), cancel));
+      done, name_ + ": irecv of " + elements(n, t) + " with tag " + std::to_string(tag), cancel));
 }
 
 Request SelfCommunicator::ireduce_scatter(const float* in, float* out, size_t n_per_rank) {

@@ -23,8 +23,8 @@ class SelfCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   const CommOptions& options() const override { return options_; }
 
-  Request isend(const float* buf, size_t n, int peer, int tag) override;
-  Request irecv(float* buf, size_t n, int peer, int tag) override;
+  Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) override;
+  Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) override;
   Request iallreduce(float* /*buf*/, size_t /*n*/) override { return {}; }
   Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override;
   Request iallgather(const float* in, float* out, size_t n_per_rank) override;

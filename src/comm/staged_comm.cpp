@@ -12,8 +12,8 @@ namespace {
 // operation completes, the received floats go to the device, once.
 class StagedRequest final : public RequestImpl {
  public:
-  StagedRequest(backend::Backend& device, backend::HostBuffer in, backend::HostBuffer out, float* dst)
-      : device_(device), in_(std::move(in)), out_(std::move(out)), dst_(dst) {}
+  StagedRequest(backend::Backend& device, backend::HostBuffer in, backend::HostBuffer out, void* dst, size_t dst_bytes)
+      : device_(device), in_(std::move(in)), out_(std::move(out)), dst_(dst), dst_bytes_(dst_bytes) {}
   void start(Request host) { host_ = std::move(host); }
   const float* in() const { return in_.data(); }
   float* out() { return out_.data(); }
@@ -32,17 +32,24 @@ class StagedRequest final : public RequestImpl {
 
  private:
   void land() {
-    if (dst_ && !out_.empty()) device_.to_device(dst_, out_.data(), out_.size() * sizeof(float));
+    if (dst_ && dst_bytes_) device_.to_device(dst_, out_.data(), dst_bytes_);
     dst_ = nullptr;
   }
   backend::Backend& device_;
   backend::HostBuffer in_, out_;
-  float* dst_;
+  void* dst_;
+  size_t dst_bytes_;
   Request host_;
 };
 
-size_t total(const std::vector<int64_t>& counts) {
-  return static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}));
+// The bytes of `counts` floats in all.
+size_t total_bytes(const std::vector<int64_t>& counts) {
+  return static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0})) * sizeof(float);
+}
+
+// Host staging for `bytes` bytes, in whole floats.
+backend::HostBuffer host_buffer(backend::Backend& device, size_t bytes) {
+  return backend::HostBuffer(device, (bytes + sizeof(float) - 1) / sizeof(float));
 }
 
 }  // namespace
@@ -54,29 +61,31 @@ StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> owned, back
     : owned_(std::move(owned)), host_(owned_.get()), device_(device) {}
 
 template <class Op>
-Request StagedCommunicator::staged(const float* in, size_t n_in, float* out, size_t n_out, Op op) {
-  backend::HostBuffer host_in(device_, in ? n_in : 0);
-  if (!host_in.empty()) device_.to_host(host_in.data(), in, n_in * sizeof(float));
-  auto req = std::make_unique<StagedRequest>(device_, std::move(host_in), backend::HostBuffer(device_, out ? n_out : 0),
-                                             out);
+Request StagedCommunicator::staged(const void* in, size_t in_bytes, void* out, size_t out_bytes, Op op) {
+  backend::HostBuffer host_in = host_buffer(device_, in ? in_bytes : 0);
+  if (in && in_bytes) device_.to_host(host_in.data(), in, in_bytes);
+  auto req = std::make_unique<StagedRequest>(device_, std::move(host_in), host_buffer(device_, out ? out_bytes : 0),
+                                             out, out ? out_bytes : 0);
   StagedRequest& r = *req;
   r.start(op(r.in(), r.out()));
   return Request(std::move(req));
 }
 
-Request StagedCommunicator::isend(const float* buf, size_t n, int peer, int tag) {
-  return staged(buf, n, nullptr, 0, [&](const float* in, float*) { return host_->isend(in, n, peer, tag); });
+Request StagedCommunicator::isend(const void* buf, size_t n, backend::DType t, int peer, int tag) {
+  return staged(buf, n * backend::dtype_size(t), nullptr, 0,
+                [&](const float* in, float*) { return host_->isend(in, n, t, peer, tag); });
 }
 
-Request StagedCommunicator::irecv(float* buf, size_t n, int peer, int tag) {
-  return staged(nullptr, 0, buf, n, [&](const float*, float* out) { return host_->irecv(out, n, peer, tag); });
+Request StagedCommunicator::irecv(void* buf, size_t n, backend::DType t, int peer, int tag) {
+  return staged(nullptr, 0, buf, n * backend::dtype_size(t),
+                [&](const float*, float* out) { return host_->irecv(out, n, t, peer, tag); });
 }
 
 Request StagedCommunicator::iallreduce(float* buf, size_t n) {
   // In place on the host copy: the staged input is the buffer the result lands from.
   backend::HostBuffer host(device_, n);
   if (n) device_.to_host(host.data(), buf, n * sizeof(float));
-  auto req = std::make_unique<StagedRequest>(device_, backend::HostBuffer(), std::move(host), buf);
+  auto req = std::make_unique<StagedRequest>(device_, backend::HostBuffer(), std::move(host), buf, n * sizeof(float));
   StagedRequest& r = *req;
   r.start(host_->iallreduce(r.out(), n));
   return Request(std::move(req));
@@ -84,24 +93,24 @@ Request StagedCommunicator::iallreduce(float* buf, size_t n) {
 
 Request StagedCommunicator::ireduce_scatter(const float* in, float* out, size_t n_per_rank) {
   const size_t n = n_per_rank * static_cast<size_t>(size());
-  return staged(in, n, out, n_per_rank,
+  return staged(in, n * sizeof(float), out, n_per_rank * sizeof(float),
                 [&](const float* hin, float* hout) { return host_->ireduce_scatter(hin, hout, n_per_rank); });
 }
 
 Request StagedCommunicator::iallgather(const float* in, float* out, size_t n_per_rank) {
   const size_t n = n_per_rank * static_cast<size_t>(size());
-  return staged(in, n_per_rank, out, n,
+  return staged(in, n_per_rank * sizeof(float), out, n * sizeof(float),
                 [&](const float* hin, float* hout) { return host_->iallgather(hin, hout, n_per_rank); });
 }
 
 Request StagedCommunicator::ialltoall(const float* in, float* out, size_t n_per_rank) {
   const size_t n = n_per_rank * static_cast<size_t>(size());
-  return staged(in, n, out, n, [&](const float* hin, float* hout) { return host_->ialltoall(hin, hout, n_per_rank); });
+  return staged(in, n * sizeof(float), out, n * sizeof(float), [&](const float* hin, float* hout) { return host_->ialltoall(hin, hout, n_per_rank); });
 }
 
 Request StagedCommunicator::ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
                                        const std::vector<int64_t>& recv_counts) {
-  return staged(in, total(send_counts), out, total(recv_counts), [&](const float* hin, float* hout) {
+  return staged(in, total_bytes(send_counts), out, total_bytes(recv_counts), [&](const float* hin, float* hout) {
     return host_->ialltoallv(hin, send_counts, hout, recv_counts);
   });
 }

@@ -26,8 +26,8 @@ class StagedCommunicator final : public Communicator {
   const std::string& name() const override { return host_->name(); }
   const CommOptions& options() const override { return host_->options(); }
 
-  Request isend(const float* buf, size_t n, int peer, int tag) override;
-  Request irecv(float* buf, size_t n, int peer, int tag) override;
+  Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) override;
+  Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) override;
   Request iallreduce(float* buf, size_t n) override;
   Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override;
   Request iallgather(const float* in, float* out, size_t n_per_rank) override;
@@ -42,10 +42,10 @@ class StagedCommunicator final : public Communicator {
 
  private:
   StagedCommunicator(std::unique_ptr<Communicator> owned, backend::Backend& device);
-  // The operation `op` on host buffers: `in` (n_in floats) staged from the device first, the result
-  // (n_out floats) copied to `out` on the device when the request completes.
+  // The operation `op` on host buffers: `in` (in_bytes) staged from the device first, the result
+  // (out_bytes) copied to `out` on the device when the request completes.
   template <class Op>
-  Request staged(const float* in, size_t n_in, float* out, size_t n_out, Op op);
+  Request staged(const void* in, size_t in_bytes, void* out, size_t out_bytes, Op op);
 
   std::unique_ptr<Communicator> owned_;  // a split's group; null for the wrapped world
   Communicator* host_;

@@ -598,8 +598,8 @@ double comm_once(comm::Communicator& c, sim::CommOp op, int64_t floats, std::vec
   const auto t0 = Clock::now();
   switch (op) {
     case sim::CommOp::COMM_P2P:
-      if (c.rank() == 0) c.send(a.data(), n, 1, 7);
-      if (c.rank() == 1) c.recv(b.data(), n, 0, 7);
+      if (c.rank() == 0) c.send(a.data(), n, backend::DType::DTYPE_F32, 1, 7);
+      if (c.rank() == 1) c.recv(b.data(), n, backend::DType::DTYPE_F32, 0, 7);
       break;
     case sim::CommOp::COMM_ALLREDUCE: c.allreduce(a.data(), n); break;
     case sim::CommOp::COMM_REDUCE_SCATTER: c.reduce_scatter(a.data(), b.data(), per); break;

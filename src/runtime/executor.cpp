@@ -233,7 +233,7 @@ void Executor::issue(size_t k) {
       if (t.empty())
         throw std::logic_error("rank " + std::to_string(program_.rank) + ": nothing to send for unit " +
                                std::to_string(c.unit) + " mb" + std::to_string(c.microbatch));
-      reqs.push_back(group.isend(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
+      reqs.push_back(group.isend(t.view().ptr, static_cast<size_t>(t.numel()), t.dtype(), c.peer, c.tag));
       held.push_back(std::move(t));
       break;
     }
@@ -241,7 +241,7 @@ void Executor::issue(size_t k) {
       Tensor t = buffer(c.bytes / static_cast<int64_t>(sizeof(float)),
                         c.payload == Payload::PAYLOAD_ACTIVATION ? MemCategory::MEM_ACTIVATIONS
                                                                  : MemCategory::MEM_BUFFERS);
-      reqs.push_back(group.irecv(t.data(), static_cast<size_t>(t.numel()), c.peer, c.tag));
+      reqs.push_back(group.irecv(t.view().ptr, static_cast<size_t>(t.numel()), t.dtype(), c.peer, c.tag));
       values_map[key] = std::move(t);  // the consumer waits for this node before reading
       break;
     }

@@ -143,7 +143,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
         const Located& dst = dst_of(recv->transfer);
         const int64_t at = stretch_start(tr.runs, dst.offsets, recv->first, recv->count);
         recv_into = at >= 0 ? dst.base + at : in;
-        pending.push_back(members.irecv(recv_into, static_cast<size_t>(recv->count), recv->src, kSwitchTag));
+        pending.push_back(members.irecv(recv_into, static_cast<size_t>(recv->count), backend::DType::DTYPE_F32, recv->src, kSwitchTag));
       }
       if (send) {
         const state::Transfer& tr = plan.transfers[send->transfer];
@@ -156,7 +156,7 @@ void run_steps(const state::SwitchPlan& plan, Side& from, Side& to, comm::Commun
           });
           from_buf = out;
         }
-        pending.push_back(members.isend(from_buf, static_cast<size_t>(send->count), send->dst, kSwitchTag));
+        pending.push_back(members.isend(from_buf, static_cast<size_t>(send->count), backend::DType::DTYPE_F32, send->dst, kSwitchTag));
         fig.bytes_sent += send->count * state::kStateElemBytes;
       }
       comm::wait_all(pending);

@@ -111,10 +111,10 @@ void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
       std::vector<float> piece;
       if (env.rank() == src) piece.assign(local.begin(), local.begin() + n_local);
       if (src != 0) {
-        if (env.rank() == src) rt.host_world().send(piece.data(), static_cast<size_t>(n_local), 0, tag);
+        if (env.rank() == src) rt.host_world().send(piece.data(), static_cast<size_t>(n_local), backend::DType::DTYPE_F32, 0, tag);
         if (env.rank() == 0) {
           piece.resize(static_cast<size_t>(n_local));
-          rt.host_world().recv(piece.data(), static_cast<size_t>(n_local), src, tag);
+          rt.host_world().recv(piece.data(), static_cast<size_t>(n_local), backend::DType::DTYPE_F32, src, tag);
         }
       }
       if (env.rank() != 0) continue;

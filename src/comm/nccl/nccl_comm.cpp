@@ -250,10 +250,12 @@ class NcclCommunicator final : public Communicator {
   const std::string& name() const override { return host_->name(); }
   const CommOptions& options() const override { return ctx_->options; }
 
-  Request isend(const float* buf, size_t n, int peer, int tag) override {
-    return message(OpKind::OP_SEND, const_cast<float*>(buf), n, peer, tag);
+  Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) override {
+    return message(OpKind::OP_SEND, const_cast<void*>(buf), n, t, peer, tag);
   }
-  Request irecv(float* buf, size_t n, int peer, int tag) override { return message(OpKind::OP_RECV, buf, n, peer, tag); }
+  Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) override {
+    return message(OpKind::OP_RECV, buf, n, t, peer, tag);
+  }
 
   Request iallreduce(float* buf, size_t n) override {
     return collective(OpKind::OP_ALLREDUCE, n, [=](ncclComm_t c, cudaStream_t s) {
@@ -396,32 +398,44 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  Request message(OpKind kind, float* buf, size_t n, int peer, int tag) {
+  // A message's elements as NCCL sees them.
+  static ncclDataType_t nccl_type(backend::DType t) {
+    switch (t) {
+      case backend::DType::DTYPE_F32: return ncclFloat32;
+      case backend::DType::DTYPE_BF16: return ncclBfloat16;
+      case backend::DType::DTYPE_I32: return ncclInt32;
+    }
+    throw std::invalid_argument("piper comm: a message of an unknown storage type");
+  }
+
+  Request message(OpKind kind, void* buf, size_t n, backend::DType t, int peer, int tag) {
     if (peer < 0 || peer >= size())
       throw std::invalid_argument("piper comm: " + std::string(op_name(kind)) + " on " + name() + " with peer " +
                                   std::to_string(peer) + ": group ranks are 0.." + std::to_string(size() - 1));
-    OpInfo inf = info(kind, n * sizeof(float), peer, tag);
-    if (peer == rank()) return to_itself(kind, buf, n, std::move(inf));
+    const size_t bytes = n * backend::dtype_size(t);
+    OpInfo inf = info(kind, bytes, peer, tag);
+    if (peer == rank()) return to_itself(kind, buf, bytes, std::move(inf));
     const size_t lane = kind == OpKind::OP_SEND ? (peer > rank() ? kUp : kDown) : (peer < rank() ? kUp : kDown);
+    const ncclDataType_t type = nccl_type(t);
     return queued(lane, std::move(inf), [=](ncclComm_t c, cudaStream_t s) {
-      return kind == OpKind::OP_SEND ? ncclSend(buf, n, ncclFloat32, peer, c, s) : ncclRecv(buf, n, ncclFloat32, peer, c, s);
+      return kind == OpKind::OP_SEND ? ncclSend(buf, n, type, peer, c, s) : ncclRecv(buf, n, type, peer, c, s);
     });
   }
 
   // A message to itself waits in a mailbox until its other half is posted (matched by tag in posting
   // order); then one device copy, on a stream of its own, completes both.
   struct Posted {
-    float* buf;
-    size_t n;
+    void* buf;
+    size_t bytes;
     int tag;
     cudaEvent_t ready;
     std::shared_ptr<std::shared_ptr<Completion>> slot;  // filled when matched
   };
-  Request to_itself(OpKind kind, float* buf, size_t n, OpInfo inf) {
+  Request to_itself(OpKind kind, void* buf, size_t bytes, OpInfo inf) {
     auto slot = std::make_shared<std::shared_ptr<Completion>>();
     std::deque<Posted>& mine = kind == OpKind::OP_SEND ? self_sends_ : self_recvs_;
     std::deque<Posted>& other = kind == OpKind::OP_SEND ? self_recvs_ : self_sends_;
-    Posted p{buf, n, inf.tag, ready(), slot};
+    Posted p{buf, bytes, inf.tag, ready(), slot};
     auto it = std::find_if(other.begin(), other.end(), [&](const Posted& q) { return q.tag == p.tag; });
     if (it == other.end()) {
       mine.push_back(p);
@@ -430,17 +444,17 @@ class NcclCommunicator final : public Communicator {
       other.erase(it);
       const Posted& send = kind == OpKind::OP_SEND ? p : q;
       const Posted& recv = kind == OpKind::OP_SEND ? q : p;
-      if (send.n > recv.n)
+      if (send.bytes > recv.bytes)
         throw CommError("piper comm: " + inf.describe() + " on " + ctx_->where() + ": a message of " +
-                        std::to_string(send.n) + " floats to itself, received into " + std::to_string(recv.n) +
+                        std::to_string(send.bytes) + " bytes to itself, received into " + std::to_string(recv.bytes) +
                         " (the receive must be at least as large)");
       if (!self_stream_) cuda_ok(cudaStreamCreateWithFlags(&self_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
       cuda_ok(cudaStreamWaitEvent(self_stream_, send.ready, 0), "cudaStreamWaitEvent");
       cuda_ok(cudaStreamWaitEvent(self_stream_, recv.ready, 0), "cudaStreamWaitEvent");
       ctx_->release(send.ready);
       ctx_->release(recv.ready);
-      if (send.n)
-        cuda_ok(cudaMemcpyAsync(recv.buf, send.buf, send.n * sizeof(float), cudaMemcpyDeviceToDevice, self_stream_),
+      if (send.bytes)
+        cuda_ok(cudaMemcpyAsync(recv.buf, send.buf, send.bytes, cudaMemcpyDeviceToDevice, self_stream_),
                 "cudaMemcpyAsync");
       auto done = std::make_shared<Completion>(ctx_);
       cuda_ok(cudaEventRecord(done->done, self_stream_), "cudaEventRecord");

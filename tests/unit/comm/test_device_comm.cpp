@@ -18,6 +18,8 @@
 namespace piper::comm {
 namespace {
 
+constexpr backend::DType kF32 = backend::DType::DTYPE_F32;  // messages of floats
+
 backend::Tensor on_device(backend::Backend& be, const std::vector<float>& host) {
   backend::Tensor t(be, static_cast<int64_t>(host.size()), backend::MemCategory::MEM_BUFFERS);
   be.to_device(t.data(), host.data(), host.size() * sizeof(float));
@@ -135,17 +137,17 @@ TEST_F(NcclComm, MessagesToItselfMatchByTag) {
   Communicator* nccl = nccl_.get();
   backend::Tensor a = on_device(be, {1, 2}), b = on_device(be, {3, 4, 5});
   backend::Tensor ra = on_device(be, {0, 0}), rb = on_device(be, {0, 0, 0});
-  Request s1 = nccl->isend(a.data(), 2, 0, 1);
-  Request s2 = nccl->isend(b.data(), 3, 0, 2);
-  Request r2 = nccl->irecv(rb.data(), 3, 0, 2);  // tag 2 first: matched by tag, not by order
-  Request r1 = nccl->irecv(ra.data(), 2, 0, 1);
+  Request s1 = nccl->isend(a.data(), 2, kF32, 0, 1);
+  Request s2 = nccl->isend(b.data(), 3, kF32, 0, 2);
+  Request r2 = nccl->irecv(rb.data(), 3, kF32, 0, 2);  // tag 2 first: matched by tag, not by order
+  Request r1 = nccl->irecv(ra.data(), 2, kF32, 0, 1);
   r2.wait();
   r1.wait();
   s1.wait();
   s2.wait();
   EXPECT_EQ(to_host(be, ra), (std::vector<float>{1, 2}));
   EXPECT_EQ(to_host(be, rb), (std::vector<float>{3, 4, 5}));
-  EXPECT_THROW(nccl->isend(a.data(), 2, 1, 0), std::invalid_argument);  // a group of one has no rank 1
+  EXPECT_THROW(nccl->isend(a.data(), 2, kF32, 1, 0), std::invalid_argument);  // a group of one has no rank 1
 }
 
 TEST_F(NcclComm, ASplitIsNcclToo) {
@@ -169,7 +171,7 @@ TEST_F(NcclComm, AMessageNeverMatchedTimesOutNamingIt) {
   backend::Tensor x = on_device(be, {0, 0});
   std::string what;
   try {
-    Request r = nccl->irecv(x.data(), 2, 0, 5);
+    Request r = nccl->irecv(x.data(), 2, kF32, 0, 5);
     r.wait();  // nobody sends: a CommError; the request is abandoned as it unwinds
   } catch (const CommError& e) {
     what = e.what();
@@ -179,8 +181,8 @@ TEST_F(NcclComm, AMessageNeverMatchedTimesOutNamingIt) {
   EXPECT_NE(what.find("its other half not posted"), std::string::npos) << what;
   // The communicator serves on: the abandoned receive left the mailbox, so a new pair matches.
   backend::Tensor src = on_device(be, {9, 10});
-  Request s = nccl->isend(src.data(), 2, 0, 5);
-  nccl->recv(x.data(), 2, 0, 5);
+  Request s = nccl->isend(src.data(), 2, kF32, 0, 5);
+  nccl->recv(x.data(), 2, kF32, 0, 5);
   s.wait();
   EXPECT_EQ(to_host(be, x), (std::vector<float>{9, 10}));
 }

@@ -32,8 +32,8 @@ class RecordingComm final : public comm::Communicator {
   int world_rank(int i) const override { return i; }
   const std::string& name() const override { return name_; }
   const comm::CommOptions& options() const override { return options_; }
-  comm::Request isend(const float*, size_t, int, int) override { return note("send"); }
-  comm::Request irecv(float*, size_t, int, int) override { return note("recv"); }
+  comm::Request isend(const void*, size_t, backend::DType, int, int) override { return note("send"); }
+  comm::Request irecv(void*, size_t, backend::DType, int, int) override { return note("recv"); }
   comm::Request iallreduce(float*, size_t) override { return note("allreduce"); }
   comm::Request ireduce_scatter(const float*, float*, size_t) override { return note("reduce_scatter"); }
   comm::Request iallgather(const float*, float*, size_t) override { return note("allgather"); }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -23,6 +24,8 @@
 
 namespace piper::comm {
 namespace {
+
+constexpr backend::DType kF32 = backend::DType::DTYPE_F32;  // messages of floats
 
 using Clock = std::chrono::steady_clock;
 
@@ -50,8 +53,8 @@ TEST(CommMpi, RingExchangeSmallAndLarge) {
   for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 20}) {  // eager and rendezvous sizes
     std::vector<float> out(n), in(n, -1.f);
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 1000));
-    Request rr = world().irecv(in.data(), n, prev, 7);
-    Request rs = world().isend(out.data(), n, next, 7);
+    Request rr = world().irecv(in.data(), n, kF32, prev, 7);
+    Request rs = world().isend(out.data(), n, kF32, next, 7);
     rs.wait();
     rr.wait();
     EXPECT_FALSE(rr.pending());
@@ -62,20 +65,45 @@ TEST(CommMpi, RingExchangeSmallAndLarge) {
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
+// A message carries its elements' storage type: bf16 and i32 arrive bit for bit, an odd count too.
+TEST(CommMpi, MessagesOfEveryStorageType) {
+  const int r = world().rank(), p = world().size();
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  const size_t n = 1001;
+  std::vector<uint16_t> half(n), half_in(n, 0);
+  std::vector<int32_t> ints(n), ints_in(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    half[i] = static_cast<uint16_t>(r * 7 + static_cast<int>(i));
+    ints[i] = -r * 100000 - static_cast<int32_t>(i);
+  }
+  Request rh = world().irecv(half_in.data(), n, backend::DType::DTYPE_BF16, prev, 3);
+  Request ri = world().irecv(ints_in.data(), n, backend::DType::DTYPE_I32, prev, 4);
+  world().send(half.data(), n, backend::DType::DTYPE_BF16, next, 3);
+  world().send(ints.data(), n, backend::DType::DTYPE_I32, next, 4);
+  rh.wait();
+  ri.wait();
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i)
+    bad += half_in[i] != static_cast<uint16_t>(prev * 7 + static_cast<int>(i)) ||
+           ints_in[i] != -prev * 100000 - static_cast<int32_t>(i);
+  EXPECT_EQ(bad, 0u);
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
 TEST(CommMpi, TagsMatchOutOfOrder) {
   const int r = world().rank(), p = world().size();
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   float a = static_cast<float>(r), b = static_cast<float>(100 + r), got_a = -1, got_b = -1;
-  Request rb = world().irecv(&got_b, 1, prev, 2);  // posted before the tag-1 receive
-  Request ra = world().irecv(&got_a, 1, prev, 1);
-  world().send(&a, 1, next, 1);
-  world().send(&b, 1, next, 2);
+  Request rb = world().irecv(&got_b, 1, kF32, prev, 2);  // posted before the tag-1 receive
+  Request ra = world().irecv(&got_a, 1, kF32, prev, 1);
+  world().send(&a, 1, kF32, next, 1);
+  world().send(&b, 1, kF32, next, 2);
   ra.wait();
   rb.wait();
   EXPECT_EQ(got_a, static_cast<float>(prev));
   EXPECT_EQ(got_b, static_cast<float>(100 + prev));
-  EXPECT_THROW(world().isend(&a, 1, p, 0), std::invalid_argument);   // peer outside the group
-  EXPECT_THROW(world().isend(&a, 1, next, -1), std::invalid_argument);  // negative tag
+  EXPECT_THROW(world().isend(&a, 1, kF32, p, 0), std::invalid_argument);   // peer outside the group
+  EXPECT_THROW(world().isend(&a, 1, kF32, next, -1), std::invalid_argument);  // negative tag
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
@@ -237,24 +265,41 @@ void expect_device_comm_matches_the_host(Communicator& dev, backend::Backend& be
   {  // point to point around a ring
     const int next = (r + 1) % p, prev = (r + p - 1) % p;
     backend::Tensor d_in = on_device(in), d_out = on_device(std::vector<float>(in.size(), -1.f));
-    Request rr = dev.irecv(d_out.data(), in.size(), prev, 9);
-    Request rs = dev.isend(d_in.data(), in.size(), next, 9);
+    Request rr = dev.irecv(d_out.data(), in.size(), kF32, prev, 9);
+    Request rs = dev.isend(d_in.data(), in.size(), kF32, next, 9);
     rs.wait();
     rr.wait();
     const std::vector<float> got = to_host(d_out, in.size());
     EXPECT_EQ(got[1], static_cast<float>((prev + 1) * 2));
     EXPECT_EQ(got.back(), static_cast<float>((prev + 1) * static_cast<int>((in.size() - 1) % 500 + 1)));
   }
+  {  // a message of bf16 elements, an odd number of them, into a longer receive
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    const size_t m = 5;
+    std::vector<uint16_t> bits(m), got(m + 1, 0xffff);
+    for (size_t j = 0; j < m; ++j) bits[j] = static_cast<uint16_t>(0x3f80 + r * 16 + static_cast<int>(j));
+    backend::Tensor d_in(be, {static_cast<int64_t>(m)}, backend::MemCategory::MEM_BUFFERS, backend::DType::DTYPE_BF16);
+    backend::Tensor d_out(be, {static_cast<int64_t>(m + 1)}, backend::MemCategory::MEM_BUFFERS,
+                          backend::DType::DTYPE_BF16);
+    be.to_device(d_in.view().ptr, bits.data(), m * sizeof(uint16_t));
+    be.to_device(d_out.view().ptr, got.data(), got.size() * sizeof(uint16_t));
+    Request rr = dev.irecv(d_out.view().ptr, m + 1, backend::DType::DTYPE_BF16, prev, 10);
+    Request rs = dev.isend(d_in.view().ptr, m, backend::DType::DTYPE_BF16, next, 10);
+    rs.wait();
+    rr.wait();
+    be.to_host(got.data(), d_out.view().ptr, got.size() * sizeof(uint16_t));
+    for (size_t j = 0; j < m; ++j) EXPECT_EQ(got[j], 0x3f80 + prev * 16 + static_cast<int>(j)) << "element " << j;
+  }
   {  // every rank sends to every other before it posts a receive (NCCL connects the pairs meanwhile)
     std::vector<backend::Tensor> got;
     std::vector<Request> sends, recvs;
     backend::Tensor d_in = on_device(in);
     for (int j = 0; j < p; ++j)
-      if (j != r) sends.push_back(dev.isend(d_in.data() + static_cast<size_t>(j) * n, n, j, 11));
+      if (j != r) sends.push_back(dev.isend(d_in.data() + static_cast<size_t>(j) * n, n, kF32, j, 11));
     for (int j = 0; j < p; ++j)
       if (j != r) {
         got.push_back(on_device(std::vector<float>(n, -1.f)));
-        recvs.push_back(dev.irecv(got.back().data(), n, j, 11));
+        recvs.push_back(dev.irecv(got.back().data(), n, kF32, j, 11));
       }
     for (Request& q : recvs) q.wait();
     for (Request& q : sends) q.wait();
@@ -340,8 +385,8 @@ TEST(CommMpi, FallbackWithoutProgressThread) {
   }
   EXPECT_EQ(buf.back(), static_cast<float>(p * (p - 1) / 2));
   float x = static_cast<float>(r), y = -1;
-  Request rr = w->irecv(&y, 1, (r + p - 1) % p, 3);
-  w->send(&x, 1, (r + 1) % p, 3);
+  Request rr = w->irecv(&y, 1, kF32, (r + p - 1) % p, 3);
+  w->send(&x, 1, kF32, (r + 1) % p, 3);
   rr.wait();
   EXPECT_EQ(y, static_cast<float>((r + p - 1) % p));
   EXPECT_TRUE(all_ok(!HasFailure()));
@@ -372,9 +417,9 @@ TEST(CommMpi, ManyOutstandingOperationsCompleteInAnyWaitOrder) {
   std::vector<float> send_a(big, static_cast<float>(r)), recv_a(big, -1.f), sum(big, 1.f), gathered(static_cast<size_t>(p));
   float one = static_cast<float>(r), zero_in = 0, zero_out = 0;
   std::vector<Request> reqs;
-  reqs.push_back(world().irecv(recv_a.data(), big, prev, 11));
+  reqs.push_back(world().irecv(recv_a.data(), big, kF32, prev, 11));
   reqs.push_back(world().iallreduce(sum.data(), big));
-  reqs.push_back(world().isend(send_a.data(), big, next, 11));
+  reqs.push_back(world().isend(send_a.data(), big, kF32, next, 11));
   reqs.push_back(world().iallgather(&one, gathered.data(), 1));
   reqs.push_back(world().iallreduce(&zero_in, 0));  // empty operations are fine
   reqs.push_back(world().ialltoall(&zero_in, &zero_out, 0));
@@ -398,21 +443,21 @@ TEST(CommMpi, DestroyedRequestWaitsButAnAbandonedReceiveIsCancelled) {
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   float got = -1, mine = static_cast<float>(r);
   {
-    Request rr = world().irecv(&got, 1, prev, 21);
-    world().send(&mine, 1, next, 21);
+    Request rr = world().irecv(&got, 1, kF32, prev, 21);
+    world().send(&mine, 1, kF32, next, 21);
   }  // the destructor waits
   EXPECT_EQ(got, static_cast<float>(prev));
   // a receive dropped while an exception unwinds is cancelled: the message goes to the next receive
   float lost = -1, found = -1;
   try {
-    Request rr = world().irecv(&lost, 1, prev, 22);
+    Request rr = world().irecv(&lost, 1, kF32, prev, 22);
     throw std::runtime_error("unwind");
   } catch (const std::runtime_error&) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // if the thread was polling, it cancels next
   world().barrier();
-  world().send(&mine, 1, next, 22);
-  world().recv(&found, 1, prev, 22);
+  world().send(&mine, 1, kF32, next, 22);
+  world().recv(&found, 1, kF32, prev, 22);
   EXPECT_EQ(lost, -1.f);
   EXPECT_EQ(found, static_cast<float>(prev));
   EXPECT_TRUE(all_ok(!HasFailure()));
@@ -446,8 +491,8 @@ TEST(CommMpi, GroupsFromParallelDimsReduceWithinTheGroup) {
   EXPECT_EQ(v, static_cast<float>(me < 2 ? 0 + 1 : 2 + 3));
   // p2p inside the group: peers are group ranks
   float got = -1, mine = static_cast<float>(100 + me);
-  Request rr = dp->irecv(&got, 1, 1 - dp->rank(), 5);
-  dp->send(&mine, 1, 1 - dp->rank(), 5);
+  Request rr = dp->irecv(&got, 1, kF32, 1 - dp->rank(), 5);
+  dp->send(&mine, 1, kF32, 1 - dp->rank(), 5);
   rr.wait();
   EXPECT_EQ(got, static_cast<float>(100 + dp->world_rank(1 - dp->rank())));
   EXPECT_TRUE(all_ok(!HasFailure()));
@@ -490,7 +535,7 @@ TEST(CommMpi, TimeoutNamesRankHostOpAndPeer) {
   auto quick = make_mpi_world(opt);
   float got = -1, sent = 42;
   if (me == 0) {
-    Request r = quick->irecv(&got, 1, 1, 99);  // rank 1 sends only after the barrier below
+    Request r = quick->irecv(&got, 1, kF32, 1, 99);  // rank 1 sends only after the barrier below
     const auto t0 = Clock::now();
     try {
       r.wait();
@@ -512,7 +557,7 @@ TEST(CommMpi, TimeoutNamesRankHostOpAndPeer) {
     EXPECT_EQ(got, 42.f);
   } else {
     world().barrier();
-    if (me == 1) quick->send(&sent, 1, 0, 99);
+    if (me == 1) quick->send(&sent, 1, kF32, 0, 99);
   }
   // a collective names its group instead of a peer; the others join it after the barrier
   if (me == 0) {
@@ -583,8 +628,8 @@ TEST(CommMpi, ProgressThreadFinishesATransferDuringCompute) {
   for (int k = 0; k < 3; ++k) {
     world().barrier();
     auto t = Clock::now();
-    if (me == 0) world().recv(buf.data(), n, 1, 30);
-    else world().send(buf.data(), n, 0, 30);
+    if (me == 0) world().recv(buf.data(), n, kF32, 1, 30);
+    else world().send(buf.data(), n, kF32, 0, 30);
     alone.push_back(ms_since(t));
   }
   const double compute_ms = std::max(60.0, 4 * min_of(alone));
@@ -599,17 +644,17 @@ TEST(CommMpi, ProgressThreadFinishesATransferDuringCompute) {
       c.barrier();
       float ready = 1;
       if (me == 0) {
-        Request r = c.irecv(buf.data(), n, 1, 31);
-        c.send(&ready, 1, 1, 32);  // now the sender may start
+        Request r = c.irecv(buf.data(), n, kF32, 1, 31);
+        c.send(&ready, 1, kF32, 1, 32);  // now the sender may start
         compute(iters);
         auto t = Clock::now();
         r.wait();
         waited.push_back(ms_since(t));
         EXPECT_EQ(buf[n - 1], 2.f);
       } else {
-        c.recv(&ready, 1, 0, 32);
+        c.recv(&ready, 1, kF32, 0, 32);
         auto t = Clock::now();
-        c.send(buf.data(), n, 0, 31);
+        c.send(buf.data(), n, kF32, 0, 31);
         sent.push_back(ms_since(t));
       }
     }
