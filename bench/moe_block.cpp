@@ -79,8 +79,12 @@ class BlockRun {
   }
   double once_ms() {
     const auto t0 = Clock::now();
-    piper::model::play_pass(*unit_, piper::ir::NodeKind::FWD, 0, {&mb_, x_.data(), nullptr, y_.data(), nullptr});
-    piper::model::play_pass(*unit_, piper::ir::NodeKind::BWD, 0, {nullptr, x_.data(), dy_.data(), nullptr, dx_.data()});
+    const piper::backend::Shape rows{mb_.rows(), cfg_.d_model};
+    piper::model::play_pass(*unit_, piper::ir::NodeKind::FWD, 0,
+                            {&mb_, piper::backend::view(be_, x_.data(), rows), {}, piper::backend::view(be_, y_.data(), rows), {}});
+    piper::model::play_pass(*unit_, piper::ir::NodeKind::BWD, 0,
+                            {nullptr, piper::backend::view(be_, x_.data(), rows), piper::backend::view(be_, dy_.data(), rows), {},
+                             piper::backend::view(be_, dx_.data(), rows)});
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   }
 

@@ -16,9 +16,8 @@ namespace piper::ir {
 
 namespace {
 
-// The nodes of one unit pass: its compute segments in order, and the node
-// whose completion gives the pass's result (the last segment, or the
-// collective that ends the pass).
+// The nodes of one unit pass: its compute segments in order, and the last
+// node of the chain so far (a segment, or the collective after it).
 struct PassNodes {
   std::vector<int> segments;
   int out = -1;

@@ -46,9 +46,10 @@ PassShape pass_shape(UnitKind kind, NodeKind pass, const PassDims& d) {
   const CommPoint sum_rows{NodeKind::ALLREDUCE, GroupDim::GROUP_TP, d.d_model, 0};
   switch (kind) {
     case UnitKind::UNIT_EMBED:
-      // Vocab-parallel lookup: each rank's rows, zeros elsewhere, summed. Its
-      // backward is the weight half alone and reads only local rows.
-      if (pass == NodeKind::FWD) return {1, {sum_rows}};
+      // Vocab-parallel lookup: each rank's rows, zeros elsewhere | summed | the
+      // sum stored in the activations' type. Its backward is the weight half
+      // alone and reads only local rows.
+      if (pass == NodeKind::FWD) return {2, {sum_rows}};
       return {};
     case UnitKind::UNIT_HEAD:
       // Forward: norm and local logits | row maxima summed into an [M, tp]

@@ -36,12 +36,12 @@ struct PassDims {
 };
 
 // A pass (FWD, BWD_I, BWD_W or BWD) of one unit kind: `segments` compute
-// segments, point k between segment k and segment k + 1. When a pass ends
-// with a point (points.size() == segments), its result is the collective's.
+// segments, point k between segment k and segment k + 1. No pass ends with a
+// point: its last segment finishes the result, in the storage type the
+// activations travel in between units (a sum over the group is in f32).
 struct PassShape {
   int segments = 1;
   std::vector<CommPoint> points;
-  bool ends_with_point() const { return static_cast<int>(points.size()) == segments; }
 };
 
 // The shape of `pass` of a unit of `kind`. tp 1 (and ep 1): one segment, no points.

@@ -26,7 +26,7 @@ LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInf
 // row-parallel output projection leaves partial sums that point 0 adds over
 // the group before the residual; the backward's column-parallel input
 // projections leave a partial dxn that point 0 adds before the norm.
-double Block::forward(int k, int slot, const PassArgs& a) {
+double Block::forward(int k, int slot, const PassIo& a) {
   const int64_t D = cfg_.d_model;
   if (k == 0) {
     const int64_t M = a.mb->rows();
@@ -43,7 +43,7 @@ double Block::forward(int k, int slot, const PassArgs& a) {
   return mixer_loss(slot);
 }
 
-void Block::backward_input(int k, int slot, const PassArgs& a) {
+void Block::backward_input(int k, int slot, const PassIo& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
   if (k == 0) {
@@ -66,7 +66,7 @@ CommBuffer Block::point(ir::NodeKind pass, int /*k*/, int slot) {
   return {buf, buf, s.rows * cfg_.d_model, {}, {}};
 }
 
-void Block::weight_grads(int slot, const PassArgs& /*a*/) { mixer_backward_weight(slot, saved_.at(slot).xn.data()); }
+void Block::weight_grads(int slot, const PassIo& /*a*/) { mixer_backward_weight(slot, saved_.at(slot).xn.data()); }
 
 void Block::drop(int slot, ir::Recompute mode) {
   mixer_release(slot);
@@ -77,14 +77,16 @@ void Block::drop(int slot, ir::Recompute mode) {
 }
 
 // The forward's first segment again, from the same input with the same kernels: the same bits.
-void Block::recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode) {
+void Block::recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x, ir::Recompute mode) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
   widen(s.xn);  // selective: kept from the forward
   if (mode == ir::Recompute::RECOMPUTE_FULL) {
     s.xn = act(M * D);
     s.rstd = act(M);
-    be_.rmsnorm_fwd(view(be_, x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
+    Tensor widened;  // the forward widened the same input in the same way
+    be_.rmsnorm_fwd(view(be_, f32_of(x, widened), {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}),
+                    s.rstd.view({M}), kNormEps);
   }
   Tensor out = scratch(M * D);  // the output is not needed again: the backward reads only the saved state
   mixer_forward(slot, mb, s.xn.data(), out.data());

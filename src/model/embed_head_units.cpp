@@ -10,8 +10,10 @@ using backend::view;
 
 // Params: 0 embed.weight [V, D]. Vocab-parallel with tp > 1: this rank's rows
 // of the table at vocab_offset, zeros for the other ranks' tokens, summed over
-// the group at point 0; the backward adds into this rank's rows only.
-double EmbedUnit::forward(int /*k*/, int slot, const PassArgs& a) {
+// the group at point 0 (in f32, before segment 1); the backward adds into this
+// rank's rows only.
+double EmbedUnit::forward(int k, int slot, const PassIo& a) {
+  if (k > 0) return 0.0;  // after the sum: Unit::run stores it in the output's type
   const MicroBatch& mb = *a.mb;
   const int64_t M = mb.rows(), D = cfg_.d_model;
   be_.embedding_fwd(view(be_, mb.inputs, {M}), view(be_, w(0), {dims_.vocab, D}), view(be_, a.y, {M, D}),
@@ -28,7 +30,7 @@ CommBuffer EmbedUnit::point(ir::NodeKind /*pass*/, int /*k*/, int slot) {
   return {s.out, s.out, s.rows * cfg_.d_model, {}, {}};
 }
 
-void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
+void EmbedUnit::weight_grads(int slot, const PassIo& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
   be_.embedding_bwd(view(be_, s.ids, {M}), view(be_, a.dy, {M, D}), view(be_, g(0), {dims_.vocab, D}),
@@ -39,7 +41,7 @@ void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
 // tp 1: one segment. tp > 1, Megatron's vocab-parallel loss (ir::pass_shape):
 // norm and local logits | the row maxima summed into a table | exponential sums and the
 // target logit | summed | loss and dlogits. Full logits are never gathered.
-double HeadUnit::forward(int k, int slot, const PassArgs& a) {
+double HeadUnit::forward(int k, int slot, const PassIo& a) {
   const MicroBatch& mb = *a.mb;
   const int64_t D = cfg_.d_model, V = dims_.vocab;
   if (k == 0) {
@@ -77,7 +79,7 @@ CommBuffer HeadUnit::point(ir::NodeKind pass, int k, int slot) {
   return {s.sums.data(), s.sums.data(), s.sums.numel(), {}, {}};
 }
 
-void HeadUnit::backward_input(int k, int slot, const PassArgs& a) {
+void HeadUnit::backward_input(int k, int slot, const PassIo& a) {
   Saved& s = saved_.at(slot);
   if (s.inference) throw std::logic_error("backward of an inference forward of the head");
   const int64_t M = s.rows, D = cfg_.d_model, V = dims_.vocab;
@@ -92,7 +94,7 @@ void HeadUnit::backward_input(int k, int slot, const PassArgs& a) {
   }
 }
 
-void HeadUnit::weight_grads(int slot, const PassArgs& /*a*/) {
+void HeadUnit::weight_grads(int slot, const PassIo& /*a*/) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model, V = dims_.vocab;
   be_.linear_bwd_weight(s.dlogits.view({M, V}), s.xn.view({M, D}), view(be_, g(1), {V, D}));

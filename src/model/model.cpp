@@ -27,8 +27,8 @@ Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::v
 
 Precision precision_named(const std::string& name) {
   if (name == "fp32") return {};
-  if (name == "tf32") return {backend::MatmulPrecision::MATMUL_TF32, backend::DType::DTYPE_F32};
-  if (name == "bf16") return {backend::MatmulPrecision::MATMUL_BF16, backend::DType::DTYPE_BF16};
+  if (name == "tf32") return {backend::MatmulPrecision::MATMUL_TF32, backend::DType::DTYPE_F32, backend::DType::DTYPE_F32};
+  if (name == "bf16") return {backend::MatmulPrecision::MATMUL_BF16, backend::DType::DTYPE_BF16, backend::DType::DTYPE_BF16};
   throw std::invalid_argument("train.precision: must be 'fp32', 'tf32' or 'bf16', not '" + name + "'");
 }
 
@@ -36,6 +36,7 @@ void Model::set_precision(const Precision& p) {
   be_.set_matmul_precision(p.products);
   for (const auto& u : units_)
     if (u) u->keep_activations_in(p.kept);
+  between_units_ = p.between_units;
 }
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
@@ -53,14 +54,14 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
     Tensor ids(be_, backend::Shape{T}, backend::MemCategory::MEM_BUFFERS, backend::DType::DTYPE_I32);
     be_.to_device(ids.view().ptr, seq.data() + start, static_cast<size_t>(T) * sizeof(int32_t));
     MicroBatch mb{static_cast<const int32_t*>(ids.view().ptr), nullptr, 1, T, 1.0f};
-    Tensor a(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
-    Tensor b(be_, mb.rows() * D, backend::MemCategory::MEM_BUFFERS);
-    play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, nullptr, nullptr, a.data(), nullptr});
+    Tensor a(be_, {mb.rows(), D}, backend::MemCategory::MEM_BUFFERS, between_units_);
+    Tensor b(be_, {mb.rows(), D}, backend::MemCategory::MEM_BUFFERS, between_units_);
+    play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, {}, {}, a.view(), {}});
     for (size_t u = 1; u + 1 < units_.size(); ++u) {
-      play_pass(*units_[u], ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, b.data(), nullptr});
+      play_pass(*units_[u], ir::NodeKind::FWD, kSlot, {&mb, a.view(), {}, b.view(), {}});
       std::swap(a, b);
     }
-    play_pass(*units_.back(), ir::NodeKind::FWD, kSlot, {&mb, a.data(), nullptr, nullptr, nullptr});
+    play_pass(*units_.back(), ir::NodeKind::FWD, kSlot, {&mb, a.view(), {}, {}, {}});
     std::vector<float> logits(static_cast<size_t>(V));  // the last position's, on the host
     be_.to_host(logits.data(), units_.back()->logits(kSlot) + (mb.rows() - 1) * V, logits.size() * sizeof(float));
     const float* last = logits.data();

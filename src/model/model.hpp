@@ -14,12 +14,14 @@
 
 namespace piper::model {
 
-// What train.precision asks of the backend and the units (docs/backend.md): the precision of the
-// matrix products, and the storage type of the activations kept from a forward for its backward
-// (Unit::kept): fp32 and tf32 keep f32, bf16 keeps bf16.
+// What train.precision asks of the backend, the units and the runtime (docs/backend.md): the precision
+// of the matrix products; the storage type of the activations kept from a forward for its backward
+// (Unit::kept); and that of the activations and their gradients passed between units, kept by the
+// runtime and sent between pipeline stages (PassArgs). fp32 and tf32 store f32, bf16 stores bf16.
 struct Precision {
   backend::MatmulPrecision products = backend::MatmulPrecision::MATMUL_FP32;
   backend::DType kept = backend::DType::DTYPE_F32;
+  backend::DType between_units = backend::DType::DTYPE_F32;
 };
 // "fp32", "tf32" or "bf16" (config::validate refuses others); throws std::invalid_argument otherwise.
 Precision precision_named(const std::string& name);
@@ -38,8 +40,11 @@ class Model {
   bool holds(int unit) const { return params_.holds(unit); }
   Unit& unit(int u) { return *units_.at(static_cast<size_t>(u)); }
   backend::Backend& backend() { return be_; }
-  // The products' precision on the backend, and the kept activations' storage in every unit held.
+  // The products' precision on the backend, the kept activations' storage in every unit held, and the
+  // storage of the activations between units (activation_dtype).
   void set_precision(const Precision& p);
+  // The storage type of the activations and gradients between units ([rows, D]; f32 to begin with).
+  backend::DType activation_dtype() const { return between_units_; }
 
   // Continues `prompt` by `n` tokens, sampling from softmax(logits / temperature)
   // over the `top_k` most likely tokens (0: all of them) with a generator seeded
@@ -57,6 +62,7 @@ class Model {
   backend::Backend& be_;
   ParamStore params_;
   std::vector<std::unique_ptr<Unit>> units_;  // indexed by unit; null where not held
+  backend::DType between_units_ = backend::DType::DTYPE_F32;
 };
 
 }  // namespace piper::model

@@ -39,26 +39,66 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
                            std::to_string(shape(pass).segments) + " segment(s), asked for segment " +
                            std::to_string(k));
   if (k == 0 && pass != ir::NodeKind::FWD) convert_kept(slot, backend::DType::DTYPE_F32);
+  const PassIo& io = stage(pass, k, slot, a);
+  double loss = 0.0;
   switch (pass) {
-    case ir::NodeKind::FWD: {
-      const double loss = forward(k, slot, a);
+    case ir::NodeKind::FWD:
+      loss = forward(k, slot, io);
       if (last(pass, k)) narrow(slot);
-      return loss;
-    }
+      break;
     case ir::NodeKind::BWD_I:
-      backward_input(k, slot, a);
+      backward_input(k, slot, io);
       if (last(pass, k)) narrow(slot);  // until the weight half
-      return 0.0;
+      break;
     case ir::NodeKind::BWD_W:
-      weight_grads(slot, a);
+      weight_grads(slot, io);
       release(slot);
-      return 0.0;
+      break;
     default:  // BWD: the weight gradients as soon as they can run, so that the later segments stay small
-      backward_input(k, slot, a);
-      if (k == weight_segment()) weight_grads(slot, a);
+      backward_input(k, slot, io);
+      if (k == weight_segment()) weight_grads(slot, io);
       if (last(pass, k)) release(slot);
-      return 0.0;
+      break;
   }
+  if (last(pass, k)) finish(pass, slot, a);
+  return loss;
+}
+
+const float* Unit::f32_of(backend::ConstTensorView v, Tensor& held) {
+  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v.f32();
+  held = Tensor(be_, v.shape, backend::MemCategory::MEM_BUFFERS);
+  be_.convert(v, held.view());
+  return held.data();
+}
+
+namespace {
+
+// Where a pass writes the f32 form of output `v`: v itself when f32 or empty (nullptr), else `staging`.
+float* f32_for(backend::Backend& be, backend::TensorView v, Tensor& staging) {
+  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v.f32();
+  if (staging.empty()) staging = Tensor(be, v.shape, backend::MemCategory::MEM_BUFFERS);
+  return staging.data();
+}
+
+}  // namespace
+
+const PassIo& Unit::stage(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
+  Staged& s = staged_[{pass_slot(pass), slot}];
+  if (k == 0) {
+    s.io.mb = a.mb;
+    s.io.x = f32_of(a.x, s.x);
+    s.io.dy = f32_of(a.dy, s.dy);
+    s.io.y = f32_for(be_, a.y, s.y);
+  }
+  if (last(pass, k)) s.io.dx = f32_for(be_, a.dx, s.dx);
+  return s.io;
+}
+
+void Unit::finish(ir::NodeKind pass, int slot, const PassArgs& a) {
+  auto it = staged_.find({pass_slot(pass), slot});
+  if (!it->second.y.empty()) be_.convert(it->second.y.view(), a.y);
+  if (!it->second.dx.empty()) be_.convert(it->second.dx.view(), a.dx);
+  staged_.erase(it);
 }
 
 void Unit::widen(Tensor& t) { store_as(t, backend::DType::DTYPE_F32); }
@@ -80,7 +120,7 @@ void Unit::drop(int /*slot*/, ir::Recompute mode) {
                          ir::recompute_name(mode) + " recomputation");
 }
 
-void Unit::recompute(int /*slot*/, const MicroBatch& /*mb*/, const float* /*x*/, ir::Recompute mode) {
+void Unit::recompute(int /*slot*/, const MicroBatch& /*mb*/, backend::ConstTensorView /*x*/, ir::Recompute mode) {
   throw std::logic_error("unit " + spec_.name + " is never recomputed, asked for " + ir::recompute_name(mode) +
                          " recomputation");
 }

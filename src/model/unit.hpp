@@ -53,14 +53,25 @@ struct LocalDims {
   LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInfo& ep);
 };
 
-// What a segment of a pass reads and writes. Each segment of one pass gets
-// the same arguments.
+// What a segment of a pass reads and writes, in the storage type the runtime keeps them in between
+// units (f32, or bf16 under train.precision bf16: Model::boundary_dtype). A unit computes in f32: Unit::run
+// widens x and dy for the pass, and stores y and dx in their views' type once the pass has written them.
+// Each segment of one pass gets the same arguments.
 struct PassArgs {
   const MicroBatch* mb = nullptr;  // FWD: the tokens
-  const float* x = nullptr;        // the input activation [rows, D] (not the embedding's)
-  const float* dy = nullptr;       // backward: gradient of the output [rows, D] (not the head's)
-  float* y = nullptr;              // FWD: the output [rows, D] (not the head's), written from the first segment
-  float* dx = nullptr;             // BWD_I, BWD: the input gradient (not the embedding's), written by the last segment
+  backend::ConstTensorView x;      // the input activation [rows, D] (not the embedding's)
+  backend::ConstTensorView dy;     // backward: gradient of the output [rows, D] (not the head's)
+  backend::TensorView y;           // FWD: the output [rows, D] (not the head's), final after the last segment
+  backend::TensorView dx;          // BWD_I, BWD: the input gradient (not the embedding's), after the last segment
+};
+
+// The f32 form of PassArgs a unit's passes compute on: y written from the first segment, dx by the last.
+struct PassIo {
+  const MicroBatch* mb = nullptr;
+  const float* x = nullptr;
+  const float* dy = nullptr;
+  float* y = nullptr;
+  float* dx = nullptr;
 };
 
 // The buffer a communication point moves over its group: an all-reduce
@@ -108,7 +119,7 @@ class Unit {
   // before the backward, runs that part of the forward again from the unit's input `x`
   // into scratch, restoring exactly the state the backward reads. No collective.
   virtual void drop(int slot, ir::Recompute mode);
-  virtual void recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode);
+  virtual void recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x, ir::Recompute mode);
   // The head keeps logits [rows, V] of an inference forward; nullptr elsewhere.
   virtual const float* logits(int /*slot*/) const { return nullptr; }
   // An MoE block's routing since the last take: the sum over this rank's
@@ -125,10 +136,10 @@ class Unit {
   void keep_activations_in(backend::DType t) { kept_dtype_ = t; }
 
  protected:
-  virtual double forward(int k, int slot, const PassArgs& a) = 0;
-  virtual void backward_input(int k, int slot, const PassArgs& a) = 0;
+  virtual double forward(int k, int slot, const PassIo& a) = 0;
+  virtual void backward_input(int k, int slot, const PassIo& a) = 0;
   // Accumulates the matrix weight gradients; the slot stays until release.
-  virtual void weight_grads(int slot, const PassArgs& a) = 0;
+  virtual void weight_grads(int slot, const PassIo& a) = 0;
   bool last(ir::NodeKind pass, int k) const { return k + 1 == shape(pass).segments; }
   // The segment of a fused BWD after which the weight gradients can run (the first, unless the
   // mixer's backward spans segments).
@@ -140,6 +151,8 @@ class Unit {
   virtual std::vector<Tensor*> kept(int /*slot*/) { return {}; }
   // t as f32 again (nothing to do for an f32 or empty tensor), for a pass that reads it before the backward.
   void widen(Tensor& t);
+  // The f32 data of `v`: its own when f32 or empty (nullptr), else a widened copy that `held` keeps.
+  const float* f32_of(backend::ConstTensorView v, Tensor& held);
   // kept(slot) in the kept storage type, as a forward leaves them (a recomputation too).
   void narrow(int slot) { convert_kept(slot, kept_dtype_); }
 
@@ -159,6 +172,15 @@ class Unit {
 
  private:
   void convert_kept(int slot, backend::DType to);
+  // The f32 arguments of segment k of a pass, widened (and y staged) at its first segment, dx staged at
+  // its last; finish() stores y and dx in their views' type and frees the staging.
+  struct Staged {
+    Tensor x, dy, y, dx;
+    PassIo io;
+  };
+  const PassIo& stage(ir::NodeKind pass, int k, int slot, const PassArgs& a);
+  void finish(ir::NodeKind pass, int slot, const PassArgs& a);
+  std::map<std::pair<int, int>, Staged> staged_;  // (pass, slot)
   // The kept activation t in storage type `to` (nothing to do when empty or of that type already).
   void store_as(Tensor& t, backend::DType to);
   backend::DType kept_dtype_ = backend::DType::DTYPE_F32;
@@ -180,12 +202,12 @@ class Block : public Unit {
   CommBuffer point(ir::NodeKind pass, int k, int slot) override;
   void release(int slot) final;
   void drop(int slot, ir::Recompute mode) final;
-  void recompute(int slot, const MicroBatch& mb, const float* x, ir::Recompute mode) final;
+  void recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x, ir::Recompute mode) final;
 
  protected:
-  double forward(int k, int slot, const PassArgs& a) final;
-  void backward_input(int k, int slot, const PassArgs& a) final;
-  void weight_grads(int slot, const PassArgs& a) final;
+  double forward(int k, int slot, const PassIo& a) final;
+  void backward_input(int k, int slot, const PassIo& a) final;
+  void weight_grads(int slot, const PassIo& a) final;
   // xn, out: [rows, D]. Saves under `slot`.
   virtual void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) = 0;
   // dout [rows, D] -> dxn [rows, D] (overwritten); keeps the weight-gradient stash.

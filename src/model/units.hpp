@@ -14,9 +14,9 @@ class EmbedUnit final : public Unit {
   void release(int slot) override { saved_.erase(slot); }
 
  protected:
-  double forward(int k, int slot, const PassArgs& a) override;
-  void backward_input(int /*k*/, int /*slot*/, const PassArgs& /*a*/) override {}  // no input gradient
-  void weight_grads(int slot, const PassArgs& a) override;
+  double forward(int k, int slot, const PassIo& a) override;
+  void backward_input(int /*k*/, int /*slot*/, const PassIo& /*a*/) override {}  // no input gradient
+  void weight_grads(int slot, const PassIo& a) override;
 
  private:
   struct Saved {
@@ -35,9 +35,9 @@ class HeadUnit final : public Unit {
   const float* logits(int slot) const override;
 
  protected:
-  double forward(int k, int slot, const PassArgs& a) override;
-  void backward_input(int k, int slot, const PassArgs& a) override;
-  void weight_grads(int slot, const PassArgs& a) override;
+  double forward(int k, int slot, const PassIo& a) override;
+  void backward_input(int k, int slot, const PassIo& a) override;
+  void weight_grads(int slot, const PassIo& a) override;
   std::vector<Tensor*> kept(int slot) override;
 
  private:

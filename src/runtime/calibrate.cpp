@@ -214,6 +214,20 @@ struct UnitInputs {
     for (auto& v : dy) v = normal(rng);
     assemble(tok, 0, samples, 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)), batch);
   }
+  // What `pass` of a unit reads and writes for mb's rows of width D: no input for the embedding, no
+  // output for the head.
+  model::PassArgs args(backend::Backend& be, const model::MicroBatch& mb, int64_t D, ir::NodeKind pass, bool embed,
+                       bool head) {
+    const backend::Shape rows{mb.rows(), D};
+    const bool fwd = pass == ir::NodeKind::FWD;
+    model::PassArgs a;
+    a.mb = &mb;
+    if (!embed) a.x = backend::view(be, x.data(), rows);
+    if (fwd && !head) a.y = backend::view(be, y.data(), rows);
+    if (!fwd && !head) a.dy = backend::view(be, dy.data(), rows);
+    if (!fwd && pass != ir::NodeKind::BWD_W && !embed) a.dx = backend::view(be, dx.data(), rows);
+    return a;
+  }
 };
 
 // The first unit of each kind in model order: embedding, the pattern's block
@@ -258,10 +272,6 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
     const ir::UnitSpec& spec = g.units[static_cast<size_t>(u)];
     std::unique_ptr<model::Unit> unit = model::make_unit(spec, cfg.model, ps, be, tp);
     const bool embed = spec.kind == ir::UnitKind::UNIT_EMBED, head = spec.kind == ir::UnitKind::UNIT_HEAD;
-    const float* xin = embed ? nullptr : x.data();
-    float* yout = head ? nullptr : y.data();
-    const float* dyin = head ? nullptr : dy.data();
-    float* dxout = embed ? nullptr : dx.data();
     KindSamples ks;
     ks.kind = ir::unit_symbol(spec.kind);
     for (int64_t b : batches) {
@@ -273,10 +283,7 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
       // blocking between its segments; only the segments are timed (the
       // simulator times the collectives from their nodes).
       auto pass = [&](ir::NodeKind p, double* ms) {
-        const model::PassArgs args{&mb, xin, p == ir::NodeKind::FWD ? nullptr : dyin,
-                                   p == ir::NodeKind::FWD ? yout : nullptr,
-                                   p == ir::NodeKind::FWD || p == ir::NodeKind::BWD_W ? nullptr : dxout};
-        model::play_pass(*unit, p, 0, args, ms);
+        model::play_pass(*unit, p, 0, in.args(be, mb, cfg.model.d_model, p, embed, head), ms);
       };
       // The embedding has no input-gradient half: its BWD_W is its whole backward.
       const ir::NodeKind bi = embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I;
@@ -542,14 +549,13 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   auto& [x, dy, y, dx, batch] = in;
   const model::MicroBatch mb = batch.mbs.front();
   const size_t last = made.size() - 1;
+  auto pass = [&](size_t i, ir::NodeKind p) {
+    model::play_pass(*made[i], p, 0, in.args(be, mb, cfg.model.d_model, p, i == 0, i == last));
+  };
   auto once = [&] {
     const auto t0 = Clock::now();
-    for (size_t i = 0; i < made.size(); ++i)
-      model::play_pass(*made[i], ir::NodeKind::FWD, 0,
-                       {&mb, i ? x.data() : nullptr, nullptr, i < last ? y.data() : nullptr, nullptr});
-    for (size_t i = made.size(); i-- > 0;)
-      model::play_pass(*made[i], ir::NodeKind::BWD, 0,
-                       {nullptr, i ? x.data() : nullptr, i < last ? dy.data() : nullptr, nullptr, i ? dx.data() : nullptr});
+    for (size_t i = 0; i < made.size(); ++i) pass(i, ir::NodeKind::FWD);
+    for (size_t i = made.size(); i-- > 0;) pass(i, ir::NodeKind::BWD);
     return ms_since(t0);
   };
   double reps_d = std::clamp(std::ceil((quick ? 60.0 : 300.0) / std::max(1e-3, (once(), once()))), 3.0, 15.0);

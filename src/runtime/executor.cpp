@@ -68,7 +68,10 @@ comm::Communicator& Executor::group_of(const ir::Instr& c) const {
   return *g;
 }
 
-Tensor Executor::buffer(int64_t n, MemCategory c) { return Tensor(model_.backend(), n, c); }
+// An activation or a gradient between units: [rows, D] in the model's activation storage type.
+Tensor Executor::boundary(int64_t rows, MemCategory c) {
+  return Tensor(model_.backend(), {rows, model_.config().d_model}, c, model_.activation_dtype());
+}
 
 Tensor Executor::take(std::map<Key, Tensor>& m, Key k) {
   auto it = m.find(k);
@@ -78,13 +81,13 @@ Tensor Executor::take(std::map<Key, Tensor>& m, Key k) {
   return t;
 }
 
-float* Executor::get(std::map<Key, Tensor>& m, Key k, const char* what) {
+Tensor& Executor::get(std::map<Key, Tensor>& m, Key k, const char* what) {
   auto it = m.find(k);
   if (it == m.end())
     throw std::logic_error("rank " + std::to_string(program_.rank) + ": " + what + " of unit " +
                            std::to_string(k.first) + " mb" + std::to_string(k.second) +
                            " is not available; the program order is inconsistent");
-  return it->second.data();
+  return it->second;
 }
 
 // ---- compute stream -----------------------------------------------------------
@@ -139,15 +142,14 @@ void Executor::run_segment(const ir::Instr& in) {
   if (in.kind == NodeKind::FWD) {
     const model::MicroBatch& mb = mbs_->at(static_cast<size_t>(i));
     a.mb = &mb;
-    if (u > 0) a.x = get(acts_, {u - 1, i}, "the input activation");
+    if (u > 0) a.x = get(acts_, {u - 1, i}, "the input activation").view();
     if (u < last_unit_) {
-      if (first) acts_[{u, i}] = buffer(mb.rows() * model_.config().d_model, MemCategory::MEM_ACTIVATIONS);
-      a.y = get(acts_, {u, i}, "the output activation");
+      if (first) acts_[{u, i}] = boundary(mb.rows(), MemCategory::MEM_ACTIVATIONS);
+      a.y = get(acts_, {u, i}, "the output activation").view();
     }
     stats_->loss_sum += unit.run(NodeKind::FWD, in.segment, i, a);
     if (!last) return;
-    const bool point_after = unit.shape(NodeKind::FWD).points.size() == static_cast<size_t>(in.segment) + 1;
-    if (passes_ == Passes::FORWARD && !point_after) forward_done(u, i);
+    if (passes_ == Passes::FORWARD) forward_done(u, i);
     const auto r = recomputed_.find({u, i});
     if (r != recomputed_.end()) unit.drop(i, r->second);
     return;
@@ -159,12 +161,12 @@ void Executor::run_segment(const ir::Instr& in) {
     unit.run(in.kind, in.segment, i, a);
     return;
   }
-  if (u > 0) a.x = get(acts_, {u - 1, i}, "the input activation");
-  if (u < last_unit_) a.dy = get(grads_, {u + 1, i}, "the output gradient");
+  if (u > 0) a.x = get(acts_, {u - 1, i}, "the input activation").view();
+  if (u < last_unit_) a.dy = get(grads_, {u + 1, i}, "the output gradient").view();
   Tensor grad_in;  // the input gradient has the shape of the input activation
   if (u > 0 && last) {
-    grad_in = buffer(acts_.at({u - 1, i}).numel(), MemCategory::MEM_BUFFERS);
-    a.dx = grad_in.data();
+    grad_in = boundary(acts_.at({u - 1, i}).shape()[0], MemCategory::MEM_BUFFERS);
+    a.dx = grad_in.view();
   }
   unit.run(in.kind, in.segment, i, a);
   if (!last) return;
@@ -173,8 +175,8 @@ void Executor::run_segment(const ir::Instr& in) {
   if (u > 0) grads_[{u, i}] = std::move(grad_in);
 }
 
-// Passes::FORWARD: a unit's forward is complete (its last segment, or the collective after it), and no
-// backward reads what it saved or its input activation.
+// Passes::FORWARD: a unit's forward is complete (its last segment), and no backward reads what it saved
+// or its input activation.
 void Executor::forward_done(int unit, int mb) {
   model_.unit(unit).release(mb);
   take(acts_, {unit - 1, mb});
@@ -183,8 +185,8 @@ void Executor::forward_done(int unit, int mb) {
 // RECOMP: the unit's dropped state again, from its input activation (kept until its backward).
 void Executor::recompute(const ir::Instr& in) {
   const int u = in.unit, i = in.microbatch;
-  model_.unit(u).recompute(i, mbs_->at(static_cast<size_t>(i)), get(acts_, {u - 1, i}, "the input activation"),
-                           in.recompute);
+  model_.unit(u).recompute(i, mbs_->at(static_cast<size_t>(i)),
+                           get(acts_, {u - 1, i}, "the input activation").view(), in.recompute);
 }
 
 // NORM: the sum of squares of this rank's gradients, once they are final
@@ -238,9 +240,15 @@ void Executor::issue(size_t k) {
       break;
     }
     case NodeKind::RECV: {
-      Tensor t = buffer(c.bytes / static_cast<int64_t>(sizeof(float)),
-                        c.payload == Payload::PAYLOAD_ACTIVATION ? MemCategory::MEM_ACTIVATIONS
-                                                                 : MemCategory::MEM_BUFFERS);
+      Tensor t = boundary(mbs_->at(static_cast<size_t>(c.microbatch)).rows(),
+                          c.payload == Payload::PAYLOAD_ACTIVATION ? MemCategory::MEM_ACTIVATIONS
+                                                                   : MemCategory::MEM_BUFFERS);
+      if (static_cast<int64_t>(t.bytes()) != c.bytes)
+        throw std::logic_error("rank " + std::to_string(program_.rank) + ": RECV node " + std::to_string(c.node) +
+                               " of unit " + std::to_string(c.unit) + " mb" + std::to_string(c.microbatch) +
+                               " moves " + std::to_string(c.bytes) + " bytes, but the activation is " +
+                               t.shape().str() + " " + backend::dtype_name(t.dtype()) + " (" +
+                               std::to_string(t.bytes()) + " bytes)");
       reqs.push_back(group.irecv(t.view().ptr, static_cast<size_t>(t.numel()), t.dtype(), c.peer, c.tag));
       values_map[key] = std::move(t);  // the consumer waits for this node before reading
       break;
@@ -263,13 +271,13 @@ void Executor::issue(size_t k) {
     case NodeKind::ALLGATHER:
       for (int u : c.units) {
         if (ir::is_zero3_gather(c)) {  // into a fresh full buffer the unit borrows
-          Tensor full = buffer(ps.padded_numel(u), MemCategory::MEM_PARAMS);
+          Tensor full(model_.backend(), ps.padded_numel(u), MemCategory::MEM_PARAMS);
           for (const ir::FlatPart& p : ps.parts(u))
             reqs.push_back(part_group(p).iallgather(ps.shard_values(u, p), full.data() + p.full_offset,
                                                     static_cast<size_t>(p.zero.len)));
           held.push_back(std::move(full));
         } else {  // updated shards back into every replica's full values
-          Tensor mine = buffer(ps.shard_len(u), MemCategory::MEM_BUFFERS);
+          Tensor mine(model_.backend(), ps.shard_len(u), MemCategory::MEM_BUFFERS);
           for (const ir::FlatPart& p : ps.parts(u)) {
             const auto n = static_cast<size_t>(p.zero.len);
             model_.backend().copy(mine.data() + p.shard_offset, ps.shard_values(u, p), n * sizeof(float));
@@ -294,9 +302,6 @@ bool Executor::complete(size_t k) {
   inflight_[k].clear();
   if (c.kind == NodeKind::REDUCE_SCATTER)
     for (int u : c.units) model_.params().release_full_grads(u);
-  if (passes_ == Passes::FORWARD && c.payload == Payload::PAYLOAD_UNIT && c.pass == ir::Pass::PASS_F &&
-      c.segment + 1 == model_.unit(c.unit).shape(NodeKind::FWD).segments)  // the collective that ends the forward
-    forward_done(c.unit, c.microbatch);
   if (!ir::is_zero3_gather(c)) held_[k].clear();
   return true;
 }

@@ -84,8 +84,8 @@ class Executor : private ir::PlayHost {
   void trace_comm_end(size_t k);
 
   backend::Tensor take(std::map<Key, backend::Tensor>& m, Key k);
-  float* get(std::map<Key, backend::Tensor>& m, Key k, const char* what);
-  backend::Tensor buffer(int64_t n, backend::MemCategory c);
+  backend::Tensor& get(std::map<Key, backend::Tensor>& m, Key k, const char* what);
+  backend::Tensor boundary(int64_t rows, backend::MemCategory c);
 
   model::Model& model_;
   Optimizer& optimizer_;
@@ -94,6 +94,7 @@ class Executor : private ir::PlayHost {
   Groups groups_;
   Passes passes_;
   int last_unit_ = 0;
+  // [rows, D] in Model::activation_dtype, as units pass them and messages carry them.
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
   std::map<Key, ir::Recompute> recomputed_;  // the program's RECOMPs: the unit drops that state after its forward

@@ -731,6 +731,26 @@ TEST(Lower, ProgramsAreTopologicalAndDeterministic) {
       }
 }
 
+// The activations and gradients between pipeline stages travel in their storage type: 4 bytes an
+// element, 2 under train.precision bf16.
+TEST(Compile, StageMessagesCarryTheActivationsStorageType) {
+  for (const char* precision : {"fp32", "tf32", "bf16"}) {
+    config::Config cfg = small_config("M*-M-", 2, "1f1b");
+    cfg.parallel.pp = 2;
+    cfg.train.precision = precision;
+    const Plan plan = compile(cfg, 2);
+    const int64_t elem = std::string(precision) == "bf16" ? 2 : 4;
+    EXPECT_EQ(plan.strategy.activation_bytes, plan.strategy.microbatch_rows * cfg.model.d_model * elem) << precision;
+    int messages = 0;
+    for (const Node& n : plan.graph.nodes())
+      if (n.kind == NodeKind::SEND || n.kind == NodeKind::RECV) {
+        EXPECT_EQ(n.bytes, plan.strategy.activation_bytes) << precision << " " << describe(n, {});
+        ++messages;
+      }
+    EXPECT_EQ(messages, 8) << precision;  // per microbatch: the activation down, its gradient up, each a SEND and a RECV
+  }
+}
+
 TEST(Lower, Default1F1BTwoMicrobatchesOnOneRank) {
   config::Config cfg = small_config("M*-M-", 2, "1f1b");
   const Plan plan = compile(cfg, 1);
@@ -912,7 +932,8 @@ namespace {
 
 // With tensor parallelism every pass that needs its tp group in the middle is compute segments
 // joined by collective nodes (unit_passes.hpp): blocks all-reduce their output before the residual
-// and their input gradient before the norm, the embedding all-reduces its vocab-parallel lookup,
+// and their input gradient before the norm, the embedding all-reduces its vocab-parallel lookup
+// (and stores the sum in the activations' type in a second segment),
 // the head gathers row maxima and all-reduces [sum | target]. The collectives run on the comm
 // stream over the tp group, move the bytes the unit's buffer holds, and lower between their
 // segments.
@@ -944,7 +965,7 @@ TEST(TensorParallel, PassesAreSegmentsJoinedByTpCollectives) {
     const int head = static_cast<int>(plan.model.units.size()) - 1;
     const NodeKind back = sb ? NodeKind::BWD_I : NodeKind::BWD;
     for (int mb = 0; mb < 2; ++mb) {
-      EXPECT_EQ(segments[std::make_tuple(NodeKind::FWD, 0, mb)], 1);
+      EXPECT_EQ(segments[std::make_tuple(NodeKind::FWD, 0, mb)], 2);  // the sum stored after its collective
       EXPECT_EQ(points[std::make_tuple(NodeKind::FWD, 0, mb)], (std::vector<int64_t>{rows * D * 4}));
       for (int u = 1; u < head; ++u) {
         EXPECT_EQ(segments[std::make_tuple(NodeKind::FWD, u, mb)], 2) << "unit " << u;

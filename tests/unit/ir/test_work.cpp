@@ -231,6 +231,19 @@ TEST(FlopsMoe, SegmentSharesFollowTheAllToAlls) {
   EXPECT_EQ(t, (std::vector<double>{1.0, 0.0}));
 }
 
+// Every pass's last segment finishes its result (stored in the activations' type after a sum over the group).
+TEST(PassShapes, NoPassEndsWithAPoint) {
+  for (UnitKind kind : {UnitKind::UNIT_EMBED, UnitKind::UNIT_MAMBA, UnitKind::UNIT_ATTENTION, UnitKind::UNIT_MLP,
+                        UnitKind::UNIT_MOE, UnitKind::UNIT_HEAD})
+    for (NodeKind pass : {NodeKind::FWD, NodeKind::BWD_I, NodeKind::BWD_W, NodeKind::BWD})
+      for (int tp : {1, 2})
+        for (int ep : {1, 2}) {
+          const PassShape s = pass_shape(kind, pass, {tp, ep, 64, 2, 4});
+          EXPECT_EQ(s.points.size() + 1, static_cast<size_t>(s.segments))
+              << unit_kind_name(kind) << " " << node_kind_name(pass) << " tp " << tp << " ep " << ep;
+        }
+}
+
 TEST(FlopsErrors, RefusesMoeUnknownKindsAndBadTp) {
   config::ModelConfig m = mid_model("M*-");
   m.n_experts = m.top_k = m.moe_ffn_hidden = 0;  // no expert sizes

@@ -235,12 +235,18 @@ struct Harness {
   int n_units = 0;
   std::map<int, std::vector<std::vector<float>>> acts;  // slot -> output of unit u (u < n_units - 1)
   std::map<int, std::vector<float>> embed_dy;  // slot -> the embedding's output gradient, for its BWD_W
+  std::map<int, int64_t> embed_rows;           // slot -> its rows
 
   explicit Harness(const config::ModelConfig& c) : cfg(c), graph(ir::make_model_graph(c)) {
     model = std::make_unique<Model>(cfg, graph, std::vector<int>{}, backend::cpu());
     n_units = static_cast<int>(graph.units.size());
   }
   ParamStore& ps() { return model->params(); }
+  // A unit's input or output of `rows` rows in host memory (nullptr: none).
+  backend::ConstTensorView in(const float* p, int64_t rows) const {
+    return backend::view(backend::cpu(), p, {rows, cfg.d_model});
+  }
+  backend::TensorView out(float* p, int64_t rows) const { return backend::view(backend::cpu(), p, {rows, cfg.d_model}); }
 
   // Returns the head's sum of token losses.
   double forward(int slot, const MicroBatch& mb) {
@@ -251,7 +257,7 @@ struct Harness {
     for (int u = 0; u < n_units; ++u) {
       const float* x = u > 0 ? a[static_cast<size_t>(u - 1)].data() : nullptr;
       float* y = u + 1 < n_units ? a[static_cast<size_t>(u)].data() : nullptr;
-      loss += play_pass(model->unit(u), ir::NodeKind::FWD, slot, {&mb, x, nullptr, y, nullptr});
+      loss += play_pass(model->unit(u), ir::NodeKind::FWD, slot, {&mb, in(x, mb.rows()), {}, out(y, mb.rows()), {}});
     }
     return loss;
   }
@@ -274,13 +280,15 @@ struct Harness {
       Unit& unit = model->unit(u);
       const float* x = u > 0 ? a[static_cast<size_t>(u - 1)].data() : nullptr;
       dx.assign(u > 0 ? n : 0, 0.0f);
-      const PassArgs args{nullptr, x, u + 1 < n_units ? dy.data() : nullptr, nullptr, u > 0 ? dx.data() : nullptr};
+      const PassArgs args{nullptr, in(x, rows), in(u + 1 < n_units ? dy.data() : nullptr, rows), {},
+                          out(u > 0 ? dx.data() : nullptr, rows)};
       if (fused) {
         play_pass(unit, ir::NodeKind::BWD, slot, args);
       } else if (u > 0) {
         play_pass(unit, ir::NodeKind::BWD_I, slot, args);
       } else {  // the embedding has no input-gradient half: its BWD_W reads dy
         embed_dy[slot] = dy;
+        embed_rows[slot] = rows;
       }
       dy.swap(dx);
     }
@@ -288,8 +296,9 @@ struct Harness {
   void backward_weights(int slot) {
     for (int u = n_units - 1; u >= 0; --u)
       play_pass(model->unit(u), ir::NodeKind::BWD_W, slot,
-                {nullptr, nullptr, u == 0 ? embed_dy.at(slot).data() : nullptr, nullptr, nullptr});
+                {nullptr, {}, u == 0 ? in(embed_dy.at(slot).data(), embed_rows.at(slot)) : backend::ConstTensorView{}, {}, {}});
     embed_dy.erase(slot);
+    embed_rows.erase(slot);
     acts.erase(slot);
   }
   std::vector<float> all_grads() {
@@ -504,7 +513,7 @@ TEST(Model, RecomputedBlocksGiveTheSameGradientBits) {
     const int64_t dropped = activations();
     for (int u = h.n_units - 2; u >= 1; --u) {
       if (mode == ir::Recompute::RECOMPUTE_FULL || h.graph.units[static_cast<size_t>(u)].kind != ir::UnitKind::UNIT_MLP)
-        h.model->unit(u).recompute(0, mb, h.acts.at(0)[static_cast<size_t>(u - 1)].data(), mode);
+        h.model->unit(u).recompute(0, mb, h.in(h.acts.at(0)[static_cast<size_t>(u - 1)].data(), rows), mode);
     }
     EXPECT_EQ(activations(), kept) << ir::recompute_name(mode) << ": the recomputed state differs in size";
     h.backward(0, rows, true);

@@ -119,14 +119,14 @@ TEST_F(DeviceTraining, CudaMatchesTheCpuInFp32) {
   EXPECT_LE(worst_loss, kTol);  // the later steps' losses carry the backward and the optimiser's errors too
 }
 
-// train.precision bf16 rounds every product's inputs to bf16, u = 2^-9, and keeps the saved activations in
-// bf16 between the passes: over a few steps the losses stay within 1e-2 relative of fp32's (about 5u), but
-// are not equal to them. The kept activations take half the bytes; the peak of the activations' memory
-// also holds the runtime's f32 inputs and outputs of the units and, during a backward, one microbatch's
-// activations widened to f32, so with two microbatches it falls by a third, not a half (0.68 measured): at
-// most 0.8.
+// train.precision bf16 rounds every product's inputs to bf16, u = 2^-9, keeps the saved activations in
+// bf16 between the passes and passes the activations between units in bf16: over a few steps the losses
+// stay within 1e-2 relative of fp32's (about 5u), but are not equal to them. The kept activations and
+// those between units take half the bytes; the peak of the activations' memory also holds, during a
+// backward, one microbatch's kept activations widened to f32, so with two microbatches it falls by more
+// than a third, not by a half (0.64 measured): at most 0.7.
 TEST_F(DeviceTraining, Bf16TrainsCloseToFp32WithItsActivationsKeptInBf16) {
-  constexpr double kTol = 1e-2, kMemory = 0.8;
+  constexpr double kTol = 1e-2, kMemory = 0.7;
   const Trace fp32 = train_on("cpu"), bf16 = train_on("cpu", "bf16");
   double worst = 0;
   for (size_t i = 0; i < fp32.loss.size(); ++i) worst = std::max(worst, std::fabs(bf16.loss[i] - fp32.loss[i]) / fp32.loss[i]);
