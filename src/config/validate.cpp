@@ -455,7 +455,27 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
   if (p.order.empty()) ck.fail(ck.head("parallel.order") + ": empty; use e.g. tp-dp-pp");
 }
 
+// The names of train.precision, in the enum's order.
+constexpr const char* kPrecisionNames[] = {"fp32", "tf32", "bf16"};
+
 }  // namespace
+
+std::optional<Precision> precision_named(const std::string& name) {
+  for (size_t i = 0; i < std::size(kPrecisionNames); ++i)
+    if (name == kPrecisionNames[i]) return static_cast<Precision>(i);
+  return std::nullopt;
+}
+
+std::string precision_names() {
+  return std::string("'") + kPrecisionNames[0] + "', '" + kPrecisionNames[1] + "' or '" + kPrecisionNames[2] + "'";
+}
+
+Precision precision_of(const TrainConfig& train) {
+  if (auto p = precision_named(train.precision)) return *p;
+  throw ConfigError("train.precision: must be " + precision_names() + ", not '" + train.precision + "'");
+}
+
+bool stores_activations_in_bf16(Precision p) { return p == Precision::PRECISION_BF16; }
 
 void validate(const Config& cfg, int world_size) {
   // Parallel values are checked as the directives leave them, and named by the directive that set them.
@@ -477,9 +497,10 @@ void validate(const Config& cfg, int world_size) {
   else if (cfg.train.device_comm == "nccl" && cfg.train.device != "cuda")
     ck.fail(ck.head("train.device_comm") + ": 'nccl' moves GPU tensors and needs train.device: cuda, not '" +
             cfg.train.device + "'; use 'auto'");
-  if (cfg.train.precision != "fp32" && cfg.train.precision != "tf32" && cfg.train.precision != "bf16")
-    ck.fail(ck.head("train.precision") + ": must be 'fp32', 'tf32' or 'bf16' (the matrix products' inputs; "
-            "docs/backend.md), not '" + cfg.train.precision + "'");
+  if (!precision_named(cfg.train.precision))
+    ck.fail(ck.head("train.precision") + ": must be " + precision_names() +
+            " (the matrix products' inputs and the activations' storage; docs/backend.md), not '" +
+            cfg.train.precision + "'");
   if (cfg.data.path.empty()) ck.fail(ck.head("data.path") + ": must name the token file (docs/data.md)");
   check_eval(cfg, ck);
   check_parallel(a, world_size, ck);

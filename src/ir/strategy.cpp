@@ -149,9 +149,8 @@ Strategy expand(const config::Config& cfg, int world_size) {
   const int64_t per_microbatch =
       cfg.train.global_batch /
       std::max<int64_t>(1, config::size_product({p.dp, p.microbatches}, "parallel.dp x parallel.microbatches"));
-  // Activations between units travel in bf16 under train.precision bf16, f32 otherwise
-  // (model::Precision::between_units; the executor checks every message against it).
-  const int64_t elem_bytes = cfg.train.precision == "bf16" ? 2 : 4;
+  // The executor checks every message against the tensor it lands in.
+  const int64_t elem_bytes = config::stores_activations_in_bf16(config::precision_of(cfg.train)) ? 2 : 4;
   s.activation_bytes = config::size_product(
       {per_microbatch, cfg.train.seq_len, cfg.model.d_model, elem_bytes},
       "the activation of one microbatch, train.global_batch / (dp x microbatches) x train.seq_len x model.d_model "

@@ -25,11 +25,15 @@ Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::v
                                                {sharding.ep_rank, sharding.ep_size, sharding.ep_size > 1 ? ep : nullptr});
 }
 
-Precision precision_named(const std::string& name) {
-  if (name == "fp32") return {};
-  if (name == "tf32") return {backend::MatmulPrecision::MATMUL_TF32, backend::DType::DTYPE_F32, backend::DType::DTYPE_F32};
-  if (name == "bf16") return {backend::MatmulPrecision::MATMUL_BF16, backend::DType::DTYPE_BF16, backend::DType::DTYPE_BF16};
-  throw std::invalid_argument("train.precision: must be 'fp32', 'tf32' or 'bf16', not '" + name + "'");
+Precision precision_of(config::Precision p) {
+  const backend::DType stored =
+      config::stores_activations_in_bf16(p) ? backend::DType::DTYPE_BF16 : backend::DType::DTYPE_F32;
+  switch (p) {
+    case config::Precision::PRECISION_FP32: return {backend::MatmulPrecision::MATMUL_FP32, stored, stored};
+    case config::Precision::PRECISION_TF32: return {backend::MatmulPrecision::MATMUL_TF32, stored, stored};
+    case config::Precision::PRECISION_BF16: return {backend::MatmulPrecision::MATMUL_BF16, stored, stored};
+  }
+  throw std::logic_error("model: a train.precision without its products' precision");
 }
 
 void Model::set_precision(const Precision& p) {

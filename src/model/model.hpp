@@ -17,14 +17,15 @@ namespace piper::model {
 // What train.precision asks of the backend, the units and the runtime (docs/backend.md): the precision
 // of the matrix products; the storage type of the activations kept from a forward for its backward
 // (Unit::kept); and that of the activations and their gradients passed between units, kept by the
-// runtime and sent between pipeline stages (PassArgs). fp32 and tf32 store f32, bf16 stores bf16.
+// runtime and sent between pipeline stages (PassArgs). The storage follows
+// config::stores_activations_in_bf16: f32 under fp32 and tf32, bf16 under bf16.
 struct Precision {
   backend::MatmulPrecision products = backend::MatmulPrecision::MATMUL_FP32;
   backend::DType kept = backend::DType::DTYPE_F32;
   backend::DType between_units = backend::DType::DTYPE_F32;
 };
-// "fp32", "tf32" or "bf16" (config::validate refuses others); throws std::invalid_argument otherwise.
-Precision precision_named(const std::string& name);
+// What the setting `p` (config::precision_of) asks.
+Precision precision_of(config::Precision p);
 
 class Model {
  public:

@@ -88,7 +88,7 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       instructions_per_step_(program.compute.size() + program.comm.size()),
       evaluator_(model_, optimizer_, ir::forward_program(program), groups_, Passes::FORWARD),
       executor_(model_, optimizer_, std::move(program), groups_) {
-  model_.set_precision(model::precision_named(cfg.train.precision));
+  model_.set_precision(model::precision_of(config::precision_of(cfg.train)));
   if (start == StateStart::INITIALISED) model_.params().init(cfg.train.seed);
 }
 

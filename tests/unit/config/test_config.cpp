@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "config/config.hpp"
@@ -25,6 +26,32 @@ TEST(Config, DefaultsRoundTripThroughYaml) {
   EXPECT_EQ(back.source, "roundtrip.yaml");
   EXPECT_EQ(back.yaml_text, text);
   EXPECT_NO_THROW(validate(back, 1));
+}
+
+// train.precision's names read to their settings, and only bf16 stores the activations in bf16.
+TEST(Config, PrecisionNamesAndTheActivationsStorage) {
+  for (const auto& [name, want, bf16] : std::vector<std::tuple<std::string, Precision, bool>>{
+           {"fp32", Precision::PRECISION_FP32, false},
+           {"tf32", Precision::PRECISION_TF32, false},
+           {"bf16", Precision::PRECISION_BF16, true}}) {
+    ASSERT_TRUE(precision_named(name).has_value()) << name;
+    EXPECT_EQ(*precision_named(name), want) << name;
+    TrainConfig t;
+    t.precision = name;
+    EXPECT_EQ(precision_of(t), want) << name;
+    EXPECT_EQ(stores_activations_in_bf16(want), bf16) << name;
+  }
+  EXPECT_FALSE(precision_named("BF16").has_value());
+  TrainConfig t;
+  t.precision = "fp8";
+  try {
+    precision_of(t);
+    ADD_FAILURE() << "fp8 read as a precision";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.precision: must be 'fp32', 'tf32' or 'bf16', not 'fp8'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Config, EmptyTextGivesDefaults) {
@@ -295,6 +322,8 @@ const std::vector<BadCase> kBad = {
      {"parallel.tp=4: the key/value heads (model.n_kv_heads = 2) must divide by tp"}},
     {"ZeroNeedsDataParallel", "parallel:\n  zero: 1\n", {}, 1,
      {"bad.yaml:2:3: parallel.zero=1: ZeRO shards over data-parallel ranks", "use dp >= 2 or zero 0"}},
+    {"PrecisionUnknown", "train:\n  precision: fp16\n", {}, 1,
+     {"bad.yaml:2:3: train.precision", "must be 'fp32', 'tf32' or 'bf16'", "not 'fp16'"}},
     {"DeviceCommUnknown", "train:\n  device_comm: gloo\n", {}, 1,
      {"bad.yaml:2:3: train.device_comm", "must be 'auto', 'nccl' or 'mpi'", "not 'gloo'"}},
     {"DeviceCommNcclOnTheCpu", "train:\n  device_comm: nccl\n", {}, 1,
