@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
         auto piper_once = [&] {
           world->barrier();
           const auto t0 = Clock::now();
-          world->alltoallv(in.data(), c.send, out.data(), c.recv);
+          world->alltoallv(in.data(), c.send, out.data(), c.recv, piper::backend::DType::DTYPE_F32);
           return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         };
         auto mpi_once = [&] {

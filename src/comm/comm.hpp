@@ -106,22 +106,24 @@ class Communicator {
   // are then unspecified (a staged receive lands all of them).
   virtual Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) = 0;
   virtual Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) = 0;
-  // Collectives: n counts floats.
+  // Reductions: n counts floats.
   // buf (n) <- sum over ranks of buf, in place.
   virtual Request iallreduce(float* buf, size_t n) = 0;
   // in (size() * n_per_rank): block r of the sum goes to rank r's out (n_per_rank).
   virtual Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) = 0;
-  // in (n_per_rank) from rank r lands in out (size() * n_per_rank) at block r.
-  virtual Request iallgather(const float* in, float* out, size_t n_per_rank) = 0;
-  // block j of rank i's in (size() * n_per_rank) lands at block i of rank j's out.
-  virtual Request ialltoall(const float* in, float* out, size_t n_per_rank) = 0;
-  // Variable sizes: rank i sends send_counts[j] floats to rank j, taken from
+  // A gather moves, as an all-to-all: elements of storage type t (ZeRO-3's parameters travel in the
+  // type the units compute with). in (n_per_rank) from rank r lands in out (size() * n_per_rank) at block r.
+  virtual Request iallgather(const void* in, void* out, size_t n_per_rank, backend::DType t) = 0;
+  // All-to-alls move, as gathers: elements of storage type t (an MoE block's rows travel in the
+  // activations' type). Block j of rank i's in (size() * n_per_rank) lands at block i of rank j's out.
+  virtual Request ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) = 0;
+  // Variable sizes: rank i sends send_counts[j] elements to rank j, taken from
   // `in` in rank order (block j after blocks 0..j-1), and receives
-  // recv_counts[j] floats from rank j into `out` in rank order. Each count
+  // recv_counts[j] elements from rank j into `out` in rank order. Each count
   // list has size() entries; recv_counts[j] on rank i must equal
   // send_counts[i] on rank j (MoE dispatch and combine).
-  virtual Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                             const std::vector<int64_t>& recv_counts) = 0;
+  virtual Request ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                             const std::vector<int64_t>& recv_counts, backend::DType t) = 0;
 
   // Blocking versions: the i* call, then wait().
   void send(const void* buf, size_t n, backend::DType t, int peer, int tag) { isend(buf, n, t, peer, tag).wait(); }
@@ -130,11 +132,15 @@ class Communicator {
   void reduce_scatter(const float* in, float* out, size_t n_per_rank) {
     ireduce_scatter(in, out, n_per_rank).wait();
   }
-  void allgather(const float* in, float* out, size_t n_per_rank) { iallgather(in, out, n_per_rank).wait(); }
-  void alltoall(const float* in, float* out, size_t n_per_rank) { ialltoall(in, out, n_per_rank).wait(); }
-  void alltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                 const std::vector<int64_t>& recv_counts) {
-    ialltoallv(in, send_counts, out, recv_counts).wait();
+  void allgather(const void* in, void* out, size_t n_per_rank, backend::DType t) {
+    iallgather(in, out, n_per_rank, t).wait();
+  }
+  void alltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) {
+    ialltoall(in, out, n_per_rank, t).wait();
+  }
+  void alltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                 const std::vector<int64_t>& recv_counts, backend::DType t) {
+    ialltoallv(in, send_counts, out, recv_counts, t).wait();
   }
 
   // buf (n doubles) <- sum over ranks of buf, in place (norms, losses).

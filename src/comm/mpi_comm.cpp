@@ -410,23 +410,23 @@ class MpiCommunicator final : public Communicator {
                   return MPI_Ireduce_scatter_block(in, out, count, MPI_FLOAT, MPI_SUM, comm_, r);
                 });
   }
-  Request iallgather(const float* in, float* out, size_t n_per_rank) override {
+  Request iallgather(const void* in, void* out, size_t n_per_rank, backend::DType t) override {
     int count = checked_count(n_per_rank, "allgather");
-    return post(coll_info(OpKind::OP_ALLGATHER, n_per_rank * static_cast<size_t>(size()) * sizeof(float)),
+    return post(coll_info(OpKind::OP_ALLGATHER, n_per_rank * static_cast<size_t>(size()) * backend::dtype_size(t)),
                 [&](MPI_Request* r) {
-                  return MPI_Iallgather(in, count, MPI_FLOAT, out, count, MPI_FLOAT, comm_, r);
+                  return MPI_Iallgather(in, count, mpi_type(t), out, count, mpi_type(t), comm_, r);
                 });
   }
-  Request ialltoall(const float* in, float* out, size_t n_per_rank) override {
+  Request ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) override {
     int count = checked_count(n_per_rank, "alltoall");
-    return post(coll_info(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()) * sizeof(float)),
+    return post(coll_info(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()) * backend::dtype_size(t)),
                 [&](MPI_Request* r) {
-                  return MPI_Ialltoall(in, count, MPI_FLOAT, out, count, MPI_FLOAT, comm_, r);
+                  return MPI_Ialltoall(in, count, mpi_type(t), out, count, mpi_type(t), comm_, r);
                 });
   }
 
-  Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                     const std::vector<int64_t>& recv_counts) override {
+  Request ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                     const std::vector<int64_t>& recv_counts, backend::DType t) override {
     const size_t n = static_cast<size_t>(size());
     if (send_counts.size() != n || recv_counts.size() != n)
       throw std::invalid_argument("piper comm: alltoallv on " + name_ + " needs " + std::to_string(n) +
@@ -443,9 +443,9 @@ class MpiCommunicator final : public Communicator {
       c[3 * n + j] = checked_count(received, "alltoallv receive offset");
       sent += static_cast<size_t>(send_counts[j]), received += static_cast<size_t>(recv_counts[j]);
     }
-    return post(coll_info(OpKind::OP_ALLTOALL, received * sizeof(float)), [&](MPI_Request* r) {
-      return MPI_Ialltoallv(in, c.data(), c.data() + n, MPI_FLOAT, out, c.data() + 2 * n, c.data() + 3 * n,
-                            MPI_FLOAT, comm_, r);
+    return post(coll_info(OpKind::OP_ALLTOALL, received * backend::dtype_size(t)), [&](MPI_Request* r) {
+      return MPI_Ialltoallv(in, c.data(), c.data() + n, mpi_type(t), out, c.data() + 2 * n, c.data() + 3 * n,
+                            mpi_type(t), comm_, r);
     }, counts);
   }
 

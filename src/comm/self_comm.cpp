@@ -126,22 +126,22 @@ Request SelfCommunicator::ireduce_scatter(const float* in, float* out, size_t n_
   return {};
 }
 
-Request SelfCommunicator::iallgather(const float* in, float* out, size_t n_per_rank) {
-  copy_floats(out, in, n_per_rank);
+Request SelfCommunicator::iallgather(const void* in, void* out, size_t n_per_rank, backend::DType t) {
+  copy_bytes(out, in, n_per_rank * backend::dtype_size(t));
   return {};
 }
 
-Request SelfCommunicator::ialltoall(const float* in, float* out, size_t n_per_rank) {
-  copy_floats(out, in, n_per_rank);
+Request SelfCommunicator::ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) {
+  copy_bytes(out, in, n_per_rank * backend::dtype_size(t));
   return {};
 }
 
-Request SelfCommunicator::ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                                     const std::vector<int64_t>& recv_counts) {
+Request SelfCommunicator::ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                     const std::vector<int64_t>& recv_counts, backend::DType t) {
   if (send_counts.size() != 1 || recv_counts.size() != 1 || send_counts[0] != recv_counts[0])
     throw std::invalid_argument(name_ + ": ialltoallv needs one send and one receive count, equal; got " +
                                 std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
-  copy_floats(out, in, static_cast<size_t>(send_counts[0]));
+  copy_bytes(out, in, static_cast<size_t>(send_counts[0]) * backend::dtype_size(t));
   return {};
 }
 

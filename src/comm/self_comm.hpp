@@ -27,10 +27,10 @@ class SelfCommunicator final : public Communicator {
   Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) override;
   Request iallreduce(float* /*buf*/, size_t /*n*/) override { return {}; }
   Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override;
-  Request iallgather(const float* in, float* out, size_t n_per_rank) override;
-  Request ialltoall(const float* in, float* out, size_t n_per_rank) override;
-  Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                     const std::vector<int64_t>& recv_counts) override;
+  Request iallgather(const void* in, void* out, size_t n_per_rank, backend::DType t) override;
+  Request ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) override;
+  Request ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                     const std::vector<int64_t>& recv_counts, backend::DType t) override;
   Request iallreduce_double(double* /*buf*/, size_t /*n*/) override { return {}; }
   void barrier() override {}
 

@@ -42,9 +42,9 @@ class StagedRequest final : public RequestImpl {
   Request host_;
 };
 
-// The bytes of `counts` floats in all.
-size_t total_bytes(const std::vector<int64_t>& counts) {
-  return static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0})) * sizeof(float);
+// The bytes of `counts` elements of type t in all.
+size_t total_bytes(const std::vector<int64_t>& counts, backend::DType t) {
+  return static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0})) * backend::dtype_size(t);
 }
 
 // Host staging for `bytes` bytes, in whole floats.
@@ -97,21 +97,22 @@ Request StagedCommunicator::ireduce_scatter(const float* in, float* out, size_t 
                 [&](const float* hin, float* hout) { return host_->ireduce_scatter(hin, hout, n_per_rank); });
 }
 
-Request StagedCommunicator::iallgather(const float* in, float* out, size_t n_per_rank) {
-  const size_t n = n_per_rank * static_cast<size_t>(size());
-  return staged(in, n_per_rank * sizeof(float), out, n * sizeof(float),
-                [&](const float* hin, float* hout) { return host_->iallgather(hin, hout, n_per_rank); });
+Request StagedCommunicator::iallgather(const void* in, void* out, size_t n_per_rank, backend::DType t) {
+  const size_t bytes = n_per_rank * backend::dtype_size(t);
+  return staged(in, bytes, out, bytes * static_cast<size_t>(size()),
+                [&](const float* hin, float* hout) { return host_->iallgather(hin, hout, n_per_rank, t); });
 }
 
-Request StagedCommunicator::ialltoall(const float* in, float* out, size_t n_per_rank) {
-  const size_t n = n_per_rank * static_cast<size_t>(size());
-  return staged(in, n * sizeof(float), out, n * sizeof(float), [&](const float* hin, float* hout) { return host_->ialltoall(hin, hout, n_per_rank); });
+Request StagedCommunicator::ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) {
+  const size_t bytes = n_per_rank * static_cast<size_t>(size()) * backend::dtype_size(t);
+  return staged(in, bytes, out, bytes,
+                [&](const float* hin, float* hout) { return host_->ialltoall(hin, hout, n_per_rank, t); });
 }
 
-Request StagedCommunicator::ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                                       const std::vector<int64_t>& recv_counts) {
-  return staged(in, total_bytes(send_counts), out, total_bytes(recv_counts), [&](const float* hin, float* hout) {
-    return host_->ialltoallv(hin, send_counts, hout, recv_counts);
+Request StagedCommunicator::ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                       const std::vector<int64_t>& recv_counts, backend::DType t) {
+  return staged(in, total_bytes(send_counts, t), out, total_bytes(recv_counts, t), [&](const float* hin, float* hout) {
+    return host_->ialltoallv(hin, send_counts, hout, recv_counts, t);
   });
 }
 

@@ -285,8 +285,8 @@ Config load(const std::string& path, const std::vector<std::string>& overrides =
 Config parse(const std::string& yaml_text, const std::string& source,
              const std::vector<std::string>& overrides = {});
 // train.precision read: the one table of its names. What each asks of the backend and the units is
-// model::precision_of's; the activations' storage (stores_activations_in_bf16) is the one fact the
-// strategy needs too, for the bytes of its stage messages.
+// model::precision_of's; what the units compute on is stored in bf16 or not (stores_in_bf16), the
+// one fact the strategy needs too, for the bytes of its messages and gathers.
 enum class Precision : uint8_t { PRECISION_FP32, PRECISION_TF32, PRECISION_BF16 };
 // The precision `name` names ("fp32", "tf32", "bf16"); nullopt for any other.
 std::optional<Precision> precision_named(const std::string& name);
@@ -294,9 +294,10 @@ std::optional<Precision> precision_named(const std::string& name);
 Precision precision_of(const TrainConfig& train);
 // "'fp32', 'tf32' or 'bf16'", for messages.
 std::string precision_names();
-// Whether p keeps the activations in bf16: those a unit keeps for its backward and those between
-// units (and pipeline stages). bf16 does; fp32 and tf32 store f32.
-bool stores_activations_in_bf16(Precision p);
+// Whether p stores what the units compute on in bf16: the activations a unit keeps for its backward,
+// those between units (and pipeline stages), an MoE block's rows between ranks, and the parameters
+// ZeRO-3 gathers for a pass. bf16 does; fp32 and tf32 store f32.
+bool stores_in_bf16(Precision p);
 
 // Checks the rules the config owns: values in their ranges and bounds, model
 // sizes against each other, the strategy's sizes against the world size and

@@ -475,7 +475,7 @@ Precision precision_of(const TrainConfig& train) {
   throw ConfigError("train.precision: must be " + precision_names() + ", not '" + train.precision + "'");
 }
 
-bool stores_activations_in_bf16(Precision p) { return p == Precision::PRECISION_BF16; }
+bool stores_in_bf16(Precision p) { return p == Precision::PRECISION_BF16; }
 
 void validate(const Config& cfg, int world_size) {
   // Parallel values are checked as the directives leave them, and named by the directive that set them.

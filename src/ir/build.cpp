@@ -113,7 +113,8 @@ struct Builder {
     n.group = point.group;
     n.payload = Payload::PAYLOAD_UNIT;
     // As every collective node: the whole buffer each member holds afterwards.
-    n.bytes = (point.floats_per_row * strategy.microbatch_rows + point.floats_fixed) * 4 *
+    const int64_t row_bytes = point.activations ? strategy.compute_elem_bytes : 4;
+    n.bytes = (point.per_row * strategy.microbatch_rows * row_bytes + point.fixed * 4) *
               (point.kind == NodeKind::ALLGATHER ? strategy.shard.tp : 1);
     return n;
   }
@@ -344,18 +345,26 @@ struct Builder {
                  upd[static_cast<size_t>(u)], EdgeKind::EDGE_DATA);
   }
 
+  // ZeRO-3: unit u's parameters gathered for a pass of microbatch mb, in the
+  // type the units compute with.
+  Node gather_for_compute(int u, int mb) const {
+    Node n = collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb);
+    n.bytes = model.units[static_cast<size_t>(u)].param_count() * strategy.compute_elem_bytes;
+    return n;
+  }
+
   // ZeRO-3: an all-gather of unit u's parameters before each forward and each
   // backward that needs them, issued once the unit two before has run.
   void gather_before_use() {
     for (int mb = 0; mb < n_mb; ++mb)
       for (int u = 0; u < n_units; ++u) {
         if (strategy.replicate.zero(u) < 3) continue;
-        const int f = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
+        const int f = g.add_node(gather_for_compute(u, mb));
         g.node_mut(f).tags.pass = Pass::PASS_F;
         // Every segment of a pass reads the parameters.
         for (int seg : fwd[u][mb].segments) g.add_edge(f, seg, EdgeKind::EDGE_DATA);
         if (u >= 2 && stage_of_unit[u - 2] == stage_of_unit[u]) g.add_edge(fwd[u - 2][mb].last(), f, EdgeKind::EDGE_DATA);
-        const int b = g.add_node(collective(NodeKind::ALLGATHER, Payload::PAYLOAD_PARAMS, {u}, mb));
+        const int b = g.add_node(gather_for_compute(u, mb));
         g.node_mut(b).tags.pass = Pass::PASS_B;
         for (const PassNodes* pass : {&bwd[u][mb], &bwd_i[u][mb], &bwd_w[u][mb]})
           for (int seg : pass->segments) g.add_edge(b, seg, EdgeKind::EDGE_DATA);

@@ -150,9 +150,9 @@ Strategy expand(const config::Config& cfg, int world_size) {
       cfg.train.global_batch /
       std::max<int64_t>(1, config::size_product({p.dp, p.microbatches}, "parallel.dp x parallel.microbatches"));
   // The executor checks every message against the tensor it lands in.
-  const int64_t elem_bytes = config::stores_activations_in_bf16(config::precision_of(cfg.train)) ? 2 : 4;
+  s.compute_elem_bytes = config::stores_in_bf16(config::precision_of(cfg.train)) ? 2 : 4;
   s.activation_bytes = config::size_product(
-      {per_microbatch, cfg.train.seq_len, cfg.model.d_model, elem_bytes},
+      {per_microbatch, cfg.train.seq_len, cfg.model.d_model, s.compute_elem_bytes},
       "the activation of one microbatch, train.global_batch / (dp x microbatches) x train.seq_len x model.d_model "
       "x its element's bytes");
   s.microbatch_rows = per_microbatch * cfg.train.seq_len;  // a factor of activation_bytes: fits

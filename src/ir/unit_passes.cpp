@@ -18,7 +18,7 @@ namespace {
 PassShape moe_shape(NodeKind pass, const PassDims& d) {
   PassShape s;
   const CommPoint sum_rows{NodeKind::ALLREDUCE, GroupDim::GROUP_TP, d.d_model, 0};
-  const CommPoint rows{NodeKind::ALLTOALL, GroupDim::GROUP_EP, d.top_k * d.d_model, 0};
+  const CommPoint rows{NodeKind::ALLTOALL, GroupDim::GROUP_EP, d.top_k * d.d_model, 0, true};
   if (pass == NodeKind::FWD) {
     if (d.ep > 1) s.points = {{NodeKind::ALLTOALL, GroupDim::GROUP_EP, 0, d.n_experts}, rows, rows};
     if (d.tp > 1) s.points.push_back(sum_rows);

@@ -20,12 +20,16 @@ namespace piper::ir {
 struct CommPoint {
   NodeKind kind = NodeKind::ALLREDUCE;  // ALLREDUCE (sum, in place), ALLGATHER or ALLTOALL
   GroupDim group = GroupDim::GROUP_TP;  // GROUP_TP or GROUP_EP
-  // What each rank contributes: per microbatch row, plus a fixed part. An
-  // all-to-all's sizes follow the routing; these are its balanced-routing
-  // sizes (each token's top_k rows spread evenly over the experts), what the
-  // simulator predicts with.
-  int64_t floats_per_row = 0;
-  int64_t floats_fixed = 0;
+  // What each rank contributes, in elements: per microbatch row, plus a fixed
+  // part. An all-to-all's sizes follow the routing; these are its
+  // balanced-routing sizes (each token's top_k rows spread evenly over the
+  // experts), what the simulator predicts with.
+  int64_t per_row = 0;
+  int64_t fixed = 0;
+  // Rows of activations (an MoE block's dispatch and return): they travel in
+  // the activations' storage type (Strategy::compute_elem_bytes); the rest
+  // (sums, counts, routing weights) in f32.
+  bool activations = false;
 };
 
 // What the points of a pass depend on.

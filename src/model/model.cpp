@@ -27,7 +27,7 @@ Model::Model(const config::ModelConfig& cfg, const ir::ModelGraph& graph, std::v
 
 Precision precision_of(config::Precision p) {
   const backend::DType stored =
-      config::stores_activations_in_bf16(p) ? backend::DType::DTYPE_BF16 : backend::DType::DTYPE_F32;
+      config::stores_in_bf16(p) ? backend::DType::DTYPE_BF16 : backend::DType::DTYPE_F32;
   switch (p) {
     case config::Precision::PRECISION_FP32: return {backend::MatmulPrecision::MATMUL_FP32, stored, stored};
     case config::Precision::PRECISION_TF32: return {backend::MatmulPrecision::MATMUL_TF32, stored, stored};

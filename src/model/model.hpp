@@ -18,7 +18,7 @@ namespace piper::model {
 // of the matrix products; the storage type of the activations kept from a forward for its backward
 // (Unit::kept); and that of the activations and their gradients passed between units, kept by the
 // runtime and sent between pipeline stages (PassArgs). The storage follows
-// config::stores_activations_in_bf16: f32 under fp32 and tf32, bf16 under bf16.
+// config::stores_in_bf16: f32 under fp32 and tf32, bf16 under bf16.
 struct Precision {
   backend::MatmulPrecision products = backend::MatmulPrecision::MATMUL_FP32;
   backend::DType kept = backend::DType::DTYPE_F32;

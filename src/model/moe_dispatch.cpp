@@ -25,8 +25,8 @@ backend::ConstTensorView indices(const Tensor& t, int64_t n) {
 }  // namespace
 
 
-Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size)
-    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size) {
+Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType wire)
+    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size), wire_(wire) {
   if (n_experts < 1 || ep_size < 1 || n_experts % ep_size != 0)
     throw std::invalid_argument("MoE dispatcher: " + std::to_string(n_experts) + " experts do not split over ep " +
                                 std::to_string(ep_size));
@@ -35,6 +35,25 @@ Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model,
 // Storage for n rows (at least one element: a buffer handed to MPI is never null).
 Tensor Dispatcher::rows_tensor(int64_t n) {
   return Tensor(be_, std::max<int64_t>(1, n * d_), MemCategory::MEM_ACTIVATIONS);
+}
+
+Tensor Dispatcher::wire_rows(int64_t n) {
+  return Tensor(be_, backend::Shape{std::max<int64_t>(1, n * d_)}, MemCategory::MEM_ACTIVATIONS, wire_);
+}
+
+void* Dispatcher::on_wire(Tensor& t) {
+  if (wire_ == backend::DType::DTYPE_F32) return t.data();
+  sent_ = Tensor(be_, t.shape(), MemCategory::MEM_BUFFERS, wire_);
+  be_.convert(t.view(), sent_.view());
+  return sent_.view().ptr;
+}
+
+void Dispatcher::landed(Tensor& t) {
+  sent_ = {};
+  if (t.dtype() == backend::DType::DTYPE_F32) return;
+  Tensor widened(be_, t.shape(), MemCategory::MEM_ACTIVATIONS);
+  be_.convert(t.view(), widened.view());
+  t = std::move(widened);
 }
 
 Tensor Dispatcher::index_tensor(const std::vector<int32_t>& host) {
@@ -64,7 +83,7 @@ std::vector<int64_t> Dispatcher::rows_from() const {
   return out;
 }
 
-std::vector<int64_t> Dispatcher::floats(const std::vector<int64_t>& rows) const {
+std::vector<int64_t> Dispatcher::elements(const std::vector<int64_t>& rows) const {
   std::vector<int64_t> out;
   for (int64_t r : rows) out.push_back(r * d_);
   return out;
@@ -117,8 +136,8 @@ CommBuffer Dispatcher::dispatch() { return to_experts(xp_, xr_); }
 // The rows' way there and back, forward and backward alike: the permuted rows to the experts'
 // ranks; received, sorted expert-major; the experts' results back to received order; back home.
 CommBuffer Dispatcher::to_experts(Tensor& permuted, Tensor& received) {
-  received = rows_tensor(rows());
-  return {permuted.data(), received.data(), slots_ * d_, floats(rows_to()), floats(rows_from())};
+  received = wire_rows(rows());
+  return {on_wire(permuted), received.view().ptr, slots_ * d_, elements(rows_to()), elements(rows_from()), wire_};
 }
 
 void Dispatcher::expert_major(Tensor& permuted, Tensor& received, Tensor& sorted) {
@@ -126,6 +145,7 @@ void Dispatcher::expert_major(Tensor& permuted, Tensor& received, Tensor& sorted
     sorted = std::move(permuted);
     return;
   }
+  landed(received);
   gather(received.data(), rows(), sort_, sorted);
   received = {}, permuted = {};
 }
@@ -140,8 +160,8 @@ void Dispatcher::received_order(Tensor& sorted, Tensor& received, Tensor& permut
 }
 
 CommBuffer Dispatcher::from_experts(Tensor& received, Tensor& permuted) {
-  permuted = rows_tensor(slots_);
-  return {received.data(), permuted.data(), rows() * d_, floats(rows_from()), floats(rows_to())};
+  permuted = wire_rows(slots_);
+  return {on_wire(received), permuted.view().ptr, rows() * d_, elements(rows_from()), elements(rows_to()), wire_};
 }
 
 // Received rows come rank by rank, each rank's expert by expert; the experts want them expert by expert.
@@ -174,6 +194,7 @@ void Dispatcher::unsort() { received_order(ys_, yr_, yp_); }
 CommBuffer Dispatcher::give_back() { return from_experts(yr_, yp_); }
 
 void Dispatcher::combine(backend::ConstTensorView weights, float* out) {
+  landed(yp_);
   yr_ = {};
   be_.moe_combine(view(be_, yp_.data(), {slots_, d_}), pos_.view(), weights, view(be_, out, {tokens_, d_}));
 }
@@ -202,6 +223,7 @@ void Dispatcher::unsort_grad() { received_order(dxs_, dxr_, dxp_); }
 CommBuffer Dispatcher::return_grad() { return from_experts(dxr_, dxp_); }
 
 void Dispatcher::dispatch_backward(float* dx) {
+  landed(dxp_);
   be_.moe_dispatch_bwd(view(be_, dxp_.data(), {slots_, d_}), pos_.view(), view(be_, dx, {tokens_, d_}));
   dxp_ = {}, dxr_ = {};
 }

@@ -7,7 +7,10 @@
 // Each step is a method; the steps that move data over the ep group return
 // the CommBuffer of their all-to-all, which the caller runs (a DAG node, or
 // a blocking collective) before the next step. At ep 1 those steps do not
-// exist and the rows stay where they are.
+// exist and the rows stay where they are. The rows travel in `wire`, the
+// activations' storage type: under bf16 a row is rounded to bf16 before an
+// all-to-all and widened to f32 when it lands (the experts and the combine
+// compute in f32).
 //
 // Forward:  route | counts() | size() | dispatch() | sort() | the experts
 //           read expert_input(), write expert_output() | unsort() |
@@ -28,7 +31,7 @@ namespace piper::model {
 class Dispatcher {
  public:
   // n_experts: E over the whole ep group, each ep rank holding E / ep consecutive experts.
-  Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size);
+  Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType wire);
 
   // ---- forward ----
   // experts: i32 [M, K], the routed experts of each row of x [M, D]. Permutes
@@ -66,18 +69,25 @@ class Dispatcher {
  private:
   std::vector<int64_t> rows_to() const;    // rows this rank sends each ep rank
   std::vector<int64_t> rows_from() const;  // rows each ep rank sends this one
-  std::vector<int64_t> floats(const std::vector<int64_t>& rows) const;
+  std::vector<int64_t> elements(const std::vector<int64_t>& rows) const;
   // The steps both passes take, on the forward's rows or the backward's row gradients.
   CommBuffer to_experts(backend::Tensor& permuted, backend::Tensor& received);
   void expert_major(backend::Tensor& permuted, backend::Tensor& received, backend::Tensor& sorted);
   void received_order(backend::Tensor& sorted, backend::Tensor& received, backend::Tensor& permuted);
   CommBuffer from_experts(backend::Tensor& received, backend::Tensor& permuted);
   backend::Tensor rows_tensor(int64_t n);
+  backend::Tensor wire_rows(int64_t n);  // n rows as they travel, in wire_
+  // The rows t as they travel: t's own data at f32, else a copy in wire_ held until landed().
+  void* on_wire(backend::Tensor& t);
+  // Received rows t as f32 (nothing to do at f32); the copy sent meanwhile is released.
+  void landed(backend::Tensor& t);
   backend::Tensor index_tensor(const std::vector<int32_t>& host);
   void gather(const float* src, int64_t src_rows, const backend::Tensor& index, backend::Tensor& dst);
 
   backend::Backend& be_;
   int64_t n_experts_, d_, ep_, local_;  // E, D, ep, E / ep
+  backend::DType wire_;
+  backend::Tensor sent_;                // the rows of the all-to-all in flight, in wire_ (wire_ not f32)
   int64_t tokens_ = 0, slots_ = 0;      // M, P = M * K
   backend::Tensor order_, pos_;         // i32 [P]: the row of each permuted row; i32 [M, K]: its permuted row
   std::vector<int64_t> counts_;         // [E]
@@ -85,6 +95,7 @@ class Dispatcher {
   std::vector<int64_t> expert_rows_;    // [local]
   backend::Tensor count_send_, count_recv_;   // ep > 1: [E] floats
   backend::Tensor sort_, unsort_;       // ep > 1: i32 [R] both ways between received and expert-major
+  // What crosses the ep group (xr_, yp_, dyr_, dxp_) lands in wire_ and is widened before it is read.
   backend::Tensor xp_, xr_, xs_;        // permuted [P, D], received [R, D], expert-major [R, D]
   backend::Tensor ys_, yr_, yp_;        // the outputs, the same three ways back
   backend::Tensor dyp_, dyr_, dys_;     // the outputs' gradients

@@ -141,7 +141,10 @@ float* ParamStore::values(int unit) {
   return s.bound;
 }
 
-float* ParamStore::value(int unit, size_t i) { return values(unit) + params(unit)[i].offset; }
+float* ParamStore::value(int unit, size_t i) {
+  float* bound = slot(unit).bound;
+  return (bound ? bound : values(unit)) + params(unit)[i].offset;
+}
 
 float* ParamStore::shard_values(int unit) {
   if (!sharding_.shards(unit, kParams))
@@ -156,8 +159,8 @@ float* ParamStore::shard_values(int unit, const ir::FlatPart& p) {
                                          : s.values.data() + p.full_offset + p.zero.offset;
 }
 
-void ParamStore::bind_full_values(int unit, float* full) { slot(unit).bound = full; }
-void ParamStore::unbind_full_values(int unit) { slot(unit).bound = nullptr; }
+void ParamStore::bind_compute_values(int unit, float* full) { slot(unit).bound = full; }
+void ParamStore::unbind_compute_values(int unit) { slot(unit).bound = nullptr; }
 
 float* ParamStore::grads(int unit) {
   Slot& s = slot(unit);

@@ -66,17 +66,20 @@ class ParamStore {
   int64_t shard_len(int unit) const { return slot(unit).shard; }      // the shard buffer
   const std::vector<ir::FlatPart>& parts(int unit) const { return slot(unit).parts; }
 
-  // Full parameter values [padded_numel]. With ZeRO-3 only while gathered
-  // values are bound (bind_full_values); throws otherwise.
+  // Full parameter values [padded_numel]: the master weights. With ZeRO-3 only while
+  // gathered values are bound for compute (bind_compute_values); throws otherwise.
   float* values(int unit);
-  float* value(int unit, size_t i);  // parameter i (spec order) of a unit, for the unit itself
+  // Parameter i (spec order) of a unit as the unit computes with it: in the values bound for
+  // compute where some are, else in values(unit).
+  float* value(int unit, size_t i);
   // ZeRO-3: this rank's shards of the values [shard_len], part after part.
   float* shard_values(int unit);
   // This rank's shard of part `p`'s values [p.zero.len] (in the full buffer below ZeRO-3).
   float* shard_values(int unit, const ir::FlatPart& p);
-  // ZeRO-3: lends gathered full values to the unit's computation (not owned).
-  void bind_full_values(int unit, float* full);
-  void unbind_full_values(int unit);
+  // Lends the full values [padded_numel] a unit computes with for a while (not owned): ZeRO-3's
+  // gathered ones, or the values rounded to bf16 under train.precision bf16 (the executor's).
+  void bind_compute_values(int unit, float* full);
+  void unbind_compute_values(int unit);
 
   // Full gradients [padded_numel], accumulated by backward. With ZeRO >= 2
   // allocated (zeroed) on first use in a step and released after the
@@ -106,7 +109,7 @@ class ParamStore {
     backend::Tensor values, grads;   // full (padded), when this rank keeps them
     backend::Tensor shard_values_t;  // ZeRO-3: the persistent shard
     backend::Tensor shard_grads_t;   // ZeRO >= 2: the persistent shard
-    float* bound = nullptr;          // ZeRO-3: gathered full values lent in
+    float* bound = nullptr;          // the values lent for compute (bind_compute_values)
   };
   Slot& slot(int unit);
   const Slot& slot(int unit) const;

@@ -125,6 +125,13 @@ void Unit::recompute(int /*slot*/, const MicroBatch& /*mb*/, backend::ConstTenso
                          " recomputation");
 }
 
+float* CommBuffer::floats(void* p) const {
+  if (dtype != backend::DType::DTYPE_F32)
+    throw std::logic_error(std::string("a reduction or a gather over a buffer of ") + backend::dtype_name(dtype) +
+                           "; they sum and gather f32");
+  return static_cast<float*>(p);
+}
+
 double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, double* compute_ms) {
   using Clock = std::chrono::steady_clock;
   const ir::PassShape& shape = unit.shape(pass);
@@ -142,13 +149,13 @@ double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, dou
     const CommBuffer b = unit.point(pass, k, slot);
     const auto n = static_cast<size_t>(b.count);
     if (point.kind == ir::NodeKind::ALLGATHER)
-      group->allgather(b.send, b.recv, n);
+      group->allgather(b.send, b.recv, n, b.dtype);
     else if (point.kind == ir::NodeKind::ALLTOALL && b.send_counts.empty())
-      group->alltoall(b.send, b.recv, n / static_cast<size_t>(group->size()));
+      group->alltoall(b.send, b.recv, n / static_cast<size_t>(group->size()), b.dtype);
     else if (point.kind == ir::NodeKind::ALLTOALL)
-      group->alltoallv(b.send, b.send_counts, b.recv, b.recv_counts);
+      group->alltoallv(b.send, b.send_counts, b.recv, b.recv_counts, b.dtype);
     else
-      group->allreduce(b.send, n);
+      group->allreduce(b.send_floats(), n);
   }
   return result;
 }

@@ -77,13 +77,20 @@ struct PassIo {
 // The buffer a communication point moves over its group: an all-reduce
 // sums `send` in place (recv == send); an all-gather puts every rank's
 // `count` floats of `send` into `recv`, rank order; an all-to-all sends
-// send_counts[j] floats of `send` to group rank j and receives recv_counts[j]
-// from it (empty counts: count / group size each way).
+// send_counts[j] elements of `send` to group rank j and receives recv_counts[j]
+// from it (empty counts: count / group size each way), in storage type `dtype`.
 struct CommBuffer {
-  float* send = nullptr;
-  float* recv = nullptr;
-  int64_t count = 0;  // floats this rank contributes
+  void* send = nullptr;
+  void* recv = nullptr;
+  int64_t count = 0;  // elements this rank contributes
   std::vector<int64_t> send_counts, recv_counts;
+  backend::DType dtype = backend::DType::DTYPE_F32;  // f32 but for an all-to-all of activations
+  // The f32 buffers of a reduction or a gather (a logic_error for another dtype).
+  float* send_floats() const { return floats(send); }
+  float* recv_floats() const { return floats(recv); }
+
+ private:
+  float* floats(void* p) const;
 };
 
 class Unit {
@@ -131,8 +138,9 @@ class Unit {
     std::vector<double> tokens;
   };
   virtual Routing take_routing() { return {}; }
-  // The storage type of the activations a unit keeps from a forward for its backward (kept()):
-  // f32 to begin with; bf16 under train.precision bf16 (Model::set_precision).
+  // The storage type of the activations a unit keeps from a forward for its backward (kept()), and of
+  // the rows an MoE block moves between ranks: f32 to begin with; bf16 under train.precision bf16
+  // (Model::set_precision).
   void keep_activations_in(backend::DType t) { kept_dtype_ = t; }
 
  protected:
@@ -155,6 +163,7 @@ class Unit {
   const float* f32_of(backend::ConstTensorView v, Tensor& held);
   // kept(slot) in the kept storage type, as a forward leaves them (a recomputation too).
   void narrow(int slot) { convert_kept(slot, kept_dtype_); }
+  backend::DType activation_storage() const { return kept_dtype_; }
 
   float* w(size_t i) { return params_.value(spec_.index, i); }
   float* g(size_t i) { return params_.grad(spec_.index, i); }

@@ -609,10 +609,10 @@ double comm_once(comm::Communicator& c, sim::CommOp op, int64_t floats, std::vec
       break;
     case sim::CommOp::COMM_ALLREDUCE: c.allreduce(a.data(), n); break;
     case sim::CommOp::COMM_REDUCE_SCATTER: c.reduce_scatter(a.data(), b.data(), per); break;
-    case sim::CommOp::COMM_ALLGATHER: c.allgather(a.data(), b.data(), per); break;
+    case sim::CommOp::COMM_ALLGATHER: c.allgather(a.data(), b.data(), per, backend::DType::DTYPE_F32); break;
     case sim::CommOp::COMM_ALLTOALL: {  // as the dispatch and combine run it: alltoallv, here with equal counts
       const std::vector<int64_t> counts(static_cast<size_t>(c.size()), static_cast<int64_t>(per));
-      c.alltoallv(a.data(), counts, b.data(), counts);
+      c.alltoallv(a.data(), counts, b.data(), counts, backend::DType::DTYPE_F32);
       break;
     }
   }

@@ -99,7 +99,20 @@ void Executor::run(size_t i) {
   std::vector<int> gathers;  // ZeRO-3: the unit computes with its gathered parameters
   for (int w : in.waits)
     if (uses_left_.count(w)) gathers.push_back(w);
-  for (int w : gathers) ps.bind_full_values(in.unit, held_[static_cast<size_t>(player_.comm_index(w))].front().data());
+  const bool unit_pass = in.kind == NodeKind::FWD || in.kind == NodeKind::BWD || in.kind == NodeKind::BWD_I ||
+                         in.kind == NodeKind::BWD_W || in.kind == NodeKind::RECOMP;
+  Tensor lent;  // the values the unit computes with, where they are not the gathered or its own f32 ones
+  float* bound = nullptr;
+  for (int w : gathers) {
+    Tensor& full = held_[static_cast<size_t>(player_.comm_index(w))].front();
+    lent = compute_values(full.view());
+    bound = lent.empty() ? full.data() : lent.data();
+  }
+  if (gathers.empty() && unit_pass) {
+    lent = compute_values(backend::view(model_.backend(), ps.values(in.unit), {ps.padded_numel(in.unit)}));
+    bound = lent.empty() ? nullptr : lent.data();
+  }
+  if (bound) ps.bind_compute_values(in.unit, bound);
   const auto t0 = std::chrono::steady_clock::now();
   switch (in.kind) {
     case NodeKind::FWD:
@@ -124,10 +137,9 @@ void Executor::run(size_t i) {
   const auto t1 = std::chrono::steady_clock::now();
   stats_->compute_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
   if (step_trace_) step_trace_->add(in.node, step_, t0, t1);
-  for (int w : gathers) {
-    ps.unbind_full_values(in.unit);
+  if (bound) ps.unbind_compute_values(in.unit);
+  for (int w : gathers)
     if (--uses_left_[w] == 0) held_[static_cast<size_t>(player_.comm_index(w))].clear();
-  }
   if (step_trace_) poll_traced();
 }
 
@@ -220,10 +232,12 @@ void Executor::issue(size_t k) {
     const model::CommBuffer b = model_.unit(c.unit).point(pass_kind(c.pass), c.segment, c.microbatch);
     const auto n = static_cast<size_t>(b.count);
     if (c.kind == NodeKind::ALLTOALL)
-      reqs.push_back(b.send_counts.empty() ? group.ialltoall(b.send, b.recv, n / static_cast<size_t>(group.size()))
-                                           : group.ialltoallv(b.send, b.send_counts, b.recv, b.recv_counts));
+      reqs.push_back(b.send_counts.empty()
+                         ? group.ialltoall(b.send, b.recv, n / static_cast<size_t>(group.size()), b.dtype)
+                         : group.ialltoallv(b.send, b.send_counts, b.recv, b.recv_counts, b.dtype));
     else
-      reqs.push_back(c.kind == NodeKind::ALLGATHER ? group.iallgather(b.send, b.recv, n) : group.iallreduce(b.send, n));
+      reqs.push_back(c.kind == NodeKind::ALLGATHER ? group.iallgather(b.send, b.recv, n, b.dtype)
+                                                   : group.iallreduce(b.send_floats(), n));
     return;
   }
   // A data-parallel collective moves each unit's parts over their own groups:
@@ -270,18 +284,15 @@ void Executor::issue(size_t k) {
       break;
     case NodeKind::ALLGATHER:
       for (int u : c.units) {
-        if (ir::is_zero3_gather(c)) {  // into a fresh full buffer the unit borrows
-          Tensor full(model_.backend(), ps.padded_numel(u), MemCategory::MEM_PARAMS);
-          for (const ir::FlatPart& p : ps.parts(u))
-            reqs.push_back(part_group(p).iallgather(ps.shard_values(u, p), full.data() + p.full_offset,
-                                                    static_cast<size_t>(p.zero.len)));
-          held.push_back(std::move(full));
+        if (ir::is_zero3_gather(c)) {  // into a fresh full buffer the unit borrows (held.front())
+          gather_for_compute(u, group, reqs, held);
         } else {  // updated shards back into every replica's full values
           Tensor mine(model_.backend(), ps.shard_len(u), MemCategory::MEM_BUFFERS);
           for (const ir::FlatPart& p : ps.parts(u)) {
             const auto n = static_cast<size_t>(p.zero.len);
             model_.backend().copy(mine.data() + p.shard_offset, ps.shard_values(u, p), n * sizeof(float));
-            reqs.push_back(part_group(p).iallgather(mine.data() + p.shard_offset, ps.values(u) + p.full_offset, n));
+            reqs.push_back(part_group(p).iallgather(mine.data() + p.shard_offset, ps.values(u) + p.full_offset, n,
+                                                    backend::DType::DTYPE_F32));
           }
           held.push_back(std::move(mine));
         }
@@ -289,6 +300,48 @@ void Executor::issue(size_t k) {
       break;
     default:
       throw std::logic_error(std::string(ir::node_kind_name(c.kind)) + " is not supported by this executor");
+  }
+}
+
+// The values a unit computes with, from its full values or ZeRO-3's gathered ones (v): under bf16 v rounded
+// to bf16 and widened (Megatron's bf16 parameters; the f32 values stay the master weights), so that every
+// strategy computes with the same values; empty where v itself is what the unit computes with (f32 under
+// fp32 and tf32).
+Tensor Executor::compute_values(backend::ConstTensorView v) {
+  backend::Backend& be = model_.backend();
+  const backend::DType t = model_.activation_dtype();
+  if (t == backend::DType::DTYPE_F32) return {};
+  Tensor out(be, v.shape, MemCategory::MEM_PARAMS);
+  if (v.dtype == t) {  // gathered in the compute type
+    be.convert(v, out.view());
+    return out;
+  }
+  Tensor rounded(be, v.shape, MemCategory::MEM_BUFFERS, t);
+  be.convert(v, rounded.view());
+  be.convert(rounded.view(), out.view());
+  return out;
+}
+
+// ZeRO-3: unit u's parameters gathered into held.front() in the type the units compute with
+// (Model::activation_dtype: bf16 under train.precision bf16, each rank's f32 shard rounded first);
+// dense parts over `dense`, an MoE block's experts over the expert-data group.
+void Executor::gather_for_compute(int u, comm::Communicator& dense, std::vector<comm::Request>& reqs,
+                                  std::vector<Tensor>& held) {
+  model::ParamStore& ps = model_.params();
+  backend::Backend& be = model_.backend();
+  const backend::DType t = model_.activation_dtype();
+  held.emplace_back(be, backend::Shape{ps.padded_numel(u)}, MemCategory::MEM_PARAMS, t);
+  auto* full = static_cast<unsigned char*>(held.front().view().ptr);
+  for (const ir::FlatPart& p : ps.parts(u)) {
+    comm::Communicator& g = p.experts ? *groups_.edp : dense;
+    const auto n = static_cast<size_t>(p.zero.len);
+    const void* mine = ps.shard_values(u, p);
+    if (t != backend::DType::DTYPE_F32) {
+      Tensor& narrowed = held.emplace_back(be, backend::Shape{p.zero.len}, MemCategory::MEM_BUFFERS, t);
+      be.convert(backend::view(be, ps.shard_values(u, p), {p.zero.len}), narrowed.view());
+      mine = narrowed.view().ptr;
+    }
+    reqs.push_back(g.iallgather(mine, full + static_cast<size_t>(p.full_offset) * backend::dtype_size(t), n, t));
   }
 }
 
@@ -303,6 +356,7 @@ bool Executor::complete(size_t k) {
   if (c.kind == NodeKind::REDUCE_SCATTER)
     for (int u : c.units) model_.params().release_full_grads(u);
   if (!ir::is_zero3_gather(c)) held_[k].clear();
+  else held_[k].resize(1);  // the gathered values, until their last use; the narrowed shards are sent
   return true;
 }
 

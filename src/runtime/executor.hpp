@@ -80,6 +80,9 @@ class Executor : private ir::PlayHost {
   void update(int unit);
   comm::Communicator& group_of(const ir::Instr& c) const;
 
+  void gather_for_compute(int u, comm::Communicator& dense, std::vector<comm::Request>& reqs,
+                          std::vector<backend::Tensor>& held);
+  backend::Tensor compute_values(backend::ConstTensorView v);
   void poll_traced();
   void trace_comm_end(size_t k);
 

@@ -72,7 +72,8 @@ std::vector<float> local_values(model::ParamStore& ps, const Groups& groups, bac
     gathered = backend::Tensor(device, ps.padded_numel(u), backend::MemCategory::MEM_BUFFERS);
     for (const ir::FlatPart& p : ps.parts(u))
       (p.experts ? groups.edp : groups.dp)
-          ->allgather(ps.shard_values(u, p), gathered.data() + p.full_offset, static_cast<size_t>(p.zero.len));
+          ->allgather(ps.shard_values(u, p), gathered.data() + p.full_offset, static_cast<size_t>(p.zero.len),
+                      backend::DType::DTYPE_F32);
     values = gathered.data();
   } else {
     values = ps.values(u);

@@ -258,28 +258,29 @@ class NcclCommunicator final : public Communicator {
   }
 
   Request iallreduce(float* buf, size_t n) override {
-    return collective(OpKind::OP_ALLREDUCE, n, [=](ncclComm_t c, cudaStream_t s) {
+    return collective(OpKind::OP_ALLREDUCE, n * sizeof(float), [=](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, c, s);
     });
   }
   Request ireduce_scatter(const float* in, float* out, size_t n_per_rank) override {
-    return collective(OpKind::OP_REDUCE_SCATTER, n_per_rank * static_cast<size_t>(size()),
+    return collective(OpKind::OP_REDUCE_SCATTER, n_per_rank * static_cast<size_t>(size()) * sizeof(float),
                       [=](ncclComm_t c, cudaStream_t s) {
                         return ncclReduceScatter(in, out, n_per_rank, ncclFloat32, ncclSum, c, s);
                       });
   }
-  Request iallgather(const float* in, float* out, size_t n_per_rank) override {
-    return collective(OpKind::OP_ALLGATHER, n_per_rank, [=](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(in, out, n_per_rank, ncclFloat32, c, s);
-    });
+  Request iallgather(const void* in, void* out, size_t n_per_rank, backend::DType t) override {
+    const ncclDataType_t type = nccl_type(t);
+    return collective(OpKind::OP_ALLGATHER, n_per_rank * static_cast<size_t>(size()) * backend::dtype_size(t),
+                      [=](ncclComm_t c, cudaStream_t s) { return ncclAllGather(in, out, n_per_rank, type, c, s); });
   }
-  Request ialltoall(const float* in, float* out, size_t n_per_rank) override {
-    return collective(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()),
-                      [=](ncclComm_t c, cudaStream_t s) { return ncclAlltoAll(in, out, n_per_rank, ncclFloat32, c, s); });
+  Request ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) override {
+    const ncclDataType_t type = nccl_type(t);
+    return collective(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()) * backend::dtype_size(t),
+                      [=](ncclComm_t c, cudaStream_t s) { return ncclAlltoAll(in, out, n_per_rank, type, c, s); });
   }
   // Sends and receives to and from every rank in one NCCL group on the collectives' lane.
-  Request ialltoallv(const float* in, const std::vector<int64_t>& send_counts, float* out,
-                     const std::vector<int64_t>& recv_counts) override {
+  Request ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                     const std::vector<int64_t>& recv_counts, backend::DType t) override {
     const auto p = static_cast<size_t>(size());
     if (send_counts.size() != p || recv_counts.size() != p)
       throw std::invalid_argument("piper comm: alltoallv on " + name() + " takes " + std::to_string(p) +
@@ -287,15 +288,19 @@ class NcclCommunicator final : public Communicator {
                                   std::to_string(recv_counts.size()));
     size_t total = 0;
     for (int64_t c : send_counts) total += static_cast<size_t>(c);
+    const ncclDataType_t type = nccl_type(t);
+    const size_t elem = backend::dtype_size(t);
+    const auto* from = static_cast<const unsigned char*>(in);
+    auto* to = static_cast<unsigned char*>(out);
     // The call may run after this returns: it keeps its own copy of the counts.
-    return collective(OpKind::OP_ALLTOALL, total, [=](ncclComm_t c, cudaStream_t s) {
+    return collective(OpKind::OP_ALLTOALL, total * elem, [=](ncclComm_t c, cudaStream_t s) {
       ncclResult_t rc = ncclGroupStart();
       size_t sent = 0, got = 0;
       for (size_t j = 0; j < p && (rc == ncclSuccess || rc == ncclInProgress); ++j) {
         const auto ns = static_cast<size_t>(send_counts[j]), nr = static_cast<size_t>(recv_counts[j]);
-        if (ns) rc = ncclSend(in + sent, ns, ncclFloat32, static_cast<int>(j), c, s);
+        if (ns) rc = ncclSend(from + sent * elem, ns, type, static_cast<int>(j), c, s);
         if (nr && (rc == ncclSuccess || rc == ncclInProgress))
-          rc = ncclRecv(out + got, nr, ncclFloat32, static_cast<int>(j), c, s);
+          rc = ncclRecv(to + got * elem, nr, type, static_cast<int>(j), c, s);
         sent += ns;
         got += nr;
       }
@@ -375,8 +380,8 @@ class NcclCommunicator final : public Communicator {
     return Request(std::make_unique<NcclRequest>(*this, lane, std::move(inf), std::move(done)));
   }
 
-  Request collective(OpKind kind, size_t n, NcclCall call) {
-    return queued(kCollective, info(kind, n * sizeof(float)), std::move(call));
+  Request collective(OpKind kind, size_t bytes, NcclCall call) {
+    return queued(kCollective, info(kind, bytes), std::move(call));
   }
 
   // Waits, within the timeout, until every operation posted on `lane` is on its stream (before a call
@@ -554,7 +559,7 @@ std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& d
   // Which ranks share a GPU: every rank learns the same answer.
   const std::vector<float> key = gpu_key();
   std::vector<float> keys(2 * p);
-  host.allgather(key.data(), keys.data(), 2);
+  host.allgather(key.data(), keys.data(), 2, backend::DType::DTYPE_F32);
   for (size_t i = 0; i < p; ++i)
     for (size_t j = i + 1; j < p; ++j)
       if (std::memcmp(&keys[2 * i], &keys[2 * j], 2 * sizeof(float)) == 0)
@@ -574,7 +579,7 @@ std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& d
   }
   std::vector<float> mine(kIdFloats), all(kIdFloats * p);
   std::memcpy(mine.data(), &id, sizeof id);
-  host.allgather(mine.data(), all.data(), kIdFloats);
+  host.allgather(mine.data(), all.data(), kIdFloats, backend::DType::DTYPE_F32);
   std::memcpy(&id, all.data(), sizeof id);
 
   std::array<LaneState, kLanes> lanes{};

@@ -52,7 +52,7 @@ TEST(DeviceComm, TheHostServesItsOwnMemoryAndStagingServesADetachedDevice) {
     ASSERT_NE(dev, nullptr);
     EXPECT_NE(dynamic_cast<StagedCommunicator*>(dev.get()), nullptr);  // no NCCL for a CPU device
     backend::Tensor in = on_device(backend::cpu_detached(), {1, 2, 3}), out = on_device(backend::cpu_detached(), {0, 0, 0});
-    dev->alltoall(in.data(), out.data(), 3);
+    dev->alltoall(in.data(), out.data(), 3, kF32);
     EXPECT_EQ(to_host(backend::cpu_detached(), out), (std::vector<float>{1, 2, 3}));
   }
 }
@@ -104,15 +104,15 @@ TEST_F(NcclComm, CollectivesOfOneRankLandTheirInputs) {
   nccl->reduce_scatter(x.data(), y.data(), 6);
   EXPECT_EQ(to_host(be, y), a);
   be.fill_zero(y.data(), 6 * sizeof(float));
-  nccl->allgather(x.data(), y.data(), 6);
+  nccl->allgather(x.data(), y.data(), 6, kF32);
   EXPECT_EQ(to_host(be, y), a);
   be.fill_zero(y.data(), 6 * sizeof(float));
-  nccl->alltoall(x.data(), y.data(), 6);
+  nccl->alltoall(x.data(), y.data(), 6, kF32);
   EXPECT_EQ(to_host(be, y), a);
   be.fill_zero(y.data(), 6 * sizeof(float));
-  nccl->alltoallv(x.data(), {4}, y.data(), {4});
+  nccl->alltoallv(x.data(), {4}, y.data(), {4}, kF32);
   EXPECT_EQ(to_host(be, y), (std::vector<float>{1, 2, 3, 4, 0, 0}));
-  EXPECT_THROW(nccl->alltoallv(x.data(), {4, 1}, y.data(), {4}), std::invalid_argument);
+  EXPECT_THROW(nccl->alltoallv(x.data(), {4, 1}, y.data(), {4}, kF32), std::invalid_argument);
   double d = 2.5;
   nccl->allreduce_double(&d, 1);  // host memory, over the host communicator
   EXPECT_EQ(d, 2.5);
@@ -128,7 +128,7 @@ TEST_F(NcclComm, AnOperationWaitsForTheBackendsQueuedWork) {
   backend::Tensor from = on_device(be, src), in = on_device(be, std::vector<float>(n, 0.f)),
                   out = on_device(be, std::vector<float>(n, 0.f));
   be.copy(in.data(), from.data(), n * sizeof(float));  // queued on the backend's stream
-  nccl->alltoall(in.data(), out.data(), n);            // must read what the copy wrote
+  nccl->alltoall(in.data(), out.data(), n, kF32);            // must read what the copy wrote
   EXPECT_EQ(to_host(be, out), src);
 }
 
@@ -157,7 +157,7 @@ TEST_F(NcclComm, ASplitIsNcclToo) {
   ASSERT_NE(group, nullptr);
   EXPECT_EQ(group->name(), "dp [0]");
   backend::Tensor x = on_device(be, {7, 8}), y = on_device(be, {0, 0, 0, 0});
-  group->allgather(x.data(), y.data(), 2);
+  group->allgather(x.data(), y.data(), 2, kF32);
   EXPECT_EQ(to_host(be, y), (std::vector<float>{7, 8, 0, 0}));
 }
 

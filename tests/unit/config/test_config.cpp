@@ -39,7 +39,7 @@ TEST(Config, PrecisionNamesAndTheActivationsStorage) {
     TrainConfig t;
     t.precision = name;
     EXPECT_EQ(precision_of(t), want) << name;
-    EXPECT_EQ(stores_activations_in_bf16(want), bf16) << name;
+    EXPECT_EQ(stores_in_bf16(want), bf16) << name;
   }
   EXPECT_FALSE(precision_named("BF16").has_value());
   TrainConfig t;

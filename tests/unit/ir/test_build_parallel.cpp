@@ -549,6 +549,33 @@ TEST(Zero, Stages1And2ReduceThenGatherParametersAfterTheUpdates) {
   }
 }
 
+// ZeRO-3 gathers the parameters in the type the units compute with: 2 bytes a value under bf16,
+// while the gradients are reduce-scattered in f32 (and ZeRO-1's updated shards gathered in f32).
+TEST(Zero, Stage3GathersInTheComputeTypeAndReducesInF32) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    Par p;
+    p.dp = 2;
+    p.mb = 2;
+    p.zero = 3;
+    config::Config c = make_config("M*-", p);
+    c.train.precision = precision;
+    const Plan plan = compile(c, 2);
+    const int64_t elem = std::string(precision) == "bf16" ? 2 : 4;
+    EXPECT_EQ(plan.strategy.compute_elem_bytes, elem);
+    int gathers = 0;
+    for (const Node& n : plan.graph.nodes()) {
+      if (n.kind == NodeKind::ALLGATHER) {
+        EXPECT_EQ(n.bytes, grad_bytes(plan.model, n.units) / 4 * elem) << precision;
+        ++gathers;
+      }
+      if (n.kind == NodeKind::REDUCE_SCATTER) {
+        EXPECT_EQ(n.bytes, grad_bytes(plan.model, n.units)) << precision;
+      }
+    }
+    EXPECT_EQ(gathers, static_cast<int>(plan.model.units.size()) * 2 * 2) << precision;
+  }
+}
+
 // ZeRO-3: gradients reduce-scattered, and each unit's parameters gathered before each use: one
 // ALLGATHER per (unit, microbatch) before the forward, one before the backward.
 TEST(Zero, Stage3GathersParametersBeforeEveryForwardAndBackward) {
@@ -824,15 +851,21 @@ TEST(Lower, ProgramsPlayedTogetherDoNotDeadlock) {
 // An MoE block at ep 2 of dp 4: its forward is four segments joined by the counts exchange, the
 // dispatch and the combine, ALLTOALL nodes over the ep group on every rank of the stage, with the
 // balanced-routing sizes; its backward moves the rows' gradients there and back. With tp 2 the
-// routing weights' gradient is summed over tp first. Every schedule's programs verify and play.
+// routing weights' gradient is summed over tp first. The rows travel in the activations' storage
+// type (2 bytes a value under bf16), the counts and the sums in f32. Every schedule's programs verify
+// and play.
 TEST(ExpertParallel, DispatchAndCombineAreAllToAllNodesOverTheEpGroup) {
-  for (int tp : {1, 2}) {
+  for (int tp : {1, 2})
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(std::string("tp ") + std::to_string(tp) + " " + precision);
     Par p;
     p.dp = 4;
     p.mb = 2;
     config::Config c = make_config("M-E", p);
     c.parallel.ep = 2;
     c.parallel.tp = tp;
+    c.train.precision = precision;
+    const int64_t elem = std::string(precision) == "bf16" ? 2 : 4;
     const int world = 4 * tp;
     const Plan plan = compile(c, world);
     const int moe = 3;  // embed, layers.0 (M), layers.1 (-), layers.2 (E)
@@ -848,7 +881,7 @@ TEST(ExpertParallel, DispatchAndCombineAreAllToAllNodesOverTheEpGroup) {
     EXPECT_EQ(counts.devices, iota(0, world));
     for (int k : {1, 2}) {
       EXPECT_EQ(points.at({Pass::PASS_F, k})->kind, NodeKind::ALLTOALL);
-      EXPECT_EQ(points.at({Pass::PASS_F, k})->bytes, rows * c.model.top_k * D * 4);  // balanced routing
+      EXPECT_EQ(points.at({Pass::PASS_F, k})->bytes, rows * c.model.top_k * D * elem);  // balanced routing
     }
     const int b0 = tp > 1 ? 1 : 0;  // the backward's first all-to-all
     if (tp > 1) {
@@ -858,6 +891,7 @@ TEST(ExpertParallel, DispatchAndCombineAreAllToAllNodesOverTheEpGroup) {
     }
     EXPECT_EQ(points.at({Pass::PASS_B, b0})->group, GroupDim::GROUP_EP);
     EXPECT_EQ(points.at({Pass::PASS_B, b0 + 1})->group, GroupDim::GROUP_EP);
+    EXPECT_EQ(points.at({Pass::PASS_B, b0})->bytes, rows * c.model.top_k * D * elem);
     // The ep groups of a dp group of 4: dp coordinates {0, 1} and {2, 3}.
     const ParallelDims dims = plan.strategy.dims();
     EXPECT_EQ(dims.group(0, Axis::EP), (std::vector<int>{0, tp}));

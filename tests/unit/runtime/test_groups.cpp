@@ -36,9 +36,10 @@ class RecordingComm final : public comm::Communicator {
   comm::Request irecv(void*, size_t, backend::DType, int, int) override { return note("recv"); }
   comm::Request iallreduce(float*, size_t) override { return note("allreduce"); }
   comm::Request ireduce_scatter(const float*, float*, size_t) override { return note("reduce_scatter"); }
-  comm::Request iallgather(const float*, float*, size_t) override { return note("allgather"); }
-  comm::Request ialltoall(const float*, float*, size_t) override { return note("alltoall"); }
-  comm::Request ialltoallv(const float*, const std::vector<int64_t>&, float*, const std::vector<int64_t>&) override {
+  comm::Request iallgather(const void*, void*, size_t, backend::DType) override { return note("allgather"); }
+  comm::Request ialltoall(const void*, void*, size_t, backend::DType) override { return note("alltoall"); }
+  comm::Request ialltoallv(const void*, const std::vector<int64_t>&, void*, const std::vector<int64_t>&,
+                           backend::DType) override {
     return note("alltoallv");
   }
   comm::Request iallreduce_double(double*, size_t) override { return note("allreduce_double"); }

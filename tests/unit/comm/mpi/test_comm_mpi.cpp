@@ -150,7 +150,7 @@ TEST(CommMpi, AllgatherPlacesBlocksByRank) {
   const size_t n = 777;
   std::vector<float> in(n), out(n * static_cast<size_t>(p), -1.f);
   for (size_t k = 0; k < n; ++k) in[k] = static_cast<float>(r * 10000 + static_cast<int>(k));
-  world().iallgather(in.data(), out.data(), n).wait();
+  world().iallgather(in.data(), out.data(), n, kF32).wait();
   size_t bad = 0;
   for (int src = 0; src < p; ++src)
     for (size_t k = 0; k < n; ++k)
@@ -166,12 +166,12 @@ TEST(CommMpi, AlltoallTransposesBlocks) {
   for (int dst = 0; dst < p; ++dst)  // block dst of rank r: r*1000 + dst*10 + k
     for (size_t k = 0; k < n; ++k)
       in[static_cast<size_t>(dst) * n + k] = static_cast<float>(r * 1000 + dst * 10 + static_cast<int>(k));
-  world().ialltoall(in.data(), out.data(), n).wait();
+  world().ialltoall(in.data(), out.data(), n, kF32).wait();
   for (int src = 0; src < p; ++src)
     for (size_t k = 0; k < n; ++k)
       EXPECT_EQ(out[static_cast<size_t>(src) * n + k], static_cast<float>(src * 1000 + r * 10 + static_cast<int>(k)));
   std::vector<float> again(out.size());
-  world().alltoall(in.data(), again.data(), n);
+  world().alltoall(in.data(), again.data(), n, kF32);
   EXPECT_EQ(again, out);
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
@@ -191,10 +191,10 @@ TEST(CommMpi, AlltoallvMovesVariableBlocks) {
   std::vector<float> out(expected.size(), -1.f);
   in.push_back(0.f);  // never a null buffer, even when nothing is sent
   out.push_back(0.f);
-  world().ialltoallv(in.data(), send, out.data(), recv).wait();
+  world().ialltoallv(in.data(), send, out.data(), recv, kF32).wait();
   out.pop_back();
   EXPECT_EQ(out, expected);
-  EXPECT_THROW(world().ialltoallv(in.data(), {}, out.data(), recv), std::invalid_argument);  // no counts
+  EXPECT_THROW(world().ialltoallv(in.data(), {}, out.data(), recv, kF32), std::invalid_argument);  // no counts
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
@@ -240,25 +240,25 @@ void expect_device_comm_matches_the_host(Communicator& dev, backend::Backend& be
     dev.reduce_scatter(d_in.data(), d_out.data(), n);
     EXPECT_EQ(to_host(d_out, n), host);
     std::vector<float> gathered(n * P);
-    world().allgather(host.data(), gathered.data(), n);
+    world().allgather(host.data(), gathered.data(), n, kF32);
     backend::Tensor d_all = on_device(std::vector<float>(n * P, -1.f));
-    dev.allgather(d_out.data(), d_all.data(), n);
+    dev.allgather(d_out.data(), d_all.data(), n, kF32);
     EXPECT_EQ(to_host(d_all, n * P), gathered);
   }
   {  // all-to-all and all-to-all(v), (r + j) % 3 floats from rank r to rank j
     std::vector<float> host(n * P);
-    world().alltoall(in.data(), host.data(), n);
+    world().alltoall(in.data(), host.data(), n, kF32);
     backend::Tensor d_in = on_device(in), d_out = on_device(std::vector<float>(n * P, -1.f));
-    dev.alltoall(d_in.data(), d_out.data(), n);
+    dev.alltoall(d_in.data(), d_out.data(), n, kF32);
     EXPECT_EQ(to_host(d_out, n * P), host);
     std::vector<int64_t> send(P), recv(P);
     for (int j = 0; j < p; ++j) send[static_cast<size_t>(j)] = (r + j) % 3, recv[static_cast<size_t>(j)] = (j + r) % 3;
     const size_t ns = static_cast<size_t>(std::accumulate(send.begin(), send.end(), int64_t{0}));
     const size_t nr = static_cast<size_t>(std::accumulate(recv.begin(), recv.end(), int64_t{0}));
     std::vector<float> hv(nr + 1, -1.f);
-    world().alltoallv(in.data(), send, hv.data(), recv);
+    world().alltoallv(in.data(), send, hv.data(), recv, kF32);
     backend::Tensor dv = on_device(std::vector<float>(nr + 1, -1.f));
-    dev.alltoallv(d_in.data(), send, dv.data(), recv);
+    dev.alltoallv(d_in.data(), send, dv.data(), recv, kF32);
     EXPECT_EQ(to_host(dv, nr), std::vector<float>(hv.begin(), hv.begin() + static_cast<std::ptrdiff_t>(nr)));
     EXPECT_GE(in.size(), ns);
   }
@@ -420,9 +420,9 @@ TEST(CommMpi, ManyOutstandingOperationsCompleteInAnyWaitOrder) {
   reqs.push_back(world().irecv(recv_a.data(), big, kF32, prev, 11));
   reqs.push_back(world().iallreduce(sum.data(), big));
   reqs.push_back(world().isend(send_a.data(), big, kF32, next, 11));
-  reqs.push_back(world().iallgather(&one, gathered.data(), 1));
+  reqs.push_back(world().iallgather(&one, gathered.data(), 1, kF32));
   reqs.push_back(world().iallreduce(&zero_in, 0));  // empty operations are fine
-  reqs.push_back(world().ialltoall(&zero_in, &zero_out, 0));
+  reqs.push_back(world().ialltoall(&zero_in, &zero_out, 0, kF32));
   for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) it->wait();  // reverse order of posting
   EXPECT_EQ(recv_a[big - 1], static_cast<float>(prev));
   EXPECT_EQ(sum[0], static_cast<float>(p));

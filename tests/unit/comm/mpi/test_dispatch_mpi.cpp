@@ -1,6 +1,7 @@
 // test_dispatch_mpi.cpp — the MoE token dispatcher over real ep groups (every ep that divides the world):
 // rows reach the ranks of their experts in expert-major order, and with identity experts and uniform
-// weights 1/top_k, dispatch then combine returns the input exactly, and its gradient the output's.
+// weights 1/top_k, dispatch then combine returns the input exactly, and its gradient the output's, with
+// the rows travelling in f32 or in bf16 (every value below has a bf16 form, so bf16 rounds nothing).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,15 +39,16 @@ float value(int rank, int64_t row, int64_t col) { return static_cast<float>((ran
 
 void run(comm::Communicator& c, const CommBuffer& b) {
   if (b.send_counts.empty())
-    c.alltoall(b.send, b.recv, static_cast<size_t>(b.count) / static_cast<size_t>(c.size()));
+    c.alltoall(b.send, b.recv, static_cast<size_t>(b.count) / static_cast<size_t>(c.size()), b.dtype);
   else
-    c.alltoallv(b.send, b.send_counts, b.recv, b.recv_counts);
+    c.alltoallv(b.send, b.send_counts, b.recv, b.recv_counts, b.dtype);
 }
 
 TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
   comm::Communicator& world = comm::test_world();
   backend::Backend& be = backend::cpu();
   const int W = world.size(), r = world.rank();
+  for (backend::DType wire : {backend::DType::DTYPE_F32, backend::DType::DTYPE_BF16})
   for (int ep = 1; ep <= W; ++ep) {
     if (W % ep != 0 || kExperts % ep != 0) continue;
     std::vector<int> members;  // the ep group of this rank: ep consecutive ranks
@@ -65,7 +67,7 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
       const backend::ConstTensorView ev = backend::view(be, experts.data(), {kRows, k});
       const backend::ConstTensorView wv = backend::view(be, weights.data(), {kRows, k});
 
-      Dispatcher d(be, kExperts, kWidth, ep);
+      Dispatcher d(be, kExperts, kWidth, ep, wire);
       d.route(ev, x.data());
       if (ep > 1) {
         run(*group, d.counts());
@@ -111,9 +113,10 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
         for (int64_t s = 0; s < k; ++s) dw_wrong += dweights[static_cast<size_t>(m * k + s)] != static_cast<float>(dot);
       }
       if (r == 0)
-        std::printf("[ dispatch ] ep %d top_k %lld: %lld rows on rank 0's experts; combine(dispatch(x)) differs from x "
-                    "in %d of %zu values, the input gradient from dout in %d (tolerance: exact)\n",
-                    ep, static_cast<long long>(k), static_cast<long long>(d.rows()), out_wrong, x.size(), dx_wrong);
+        std::printf("[ dispatch ] rows in %s, ep %d top_k %lld: %lld rows on rank 0's experts; combine(dispatch(x)) "
+                    "differs from x in %d of %zu values, the input gradient from dout in %d (tolerance: exact)\n",
+                    backend::dtype_name(wire), ep, static_cast<long long>(k), static_cast<long long>(d.rows()),
+                    out_wrong, x.size(), dx_wrong);
       EXPECT_EQ(out_wrong, 0) << "ep " << ep << " k " << k;
       EXPECT_EQ(dx_wrong, 0) << "ep " << ep << " k " << k;
       EXPECT_EQ(dw_wrong, 0) << "ep " << ep << " k " << k;
