@@ -72,9 +72,9 @@ struct TrainConfig {
   // buffers"): auto (NCCL where every rank has a GPU of its own, else mpi) | nccl | mpi (the MPI
   // communicator through page-locked host staging; two ranks may share a GPU).
   std::string device_comm = "auto";
-  // The precision of the matrix products (docs/backend.md): fp32 | tf32 (TF32 inputs where the device has
-  // TF32 units; the CPU computes fp32) | bf16 (bf16 inputs, fp32 accumulation, master weights, gradients,
-  // optimiser state and checkpoints).
+  // The precision of the computation (docs/backend.md): fp32 | tf32 (TF32 product inputs where the device
+  // has TF32 units; the CPU computes fp32) | bf16 (bf16 parameters, product inputs and stored activations;
+  // fp32 accumulation, master weights, gradients, optimiser state and checkpoints). Read by precision_of.
   std::string precision = "fp32";
   // Held-out evaluation (docs/data.md, "Held-out data"): the mean loss over the first eval_batches
   // global batches of the held-out sequences, after every eval_every-th step and the last.

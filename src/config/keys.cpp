@@ -53,7 +53,7 @@ const std::vector<Field>& fields() {
       PIPER_FIELD(train, threads, "OpenMP threads per rank; 0 = default"),
       PIPER_FIELD(train, device, "where tensors live and ops run: cpu | cuda | cpu_detached"),
       PIPER_FIELD(train, device_comm, "how a device's tensors travel: auto | nccl | mpi (host staging)"),
-      PIPER_FIELD(train, precision, "matrix products: fp32 | tf32 | bf16 (bf16 inputs, fp32 accumulation)"),
+      PIPER_FIELD(train, precision, "fp32 | tf32 | bf16 (bf16 parameters, products and stored activations; fp32 master weights)"),
       PIPER_FIELD(train, eval_every, "held-out loss after every N steps and the last; 0 = off"),
       PIPER_FIELD(train, eval_batches, "held-out batches of global_batch sequences per evaluation"),
       PIPER_FIELD(train, switch_file, "strategy file read at each step boundary; empty = none"),

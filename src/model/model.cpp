@@ -29,9 +29,9 @@ Precision precision_of(config::Precision p) {
   const backend::DType stored =
       config::stores_in_bf16(p) ? backend::DType::DTYPE_BF16 : backend::DType::DTYPE_F32;
   switch (p) {
-    case config::Precision::PRECISION_FP32: return {backend::MatmulPrecision::MATMUL_FP32, stored, stored};
-    case config::Precision::PRECISION_TF32: return {backend::MatmulPrecision::MATMUL_TF32, stored, stored};
-    case config::Precision::PRECISION_BF16: return {backend::MatmulPrecision::MATMUL_BF16, stored, stored};
+    case config::Precision::PRECISION_FP32: return {backend::MatmulPrecision::MATMUL_FP32, stored};
+    case config::Precision::PRECISION_TF32: return {backend::MatmulPrecision::MATMUL_TF32, stored};
+    case config::Precision::PRECISION_BF16: return {backend::MatmulPrecision::MATMUL_BF16, stored};
   }
   throw std::logic_error("model: a train.precision without its products' precision");
 }
@@ -39,8 +39,8 @@ Precision precision_of(config::Precision p) {
 void Model::set_precision(const Precision& p) {
   be_.set_matmul_precision(p.products);
   for (const auto& u : units_)
-    if (u) u->keep_activations_in(p.kept);
-  between_units_ = p.between_units;
+    if (u) u->keep_activations_in(p.storage);
+  storage_ = p.storage;
 }
 
 std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t n,
@@ -58,8 +58,8 @@ std::vector<int32_t> Model::generate(const std::vector<int32_t>& prompt, int64_t
     Tensor ids(be_, backend::Shape{T}, backend::MemCategory::MEM_BUFFERS, backend::DType::DTYPE_I32);
     be_.to_device(ids.view().ptr, seq.data() + start, static_cast<size_t>(T) * sizeof(int32_t));
     MicroBatch mb{static_cast<const int32_t*>(ids.view().ptr), nullptr, 1, T, 1.0f};
-    Tensor a(be_, {mb.rows(), D}, backend::MemCategory::MEM_BUFFERS, between_units_);
-    Tensor b(be_, {mb.rows(), D}, backend::MemCategory::MEM_BUFFERS, between_units_);
+    Tensor a(be_, {mb.rows(), D}, backend::MemCategory::MEM_BUFFERS, storage_);
+    Tensor b(be_, {mb.rows(), D}, backend::MemCategory::MEM_BUFFERS, storage_);
     play_pass(*units_.front(), ir::NodeKind::FWD, kSlot, {&mb, {}, {}, a.view(), {}});
     for (size_t u = 1; u + 1 < units_.size(); ++u) {
       play_pass(*units_[u], ir::NodeKind::FWD, kSlot, {&mb, a.view(), {}, b.view(), {}});

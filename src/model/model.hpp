@@ -15,14 +15,14 @@
 namespace piper::model {
 
 // What train.precision asks of the backend, the units and the runtime (docs/backend.md): the precision
-// of the matrix products; the storage type of the activations kept from a forward for its backward
-// (Unit::kept); and that of the activations and their gradients passed between units, kept by the
-// runtime and sent between pipeline stages (PassArgs). The storage follows
-// config::stores_in_bf16: f32 under fp32 and tf32, bf16 under bf16.
+// of the matrix products, and the storage type of what the units compute on where it is stored or
+// moved: the activations kept from a forward for its backward (Unit::kept), the activations and their
+// gradients between units and pipeline stages (PassArgs), an MoE block's rows between ranks, and the
+// parameters a pass computes with (ZeRO-3 gathers them so). It follows config::stores_in_bf16: f32
+// under fp32 and tf32, bf16 under bf16.
 struct Precision {
   backend::MatmulPrecision products = backend::MatmulPrecision::MATMUL_FP32;
-  backend::DType kept = backend::DType::DTYPE_F32;
-  backend::DType between_units = backend::DType::DTYPE_F32;
+  backend::DType storage = backend::DType::DTYPE_F32;
 };
 // What the setting `p` (config::precision_of) asks.
 Precision precision_of(config::Precision p);
@@ -41,11 +41,11 @@ class Model {
   bool holds(int unit) const { return params_.holds(unit); }
   Unit& unit(int u) { return *units_.at(static_cast<size_t>(u)); }
   backend::Backend& backend() { return be_; }
-  // The products' precision on the backend, the kept activations' storage in every unit held, and the
-  // storage of the activations between units (activation_dtype).
+  // The products' precision on the backend, and the storage type to every unit held and to the
+  // runtime (storage_dtype).
   void set_precision(const Precision& p);
-  // The storage type of the activations and gradients between units ([rows, D]; f32 to begin with).
-  backend::DType activation_dtype() const { return between_units_; }
+  // Precision::storage (f32 to begin with).
+  backend::DType storage_dtype() const { return storage_; }
 
   // Continues `prompt` by `n` tokens, sampling from softmax(logits / temperature)
   // over the `top_k` most likely tokens (0: all of them) with a generator seeded
@@ -63,7 +63,7 @@ class Model {
   backend::Backend& be_;
   ParamStore params_;
   std::vector<std::unique_ptr<Unit>> units_;  // indexed by unit; null where not held
-  backend::DType between_units_ = backend::DType::DTYPE_F32;
+  backend::DType storage_ = backend::DType::DTYPE_F32;
 };
 
 }  // namespace piper::model

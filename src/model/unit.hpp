@@ -54,7 +54,7 @@ struct LocalDims {
 };
 
 // What a segment of a pass reads and writes, in the storage type the runtime keeps them in between
-// units (f32, or bf16 under train.precision bf16: Model::boundary_dtype). A unit computes in f32: Unit::run
+// units (f32, or bf16 under train.precision bf16: Model::storage_dtype). A unit computes in f32: Unit::run
 // widens x and dy for the pass, and stores y and dx in their views' type once the pass has written them.
 // Each segment of one pass gets the same arguments.
 struct PassArgs {

@@ -70,7 +70,7 @@ comm::Communicator& Executor::group_of(const ir::Instr& c) const {
 
 // An activation or a gradient between units: [rows, D] in the model's activation storage type.
 Tensor Executor::boundary(int64_t rows, MemCategory c) {
-  return Tensor(model_.backend(), {rows, model_.config().d_model}, c, model_.activation_dtype());
+  return Tensor(model_.backend(), {rows, model_.config().d_model}, c, model_.storage_dtype());
 }
 
 Tensor Executor::take(std::map<Key, Tensor>& m, Key k) {
@@ -309,7 +309,7 @@ void Executor::issue(size_t k) {
 // fp32 and tf32).
 Tensor Executor::compute_values(backend::ConstTensorView v) {
   backend::Backend& be = model_.backend();
-  const backend::DType t = model_.activation_dtype();
+  const backend::DType t = model_.storage_dtype();
   if (t == backend::DType::DTYPE_F32) return {};
   Tensor out(be, v.shape, MemCategory::MEM_PARAMS);
   if (v.dtype == t) {  // gathered in the compute type
@@ -323,13 +323,13 @@ Tensor Executor::compute_values(backend::ConstTensorView v) {
 }
 
 // ZeRO-3: unit u's parameters gathered into held.front() in the type the units compute with
-// (Model::activation_dtype: bf16 under train.precision bf16, each rank's f32 shard rounded first);
+// (Model::storage_dtype: bf16 under train.precision bf16, each rank's f32 shard rounded first);
 // dense parts over `dense`, an MoE block's experts over the expert-data group.
 void Executor::gather_for_compute(int u, comm::Communicator& dense, std::vector<comm::Request>& reqs,
                                   std::vector<Tensor>& held) {
   model::ParamStore& ps = model_.params();
   backend::Backend& be = model_.backend();
-  const backend::DType t = model_.activation_dtype();
+  const backend::DType t = model_.storage_dtype();
   held.emplace_back(be, backend::Shape{ps.padded_numel(u)}, MemCategory::MEM_PARAMS, t);
   auto* full = static_cast<unsigned char*>(held.front().view().ptr);
   for (const ir::FlatPart& p : ps.parts(u)) {

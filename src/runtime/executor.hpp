@@ -97,7 +97,7 @@ class Executor : private ir::PlayHost {
   Groups groups_;
   Passes passes_;
   int last_unit_ = 0;
-  // [rows, D] in Model::activation_dtype, as units pass them and messages carry them.
+  // [rows, D] in Model::storage_dtype, as units pass them and messages carry them.
   std::map<Key, backend::Tensor> acts_;   // output of unit u for microbatch mb
   std::map<Key, backend::Tensor> grads_;  // gradient w.r.t. the input of unit u
   std::map<Key, ir::Recompute> recomputed_;  // the program's RECOMPs: the unit drops that state after its forward
