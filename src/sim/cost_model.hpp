@@ -37,7 +37,7 @@ struct OpCost {
   Linear bi;  // input-gradient half
   Linear bw;  // weight-gradient half
   // Activation memory in bytes as a function of rows, beyond the unit's
-  // output (which the simulator counts itself: rows x d_model floats).
+  // output (which the simulator counts itself: rows x d_model values in the storage type).
   Linear saved;        // held by the unit from its forward until its backward ends
   Linear kept_for_w;   // of `saved`, what is still held between BWD_I and BWD_W
   Linear transient;    // scratch at the peak inside a pass, freed when the pass ends

@@ -100,7 +100,8 @@ struct AnalyticOptions {
 // OpCost for the embedding, each block kind of the pattern and the head at
 // each tensor-parallel degree in `tps`; the update; a CommCost for each
 // collective at each group size in `group_sizes` (> 1) and p2p at 2 ranks.
-// Memory is piper's fp32 layout (unit_memory), whatever hw.elem_bytes.
+// The units' saved state is piper's fp32 layout (unit_memory), whatever hw.elem_bytes and the
+// precision (the activations between units the simulator counts in their storage type).
 // Throws std::invalid_argument as unit_work does (an 'E' block, a tp that
 // does not divide a size) and for hardware without positive peaks.
 CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Hardware& hw, std::vector<int> tps,

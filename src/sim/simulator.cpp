@@ -91,7 +91,8 @@ class Sim {
     dp_ = dims_.degree(ir::Axis::DP);
     zero_ = s.replicate.zero_of_unit;
     rows_ = cfg.train.global_batch / std::max(1, dp_ * s.split.microbatches) * cfg.train.seq_len;
-    act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * 4);
+    // An activation or its gradient between units, in the type the units compute with (bf16 under bf16).
+    act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * s.compute_elem_bytes);
     last_unit_ = static_cast<int>(plan.model.units.size()) - 1;
     const ir::ZeroState kept[3] = {ir::ZeroState::ZERO_PARAMS, ir::ZeroState::ZERO_GRADS,
                                    ir::ZeroState::ZERO_MOMENTS};

@@ -245,6 +245,26 @@ TEST(SimulatorMemory, ZeroStagesShardTheModelStateAsPublished) {
 }
 
 // Recomputation: the saved state leaves at each forward's end and comes back at its RECOMP, so the
+// The activations between units and stages are stored in the type the units compute with: with no
+// saved state (only those between units count), bf16's peak activations are fp32's halved.
+TEST(SimulatorMemory, ActivationsBetweenUnitsTakeTheirStorageTypesBytes) {
+  double peak[2] = {0, 0};
+  const char* precisions[2] = {"fp32", "bf16"};
+  for (int i = 0; i < 2; ++i) {
+    config::Config cfg = small_config("M*-M-", 8, 8);
+    cfg.parallel.pp = 2;
+    cfg.parallel.microbatches = 4;
+    cfg.train.precision = precisions[i];
+    CostModel cost = abstract_costs();
+    for (OpCost& o : cost.ops) o.saved = o.kept_for_w = {0, 0};
+    const SimResult r = simulate(ir::compile(cfg, 2), cfg, cost, {});
+    for (const RankResult& rk : r.ranks) peak[i] = std::max(peak[i], rk.peak[static_cast<size_t>(Mem::MEM_ACTIVATIONS)]);
+  }
+  std::printf("[ memory ] peak activations between units: fp32 %.0f bytes, bf16 %.0f\n", peak[0], peak[1]);
+  EXPECT_GT(peak[0], 0.0);
+  EXPECT_DOUBLE_EQ(peak[1], peak[0] / 2);
+}
+
 // peak activations fall (full below selective below none) while the compute grows by the RECOMPs'
 // time: the forward's (full) or the mixer's share of it (selective), shown as RECOMP events.
 TEST(SimulatorMemory, RecomputationLowersThePeakActivationsForItsTime) {
