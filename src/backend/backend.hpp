@@ -364,4 +364,7 @@ class Tensor {
   MemCategory category_ = MemCategory::MEM_BUFFERS;
 };
 
+// A new tensor of `category` on src's backend holding src in storage type `to` (its convert op).
+Tensor converted(ConstTensorView src, DType to, MemCategory category);
+
 }  // namespace piper::backend

@@ -596,6 +596,12 @@ Tensor::Tensor(Backend& b, Shape shape, MemCategory category, DType dtype)
 
 Tensor::~Tensor() { release(); }
 
+Tensor converted(ConstTensorView src, DType to, MemCategory category) {
+  Tensor t(*src.device, src.shape, category, to);
+  src.device->convert(src, t.view());
+  return t;
+}
+
 Tensor::Tensor(Tensor&& o) noexcept
     : backend_(o.backend_), data_(o.data_), shape_(o.shape_), dtype_(o.dtype_), category_(o.category_) {
   o.data_ = nullptr;

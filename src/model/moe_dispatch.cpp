@@ -43,17 +43,14 @@ Tensor Dispatcher::wire_rows(int64_t n) {
 
 void* Dispatcher::on_wire(Tensor& t) {
   if (wire_ == backend::DType::DTYPE_F32) return t.data();
-  sent_ = Tensor(be_, t.shape(), MemCategory::MEM_BUFFERS, wire_);
-  be_.convert(t.view(), sent_.view());
+  sent_ = backend::converted(t.view(), wire_, MemCategory::MEM_BUFFERS);
   return sent_.view().ptr;
 }
 
 void Dispatcher::landed(Tensor& t) {
   sent_ = {};
-  if (t.dtype() == backend::DType::DTYPE_F32) return;
-  Tensor widened(be_, t.shape(), MemCategory::MEM_ACTIVATIONS);
-  be_.convert(t.view(), widened.view());
-  t = std::move(widened);
+  if (t.dtype() != backend::DType::DTYPE_F32)
+    t = backend::converted(t.view(), backend::DType::DTYPE_F32, MemCategory::MEM_ACTIVATIONS);
 }
 
 Tensor Dispatcher::index_tensor(const std::vector<int32_t>& host) {

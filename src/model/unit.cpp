@@ -66,8 +66,7 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
 
 const float* Unit::f32_of(backend::ConstTensorView v, Tensor& held) {
   if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v.f32();
-  held = Tensor(be_, v.shape, backend::MemCategory::MEM_BUFFERS);
-  be_.convert(v, held.view());
+  held = backend::converted(v, backend::DType::DTYPE_F32, backend::MemCategory::MEM_BUFFERS);
   return held.data();
 }
 
@@ -109,10 +108,7 @@ void Unit::convert_kept(int slot, backend::DType to) {
 }
 
 void Unit::store_as(Tensor& t, backend::DType to) {
-  if (t.empty() || t.dtype() == to) return;
-  Tensor converted(be_, t.shape(), backend::MemCategory::MEM_ACTIVATIONS, to);
-  be_.convert(t.view(), converted.view());
-  t = std::move(converted);
+  if (!t.empty() && t.dtype() != to) t = backend::converted(t.view(), to, backend::MemCategory::MEM_ACTIVATIONS);
 }
 
 void Unit::drop(int /*slot*/, ir::Recompute mode) {

@@ -240,9 +240,6 @@ void Executor::issue(size_t k) {
                                                    : group.iallreduce(b.send_floats(), n));
     return;
   }
-  // A data-parallel collective moves each unit's parts over their own groups:
-  // dense parameters over dp, an MoE block's experts over their expert-data group.
-  auto part_group = [&](const ir::FlatPart& p) -> comm::Communicator& { return p.experts ? *groups_.edp : group; };
   switch (c.kind) {
     case NodeKind::SEND: {
       Tensor t = take(values_map, key);
@@ -274,12 +271,13 @@ void Executor::issue(size_t k) {
       }
       for (int u : c.units)
         for (const ir::FlatPart& p : ps.parts(u))
-          reqs.push_back(part_group(p).iallreduce(ps.grads(u) + p.full_offset, static_cast<size_t>(p.zero.padded)));
+          reqs.push_back(
+              part_group(p, group).iallreduce(ps.grads(u) + p.full_offset, static_cast<size_t>(p.zero.padded)));
       break;
     case NodeKind::REDUCE_SCATTER:
       for (int u : c.units)
         for (const ir::FlatPart& p : ps.parts(u))
-          reqs.push_back(part_group(p).ireduce_scatter(ps.grads(u) + p.full_offset, ps.shard_grads(u, p),
+          reqs.push_back(part_group(p, group).ireduce_scatter(ps.grads(u) + p.full_offset, ps.shard_grads(u, p),
                                                        static_cast<size_t>(p.zero.len)));
       break;
     case NodeKind::ALLGATHER:
@@ -291,7 +289,7 @@ void Executor::issue(size_t k) {
           for (const ir::FlatPart& p : ps.parts(u)) {
             const auto n = static_cast<size_t>(p.zero.len);
             model_.backend().copy(mine.data() + p.shard_offset, ps.shard_values(u, p), n * sizeof(float));
-            reqs.push_back(part_group(p).iallgather(mine.data() + p.shard_offset, ps.values(u) + p.full_offset, n,
+            reqs.push_back(part_group(p, group).iallgather(mine.data() + p.shard_offset, ps.values(u) + p.full_offset, n,
                                                     backend::DType::DTYPE_F32));
           }
           held.push_back(std::move(mine));
@@ -308,18 +306,11 @@ void Executor::issue(size_t k) {
 // strategy computes with the same values; empty where v itself is what the unit computes with (f32 under
 // fp32 and tf32).
 Tensor Executor::compute_values(backend::ConstTensorView v) {
-  backend::Backend& be = model_.backend();
   const backend::DType t = model_.storage_dtype();
   if (t == backend::DType::DTYPE_F32) return {};
-  Tensor out(be, v.shape, MemCategory::MEM_PARAMS);
-  if (v.dtype == t) {  // gathered in the compute type
-    be.convert(v, out.view());
-    return out;
-  }
-  Tensor rounded(be, v.shape, MemCategory::MEM_BUFFERS, t);
-  be.convert(v, rounded.view());
-  be.convert(rounded.view(), out.view());
-  return out;
+  if (v.dtype == t) return backend::converted(v, backend::DType::DTYPE_F32, MemCategory::MEM_PARAMS);  // gathered so
+  const Tensor rounded = backend::converted(v, t, MemCategory::MEM_BUFFERS);
+  return backend::converted(rounded.view(), backend::DType::DTYPE_F32, MemCategory::MEM_PARAMS);
 }
 
 // ZeRO-3: unit u's parameters gathered into held.front() in the type the units compute with
@@ -333,16 +324,22 @@ void Executor::gather_for_compute(int u, comm::Communicator& dense, std::vector<
   held.emplace_back(be, backend::Shape{ps.padded_numel(u)}, MemCategory::MEM_PARAMS, t);
   auto* full = static_cast<unsigned char*>(held.front().view().ptr);
   for (const ir::FlatPart& p : ps.parts(u)) {
-    comm::Communicator& g = p.experts ? *groups_.edp : dense;
+    comm::Communicator& g = part_group(p, dense);
     const auto n = static_cast<size_t>(p.zero.len);
     const void* mine = ps.shard_values(u, p);
     if (t != backend::DType::DTYPE_F32) {
-      Tensor& narrowed = held.emplace_back(be, backend::Shape{p.zero.len}, MemCategory::MEM_BUFFERS, t);
-      be.convert(backend::view(be, ps.shard_values(u, p), {p.zero.len}), narrowed.view());
-      mine = narrowed.view().ptr;
+      const backend::ConstTensorView shard = backend::view(be, ps.shard_values(u, p), {p.zero.len});
+      held.push_back(backend::converted(shard, t, MemCategory::MEM_BUFFERS));
+      mine = held.back().view().ptr;
     }
     reqs.push_back(g.iallgather(mine, full + static_cast<size_t>(p.full_offset) * backend::dtype_size(t), n, t));
   }
+}
+
+// A data-parallel collective moves each unit's parts over their own groups: dense parameters over
+// `dense`, an MoE block's experts over their expert-data group.
+comm::Communicator& Executor::part_group(const ir::FlatPart& p, comm::Communicator& dense) const {
+  return p.experts ? *groups_.edp : dense;
 }
 
 // Waits for communication instruction k (the player issued it).

@@ -83,6 +83,7 @@ class Executor : private ir::PlayHost {
   void gather_for_compute(int u, comm::Communicator& dense, std::vector<comm::Request>& reqs,
                           std::vector<backend::Tensor>& held);
   backend::Tensor compute_values(backend::ConstTensorView v);
+  comm::Communicator& part_group(const ir::FlatPart& p, comm::Communicator& dense) const;
   void poll_traced();
   void trace_comm_end(size_t k);
 
