@@ -112,18 +112,34 @@ int run_train(int* argc, char*** argv, const std::string& path, const std::vecto
   }
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"piper: distributed training of hybrid Transformer / Mamba-2 language models"};
-  app.require_subcommand(1);
-
-  std::string config_path;
+// Every subcommand's settings, as parsing fills them in.
+struct Commands {
+  std::string config_path;  // train, plan
   std::vector<std::string> sets;
-  runtime::TrainOptions topts;
+  runtime::TrainOptions train;
+  CLI::Option* resume = nullptr;
+  std::string ckpt_path;
+  CLI::App* verify = nullptr;
+  int world = 1;  // plan
+  bool directives = false;
+  cli::SimulateArgs simulate;
+  cli::PlanSwitchArgs plan_switch;
+  cli::TuneArgs tune;
+  cli::PlotArgs plot;
+  cli::CalibrateArgs calibrate;
+  std::string out_path;  // prepare
+  std::vector<std::string> inputs;
+  data::PrepareOptions prep;
+  bool prep_quiet = false;
+  runtime::GenerateOptions generate;
+};
+
+CLI::App* add_train(CLI::App& app, Commands& c) {
+  runtime::TrainOptions& topts = c.train;
   auto* train = app.add_subcommand("train", "Train the model of CONFIG with its parallel strategy");
-  train->add_option("config", config_path, "YAML config (docs/config.md)")->required();
-  train->add_option("--set", sets, "Override a config key: --set train.steps=50 (repeatable)");
+  train->add_option("config", c.config_path, "YAML config (docs/config.md)")->required();
+  train->add_option("--set", c.sets, "Override a config key: --set train.steps=50 (repeatable)");
   train->add_option("--metrics", topts.metrics_path, "Write one JSON object per step to PATH");
   train->add_option("--dump-init", topts.dump_init_path,
                     "Write the initial parameters to PATH (PIPERPRM format, docs/data.md)");
@@ -133,29 +149,35 @@ int main(int argc, char** argv) {
   train->add_option("--trace", topts.trace_path,
                     "Write a Chrome trace (Perfetto) of every rank's instructions to PATH (docs/trace.md)");
   train->add_option("--trace-steps", topts.trace_steps, "With --trace: record only steps A..B, as A:B (0-based)");
-  auto* resume = train->add_option("--resume", topts.resume,
-                                   "Resume from a checkpoint: PATH (a .h5 file or a folder), or latest in "
-                                   "checkpoint.dir (the default when no value is given)")
-                     ->expected(0, 1);
+  c.resume = train->add_option("--resume", topts.resume,
+                               "Resume from a checkpoint: PATH (a .h5 file or a folder), or latest in "
+                               "checkpoint.dir (the default when no value is given)")
+                 ->expected(0, 1);
+  return train;
+}
 
-  std::string ckpt_path;
+CLI::App* add_ckpt(CLI::App& app, Commands& c) {
   auto* ckpt = app.add_subcommand("ckpt", "Look into a checkpoint");
   ckpt->require_subcommand(1);
   auto* inspect = ckpt->add_subcommand("inspect", "Step, config, strategy, tensors, sizes and checksum status");
-  inspect->add_option("path", ckpt_path, "Checkpoint file, folder or latest pointer")->required();
-  auto* verify = ckpt->add_subcommand("verify", "Read every tensor and check its checksum; exit 0 when all match");
-  verify->add_option("path", ckpt_path, "Checkpoint file, folder or latest pointer")->required();
+  inspect->add_option("path", c.ckpt_path, "Checkpoint file, folder or latest pointer")->required();
+  c.verify = ckpt->add_subcommand("verify", "Read every tensor and check its checksum; exit 0 when all match");
+  c.verify->add_option("path", c.ckpt_path, "Checkpoint file, folder or latest pointer")->required();
+  return ckpt;
+}
 
-  int world = 1;
-  bool directives = false;
+CLI::App* add_plan(CLI::App& app, Commands& c) {
   auto* plan = app.add_subcommand("plan", "Print the global training DAG and each rank's program");
-  plan->add_option("config", config_path, "YAML config")->required();
-  plan->add_option("--set", sets, "Override a config key (repeatable)");
+  plan->add_option("config", c.config_path, "YAML config")->required();
+  plan->add_option("--set", c.sets, "Override a config key (repeatable)");
   // plan lowers every rank's program, as the simulator does: the same world limit.
-  plan->add_option("--world", world, "World size to compile for")->check(CLI::Range(1, sim::kMaxWorld));
-  plan->add_flag("--directives", directives, "Print the directives the parallel shorthand expands to");
+  plan->add_option("--world", c.world, "World size to compile for")->check(CLI::Range(1, sim::kMaxWorld));
+  plan->add_flag("--directives", c.directives, "Print the directives the parallel shorthand expands to");
+  return plan;
+}
 
-  cli::SimulateArgs sim_args;
+CLI::App* add_simulate(CLI::App& app, Commands& c) {
+  cli::SimulateArgs& sim_args = c.simulate;
   auto* simulate = app.add_subcommand("simulate", "Predict each rank's timeline, step time, bubble and memory");
   simulate->add_option("config", sim_args.config, "YAML config")->required();
   simulate->add_option("--set", sim_args.sets, "Override a config key (repeatable)");
@@ -169,8 +191,11 @@ int main(int argc, char** argv) {
   simulate->add_option("--ranks-per-host", sim_args.ranks_per_host,
                        "Ranks sharing one host's cores (host_cores of the cost file); default: one rank per core")
       ->check(CLI::Range(0, sim::kMaxWorld));
+  return simulate;
+}
 
-  cli::PlanSwitchArgs ps_args;
+CLI::App* add_plan_switch(CLI::App& app, Commands& c) {
+  cli::PlanSwitchArgs& ps_args = c.plan_switch;
   auto* plan_switch = app.add_subcommand("plan-switch", "Plan an online switch of the state from one strategy to "
                                                         "another and predict its time");
   plan_switch->add_option("from", ps_args.from, "YAML config of the running strategy")->required();
@@ -186,8 +211,11 @@ int main(int argc, char** argv) {
   plan_switch->add_option("--buffer-mb", ps_args.buffer_mb, "Staging per process in MiB, one message out and one in (default 64, as train.switch_buffer_mb)")
       ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
   plan_switch->add_flag("--json", ps_args.json, "Print one JSON object");
+  return plan_switch;
+}
 
-  cli::TuneArgs tune_args;
+CLI::App* add_tune(CLI::App& app, Commands& c) {
+  cli::TuneArgs& tune_args = c.tune;
   auto* tune = app.add_subcommand("tune", "Search the fastest strategy under a memory limit and write it as a config");
   tune->add_option("config", tune_args.config, "YAML config: the model and training to tune for")->required();
   tune->add_option("--set", tune_args.sets, "Override a config key (repeatable)");
@@ -204,8 +232,11 @@ int main(int argc, char** argv) {
   tune->add_flag("--json", tune_args.json, "Print one JSON object: the chosen strategy and the baselines");
   tune->add_flag("--explain", tune_args.explain, "Print the chosen strategy's FLOPs, communication and memory");
   tune->add_flag("--quiet", tune_args.quiet, "No progress line");
+  return tune;
+}
 
-  cli::PlotArgs plot_args;
+CLI::App* add_plot(CLI::App& app, Commands& c) {
+  cli::PlotArgs& plot_args = c.plot;
   auto* plot_cmd = app.add_subcommand("plot", "Draw a metrics JSONL (loss, throughput) or a Chrome trace (schedule) as SVG");
   plot_cmd->add_option("input", plot_args.input, "Metrics JSONL (train --metrics) or Chrome trace (--trace)")->required();
   plot_cmd->add_option("-o,--output", plot_args.output, "SVG file to write")->required();
@@ -215,33 +246,38 @@ int main(int argc, char** argv) {
                        "Trace: a second trace (e.g. simulate --trace) drawn below the first, same time axis");
   plot_cmd->add_flag("--no-comm", plot_args.no_comm, "Trace: leave out the communication lanes");
   plot_cmd->add_flag("--time-units", plot_args.time_units, "Trace: abstract costs; label the axis \"time units\"");
+  return plot_cmd;
+}
 
-  cli::CalibrateArgs cal_args;
+CLI::App* add_calibrate(CLI::App& app, Commands& c) {
+  cli::CalibrateArgs& cal_args = c.calibrate;
   auto* calibrate = app.add_subcommand("calibrate", "Measure this machine's cost model for piper simulate");
   calibrate->add_option("config", cal_args.config, "YAML config: the model, microbatch size and tp to measure")->required();
   calibrate->add_option("--set", cal_args.sets, "Override a config key (repeatable)");
   calibrate->add_option("-o,--output", cal_args.output, "Cost file to write (JSON, docs/calibration.md)")->required();
   calibrate->add_flag("--quick", cal_args.quick, "Fewer sizes and repetitions (tests)");
   calibrate->add_flag("--quiet", cal_args.quiet, "No table of measurements");
+  return calibrate;
+}
 
-  std::string out_path;
-  std::vector<std::string> inputs;
-  data::PrepareOptions prep;
-  bool prep_quiet = false;
+CLI::App* add_prepare(CLI::App& app, Commands& c) {
   auto* prepare = app.add_subcommand("prepare", "Tokenize text files into a token file: bytes (vocab 256), or a "
                                                 "SentencePiece model trained on them or given");
-  prepare->add_option("-o,--output", out_path, "Token file to write")->required();
-  prepare->add_option("inputs", inputs, "Text files or directories")->required();
-  prepare->add_option("--tokenizer-train", prep.train.vocab_size,
+  prepare->add_option("-o,--output", c.out_path, "Token file to write")->required();
+  prepare->add_option("inputs", c.inputs, "Text files or directories")->required();
+  prepare->add_option("--tokenizer-train", c.prep.train.vocab_size,
                       "Train a SentencePiece model of this many pieces on the inputs; written beside the token file")
       ->check(CLI::Range(512, 65536));
-  prepare->add_option("--model-type", prep.train.model_type, "With --tokenizer-train: bpe (default) or unigram")
+  prepare->add_option("--model-type", c.prep.train.model_type, "With --tokenizer-train: bpe (default) or unigram")
       ->check(CLI::IsMember({"bpe", "unigram"}));
-  prepare->add_option("--tokenizer", prep.tokenizer, "Tokenize with this SentencePiece model file (copied beside "
-                                                     "the token file)");
-  prepare->add_flag("--quiet", prep_quiet, "No progress lines");
+  prepare->add_option("--tokenizer", c.prep.tokenizer,
+                      "Tokenize with this SentencePiece model file (copied beside the token file)");
+  prepare->add_flag("--quiet", c.prep_quiet, "No progress lines");
+  return prepare;
+}
 
-  runtime::GenerateOptions gen;
+CLI::App* add_generate(CLI::App& app, Commands& c) {
+  runtime::GenerateOptions& gen = c.generate;
   auto* generate = app.add_subcommand("generate", "Continue a prompt with the model of a checkpoint (any strategy), "
                                                   "on one process");
   generate->add_option("checkpoint", gen.checkpoint, "Checkpoint file, folder or latest pointer")->required();
@@ -255,6 +291,25 @@ int main(int argc, char** argv) {
   generate->add_option("--device", gen.device, "Where to compute: cpu (default), cuda or cpu_detached, whatever the "
                                                "checkpoint was trained on")
       ->check(CLI::IsMember({"cpu", "cuda", "cpu_detached"}));
+  return generate;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"piper: distributed training of hybrid Transformer / Mamba-2 language models"};
+  app.require_subcommand(1);
+  Commands c;
+  CLI::App* train = add_train(app, c);
+  CLI::App* ckpt = add_ckpt(app, c);
+  CLI::App* plan = add_plan(app, c);
+  CLI::App* simulate = add_simulate(app, c);
+  CLI::App* plan_switch = add_plan_switch(app, c);
+  CLI::App* tune = add_tune(app, c);
+  CLI::App* plot_cmd = add_plot(app, c);
+  CLI::App* calibrate = add_calibrate(app, c);
+  CLI::App* prepare = add_prepare(app, c);
+  CLI::App* generate = add_generate(app, c);
 
   try {
     app.parse(argc, argv);
@@ -263,21 +318,21 @@ int main(int argc, char** argv) {
   }
 
   if (*train) {
-    if (resume->count() > 0 && topts.resume.empty()) topts.resume = "latest";
-    return run_train(&argc, &argv, config_path, sets, topts);
+    if (c.resume->count() > 0 && c.train.resume.empty()) c.train.resume = "latest";
+    return run_train(&argc, &argv, c.config_path, c.sets, c.train);
   }
-  if (*calibrate) return cli::run_calibrate(&argc, &argv, cal_args);
+  if (*calibrate) return cli::run_calibrate(&argc, &argv, c.calibrate);
   try {
-    if (*plan) return run_plan(config_path, sets, world, directives);
-    if (*simulate) return cli::run_simulate(sim_args);
-    if (*plan_switch) return cli::run_plan_switch(ps_args);
-    if (*tune) return cli::run_tune(tune_args);
-    if (*plot_cmd) return cli::run_plot(plot_args);
-    if (*ckpt) return run_ckpt(ckpt_path, verify->parsed());
-    if (*generate) return run_generate(gen);
+    if (*plan) return run_plan(c.config_path, c.sets, c.world, c.directives);
+    if (*simulate) return cli::run_simulate(c.simulate);
+    if (*plan_switch) return cli::run_plan_switch(c.plan_switch);
+    if (*tune) return cli::run_tune(c.tune);
+    if (*plot_cmd) return cli::run_plot(c.plot);
+    if (*ckpt) return run_ckpt(c.ckpt_path, c.verify->parsed());
+    if (*generate) return run_generate(c.generate);
     if (*prepare) {
-      prep.progress = !prep_quiet;
-      return run_prepare(inputs, out_path, prep);
+      c.prep.progress = !c.prep_quiet;
+      return run_prepare(c.inputs, c.out_path, c.prep);
     }
   } catch (const std::exception& e) {
     const bool user = is_user_error(e);
