@@ -39,8 +39,10 @@ sim::CostModel cost_for(const SimulateArgs& a, const config::Config& cfg, int wo
   if (!a.hardware.empty()) {
     try {
       const sim::Hardware hw = sim::resolve_hardware(a.hardware);
-      const sim::CostCoverage covers = sim::coverage_of(ir::expand(cfg, world).dims());
-      return sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, covers.tps, covers.group_sizes);
+      const ir::Strategy s = ir::expand(cfg, world);
+      const sim::CostCoverage covers = sim::coverage_of(s.dims());
+      return sim::analytic_cost(cfg.model, cfg.train.seq_len, static_cast<int>(s.compute_elem_bytes), hw, covers.tps,
+                                covers.group_sizes);
     } catch (const std::invalid_argument& e) {
       throw config::ConfigError(std::string("simulate: ") + e.what());
     }

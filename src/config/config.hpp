@@ -298,6 +298,8 @@ std::string precision_names();
 // those between units (and pipeline stages), an MoE block's rows between ranks, and the parameters
 // ZeRO-3 gathers for a pass. bf16 does; fp32 and tf32 store f32.
 bool stores_in_bf16(Precision p);
+// Bytes of an element of what p stores the units' tensors in: 2 where stores_in_bf16, else 4.
+int storage_bytes(Precision p);
 
 // Checks the rules the config owns: values in their ranges and bounds, model
 // sizes against each other, the strategy's sizes against the world size and

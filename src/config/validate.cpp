@@ -477,6 +477,8 @@ Precision precision_of(const TrainConfig& train) {
 
 bool stores_in_bf16(Precision p) { return p == Precision::PRECISION_BF16; }
 
+int storage_bytes(Precision p) { return stores_in_bf16(p) ? 2 : 4; }
+
 void validate(const Config& cfg, int world_size) {
   // Parallel values are checked as the directives leave them, and named by the directive that set them.
   const Applied a = apply_directives(cfg);

@@ -150,7 +150,7 @@ Strategy expand(const config::Config& cfg, int world_size) {
       cfg.train.global_batch /
       std::max<int64_t>(1, config::size_product({p.dp, p.microbatches}, "parallel.dp x parallel.microbatches"));
   // The executor checks every message against the tensor it lands in.
-  s.compute_elem_bytes = config::stores_in_bf16(config::precision_of(cfg.train)) ? 2 : 4;
+  s.compute_elem_bytes = config::storage_bytes(config::precision_of(cfg.train));
   s.activation_bytes = config::size_product(
       {per_microbatch, cfg.train.seq_len, cfg.model.d_model, s.compute_elem_bytes},
       "the activation of one microbatch, train.global_batch / (dp x microbatches) x train.seq_len x model.d_model "

@@ -90,7 +90,7 @@ struct Strategy {
   }
   int64_t microbatch_rows = 0;   // tokens of one microbatch on one data-parallel replica
   // Bytes of an element of what the units compute on and move between ranks (activations, an MoE
-  // block's rows, ZeRO-3's gathered parameters): 2 in bf16 (config::stores_in_bf16), else 4.
+  // block's rows, ZeRO-3's gathered parameters): config::storage_bytes of train.precision.
   int64_t compute_elem_bytes = 4;
   int64_t activation_bytes = 0;  // one microbatch's activation between units, per rank
   bool operator==(const Strategy&) const = default;

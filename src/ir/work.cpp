@@ -457,48 +457,67 @@ double block_norm_saved(const Dims& d) { return d.M * (d.D + 1); }
 bool block_wrapper_op(const std::string& name) { return name == "rmsnorm" || name == "residual"; }
 }  // namespace
 
-UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp) {
+UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp,
+                       int kept_bytes) {
+  if (kept_bytes < 1 || kept_bytes > 4)
+    throw std::invalid_argument("unit_memory: kept_bytes must be 1 to 4, not " + std::to_string(kept_bytes));
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
-  double saved = 0, stash = 0, transient = 0;  // floats
+  // Elements: what the forward keeps, at kept_bytes; the saved rest (stats), f32; what BWD_I frees of
+  // each before the weight half; its stash for the weight half; the scratch at the peak of a
+  // backward above saved and stash, and of a forward above all it saves (f32); and how many of a
+  // forward's and a backward's boundary tensors (x, y; x, dy, dx: [M, D] each) a narrower storage
+  // stages in f32.
+  double kept = 0, stats = 0, freed_kept = 0, freed_stats = 0, stash = 0, scratch = 0, fwd_scratch = 0;
+  double fwd_io = 2, bwd_io = 3;
   if (kind == 'e') {
-    // The token ids are a std::vector, outside the backend's accounting; BWD_I stashes dy.
-    stash = M * d.D;
-    transient = stash;
+    // The token ids are a std::vector, outside the backend's accounting; the backward adds dy's rows
+    // into the table's gradient as they are.
+    fwd_io = 1, bwd_io = 1;                     // y; dy
   } else if (kind == 'h') {
-    saved = M * (d.D + 1) + M * d.V;            // xn, rstd, dlogits [M, V/tp]
-    transient = std::max(M * d.V, M * d.D);     // the logits inside the forward; dxn inside BWD_I
+    kept = M * d.D + M * d.V;                   // xn, dlogits [M, V/tp]
+    stats = M;                                  // rstd
+    fwd_scratch = M * d.V;                      // the logits
+    scratch = M * d.D;                          // dxn
+    fwd_io = 1, bwd_io = 2;                     // x; x, dx
   } else {
-    saved = block_norm_saved(d);                // the block's xn, rstd
+    kept = M * d.D;                             // the block's xn
+    stats = M;                                  // and its rstd
     const double dxn = M * d.D;                 // the block's scratch throughout BWD_I
     if (kind == '-') {
-      saved += 3 * M * d.F;                     // gate, up, h
+      kept += 3 * M * d.F;                      // gate, up, h
       stash = M * (d.D + 2 * d.F);              // dout, dgate, dup
-      transient = dxn + stash + M * d.F;        // + dh
+      scratch = dxn + M * d.F;                  // + dh
     } else if (kind == '*') {
-      saved += M * (2 * d.Q + 2 * d.KVD + d.H); // q, k, v after RoPE, att, lse
+      kept += M * (2 * d.Q + 2 * d.KVD);        // q, k, v after RoPE, att
+      stats += M * d.H;                         // lse
       stash = M * (d.D + d.Q + 2 * d.KVD);      // dout, dq, dk, dv
-      transient = dxn + stash + M * d.Q;        // + datt
+      scratch = dxn + M * d.Q;                  // + datt
     } else if (kind == 'E') {
       const double MK = M * d.top_k;
-      // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out;
-      // gate, up, h
-      saved += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D + 3 * MK * d.Fe;
+      kept += 3 * MK * d.Fe;                    // gate, up, h
+      // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out
+      stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D;
+      freed_kept = 2 * MK * d.Fe;               // gate, up
+      freed_stats = 2 * M * d.E + MK * d.D;     // probs, dprobs; the experts' rows out
       stash = M * d.E + MK * d.D + 2 * MK * d.Fe;  // dlogits, the rows' gradients, dgate, dup
-      // the rows on their way (a send and a receive buffer), the gradients' too
-      transient = std::max(2 * MK * d.D, dxn + stash + 2 * MK * d.D + d.Fe * MK);
+      scratch = dxn + 2 * MK * d.D + d.Fe * MK;  // + the rows' gradients on their way, dh
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states
-      // z, xbc_in, dt_raw, xbc_conv, x, B, C, dt, y, normed, rstd
-      saved += M * (4 * d.di + 2 * d.C + 2 * d.G * d.N + 2 * d.Hm + d.G) + states;
+      kept += M * (4 * d.di + 2 * d.C + 2 * d.G * d.N);     // z, x, y, normed; xbc_in, xbc_conv; B, C
+      stats += M * (2 * d.Hm + d.G) + states;               // dt_raw, dt; the gated norm's rstd
       stash = M * (d.D + d.R);                  // dout, dzxbcdt
-      // forward: in_proj's output before it is split; BWD_I: the gradients of its inner scope
-      transient = std::max(M * d.R, dxn + stash + M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C));
+      scratch = dxn + M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C);  // the gradients of its inner scope
     }
   }
   constexpr double kFloat = 4;
-  return {saved * kFloat, (saved + stash) * kFloat, transient * kFloat};
+  const bool narrow = kept_bytes < kFloat;
+  const double saved = kept * kept_bytes + stats * kFloat;
+  // A forward computes all it keeps in f32 before storing it; a backward widens it back.
+  const double forward = (kept + stats + fwd_scratch + (narrow ? fwd_io * M * d.D : 0)) * kFloat;
+  const double backward = (stash + scratch + (narrow ? bwd_io * M * d.D : 0)) * kFloat + kept * (kFloat - kept_bytes);
+  return {saved, saved - freed_kept * kept_bytes + (stash - freed_stats) * kFloat, std::max(forward, backward)};
 }
 
 std::vector<double> segment_shares(const config::ModelConfig& m, char kind, NodeKind pass, const PassShape& shape,

@@ -73,17 +73,24 @@ struct Work {
 Work unit_work(const config::ModelConfig& m, char kind, Pass pass, int64_t rows, int64_t seq_len, int tp = 1,
                int elem_bytes = 4);
 
-// Activation memory of one call, in bytes, as the CPU runtime allocates it
-// (MemCategory ACTIVATIONS and BUFFERS of src/model/*.cpp, fp32), beyond the
-// unit's output (the simulator counts that: rows x d_model floats) and the
-// input gradient the executor allocates.
+// Activation memory of one call, in bytes, as the runtime allocates it
+// (MemCategory ACTIVATIONS and BUFFERS of src/model/*.cpp), beyond the
+// unit's output (the simulator counts that: rows x d_model elements) and the
+// input gradient the executor allocates. The activations a unit keeps from its
+// forward for its backward are stored at `kept_bytes` per element
+// (Strategy::compute_elem_bytes: 2 under bf16, 4 under fp32); the statistics
+// (rstd, lse, dt, the router's probabilities, the scan's chunk states), the
+// backward's stash and all a pass computes on are f32. Below 4 bytes a pass
+// also holds the f32 forms of its input, output and gradients (Unit::run) and,
+// in a backward, the kept activations widened back to f32.
 struct UnitMemory {
   double saved = 0.0;       // held from the forward until the backward ends
   double kept_for_w = 0.0;  // held between BWD_I and BWD_W: all of `saved` (released only by
                             // the weight half) plus the weight-gradient stash BWD_I keeps
   double transient = 0.0;   // at the peak inside a pass, above `saved` (BWD_I counts its stash)
 };
-UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp = 1);
+UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp = 1,
+                       int kept_bytes = 4);
 
 // What recomputing one call of block kind `kind` costs and frees, as shares of
 // its forward (Recompute): full, all of the forward's time and saved

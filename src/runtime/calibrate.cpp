@@ -27,6 +27,7 @@
 #include "ir/strategy.hpp"
 #include "ir/validate.hpp"
 #include "kernels.hpp"
+#include "model/model.hpp"
 #include "model/params.hpp"
 #include "model/unit.hpp"
 #include "optim/adamw.hpp"
@@ -37,6 +38,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Points = std::vector<std::pair<double, double>>;
+using backend::MemCategory;
+using backend::Tensor;
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -198,20 +201,40 @@ struct KindSamples {
   std::vector<UnitSample> at;  // by rows, ascending
 };
 
-// What the measured units run on: upstream activations and output gradients
-// for `samples` sequences, normal(0, 1) from `seed`, output buffers of the
-// same size, and one microbatch of `samples` sequences of tokens.
+// The precision training runs the units at (train.precision): the backend's products, and the
+// storage of what the units keep and pass on.
+model::Precision training_precision(const config::Config& cfg) {
+  return model::precision_of(config::precision_of(cfg.train));
+}
+
+// A unit made as training makes it: its kept activations in the training precision's storage.
+std::unique_ptr<model::Unit> training_unit(const config::Config& cfg, const ir::UnitSpec& spec, model::ParamStore& ps,
+                                           backend::Backend& be, model::TpInfo tp = {}) {
+  std::unique_ptr<model::Unit> unit = model::make_unit(spec, cfg.model, ps, be, tp);
+  unit->keep_activations_in(training_precision(cfg).storage);
+  return unit;
+}
+
+// What the measured units run on, in the storage type units pass between them: upstream
+// activations and output gradients for `samples` sequences, normal(0, 1) from `seed`, output
+// buffers of the same size, and one microbatch of `samples` sequences of tokens.
 struct UnitInputs {
-  std::vector<float> x, dy, y, dx;
+  Tensor x, dy, y, dx;
   Batch batch;
   UnitInputs(const config::Config& cfg, const Tokens& tok, int64_t samples, uint32_t seed) {
+    backend::Backend& be = backend::cpu();
     const int64_t T = cfg.train.seq_len;
-    const size_t n = static_cast<size_t>(samples * T * cfg.model.d_model);
-    x.resize(n), dy.resize(n), y.resize(n), dx.resize(n);
+    const backend::Shape shape{samples * T, cfg.model.d_model};
+    const backend::DType t = training_precision(cfg).storage;
     std::mt19937 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (auto& v : x) v = normal(rng);
-    for (auto& v : dy) v = normal(rng);
+    auto normals = [&] {
+      Tensor f32(be, shape, MemCategory::MEM_BUFFERS);
+      for (int64_t i = 0; i < f32.numel(); ++i) f32.data()[i] = normal(rng);
+      return backend::converted(f32.view(), t, MemCategory::MEM_BUFFERS);
+    };
+    x = normals(), dy = normals();
+    y = Tensor(be, shape, MemCategory::MEM_BUFFERS, t), dx = Tensor(be, shape, MemCategory::MEM_BUFFERS, t);
     assemble(tok, 0, samples, 1, T, static_cast<float>(1.0 / static_cast<double>(cfg.train.global_batch * T)), batch);
   }
   // What `pass` of a unit reads and writes for mb's rows of width D: no input for the embedding, no
@@ -222,10 +245,11 @@ struct UnitInputs {
     const bool fwd = pass == ir::NodeKind::FWD;
     model::PassArgs a;
     a.mb = &mb;
-    if (!embed) a.x = backend::view(be, x.data(), rows);
-    if (fwd && !head) a.y = backend::view(be, y.data(), rows);
-    if (!fwd && !head) a.dy = backend::view(be, dy.data(), rows);
-    if (!fwd && pass != ir::NodeKind::BWD_W && !embed) a.dx = backend::view(be, dx.data(), rows);
+    auto first = [&](Tensor& t) { return backend::TensorView{&be, t.dtype(), rows, t.view().ptr}; };
+    if (!embed) a.x = first(x);
+    if (fwd && !head) a.y = first(y);
+    if (!fwd && !head) a.dy = first(dy);
+    if (!fwd && pass != ir::NodeKind::BWD_W && !embed) a.dx = first(dx);
     return a;
   }
 };
@@ -265,12 +289,12 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
   model::ParamStore ps(g, units, be, {0, 1, {}, tp.rank, tp.size});
   ps.init(cfg.train.seed);
   UnitInputs in(cfg, tok, batches.back(), 7);
-  auto& [x, dy, y, dx, batch] = in;
+  const Batch& batch = in.batch;
 
   std::vector<KindSamples> out;
   for (int u : units) {
     const ir::UnitSpec& spec = g.units[static_cast<size_t>(u)];
-    std::unique_ptr<model::Unit> unit = model::make_unit(spec, cfg.model, ps, be, tp);
+    std::unique_ptr<model::Unit> unit = training_unit(cfg, spec, ps, be, tp);
     const bool embed = spec.kind == ir::UnitKind::UNIT_EMBED, head = spec.kind == ir::UnitKind::UNIT_HEAD;
     KindSamples ks;
     ks.kind = ir::unit_symbol(spec.kind);
@@ -544,9 +568,9 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   model::ParamStore ps(g, units, be, {});
   ps.init(cfg.train.seed);
   std::vector<std::unique_ptr<model::Unit>> made;
-  for (int u : units) made.push_back(model::make_unit(g.units[static_cast<size_t>(u)], cfg.model, ps, be));
+  for (int u : units) made.push_back(training_unit(cfg, g.units[static_cast<size_t>(u)], ps, be));
   UnitInputs in(cfg, tok, per_mb, 11);
-  auto& [x, dy, y, dx, batch] = in;
+  const Batch& batch = in.batch;
   const model::MicroBatch mb = batch.mbs.front();
   const size_t last = made.size() - 1;
   auto pass = [&](size_t i, ir::NodeKind p) {
@@ -784,6 +808,7 @@ sim::CostModel calibrate(const config::Config& cfg, const CalibrateOptions& opts
   const bool lead = env.rank() == 0, print = lead && !opts.quiet;
   const int world_s = strategy_world(cfg, env.world_size());
   if (cfg.train.threads > 0) omp_set_num_threads(static_cast<int>(cfg.train.threads));
+  backend::cpu().set_matmul_precision(training_precision(cfg).products);
   const ir::Strategy strategy = ir::expand(cfg, world_s);
   const ir::ModelGraph graph = ir::make_model_graph(cfg.model);
   const int64_t T = cfg.train.seq_len;

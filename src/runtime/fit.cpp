@@ -158,11 +158,12 @@ HostMemory host_memory() {
 
 RankMemory estimate_rank_memory(const config::Config& cfg, const ir::Plan& plan, int rank) {
   // The analytic cost model of this host, as `piper simulate --hardware cpu-local` builds it; the
-  // times do not matter here, the memory is piper's fp32 layout whatever the hardware.
+  // times do not matter here, the memory is the runtime's in the strategy's storage type.
   const sim::Hardware* hw = sim::find_hardware("cpu-local");
   const auto& s = plan.strategy;
   const sim::CostCoverage covers = sim::coverage_of(s.dims());
-  const sim::CostModel cost = sim::analytic_cost(cfg.model, cfg.train.seq_len, *hw, covers.tps, covers.group_sizes);
+  const sim::CostModel cost = sim::analytic_cost(cfg.model, cfg.train.seq_len, static_cast<int>(s.compute_elem_bytes),
+                                                 *hw, covers.tps, covers.group_sizes);
   const sim::SimResult r = sim::simulate(plan, cfg, cost);
   const sim::RankResult& rr = r.ranks.at(static_cast<size_t>(rank));
   RankMemory m;

@@ -421,8 +421,8 @@ CostCoverage coverage_of(const ir::ParallelDims& dims) {
   return c;
 }
 
-CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Hardware& hw, std::vector<int> tps,
-                        std::vector<int> group_sizes, const AnalyticOptions& opt) {
+CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, int kept_bytes, const Hardware& hw,
+                        std::vector<int> tps, std::vector<int> group_sizes, const AnalyticOptions& opt) {
   check_hardware(hw);
   if (seq_len < 1) throw std::invalid_argument("sim: seq_len must be at least 1");
   std::vector<int64_t> rows = opt.fit_rows;
@@ -457,9 +457,12 @@ CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Har
       o.bi = time(ir::Pass::PASS_BI);
       // The executor runs the embedding's whole backward at its BWD_W node (it has no input half).
       o.bw = kind == 'e' ? o.b : time(ir::Pass::PASS_BW);
-      o.saved = fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp).saved; });
-      o.kept_for_w = fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp).kept_for_w; });
-      o.transient = fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp).transient; });
+      auto bytes = [&](double ir::UnitMemory::*of) {
+        return fit_points(rows, [&](int64_t r) { return ir::unit_memory(m, kind, r, seq_len, tp, kept_bytes).*of; });
+      };
+      o.saved = bytes(&ir::UnitMemory::saved);
+      o.kept_for_w = bytes(&ir::UnitMemory::kept_for_w);
+      o.transient = bytes(&ir::UnitMemory::transient);
       cm.ops.push_back(o);
     }
 

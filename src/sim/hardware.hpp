@@ -100,12 +100,12 @@ struct AnalyticOptions {
 // OpCost for the embedding, each block kind of the pattern and the head at
 // each tensor-parallel degree in `tps`; the update; a CommCost for each
 // collective at each group size in `group_sizes` (> 1) and p2p at 2 ranks.
-// The units' saved state is piper's fp32 layout (unit_memory), whatever hw.elem_bytes and the
-// precision (the activations between units the simulator counts in their storage type).
+// The units' activation memory is the runtime's (unit_memory) with their kept activations stored
+// at `kept_bytes` per element (Strategy::compute_elem_bytes), whatever hw.elem_bytes.
 // Throws std::invalid_argument as unit_work does (an 'E' block, a tp that
 // does not divide a size) and for hardware without positive peaks.
-CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, const Hardware& hw, std::vector<int> tps,
-                        std::vector<int> group_sizes, const AnalyticOptions& opt = {});
+CostModel analytic_cost(const config::ModelConfig& m, int64_t seq_len, int kept_bytes, const Hardware& hw,
+                        std::vector<int> tps, std::vector<int> group_sizes, const AnalyticOptions& opt = {});
 
 // The tensor-parallel degrees (1 and tp) and the collective group sizes (2,
 // dp, tp, ep, the expert-data group, the world) a strategy's DAG has: what

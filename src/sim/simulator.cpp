@@ -93,6 +93,7 @@ class Sim {
     rows_ = cfg.train.global_batch / std::max(1, dp_ * s.split.microbatches) * cfg.train.seq_len;
     // An activation or its gradient between units, in the type the units compute with (bf16 under bf16).
     act_bytes_ = static_cast<double>(rows_ * cfg.model.d_model * s.compute_elem_bytes);
+    elem_bytes_ = static_cast<double>(s.compute_elem_bytes);
     last_unit_ = static_cast<int>(plan.model.units.size()) - 1;
     const ir::ZeroState kept[3] = {ir::ZeroState::ZERO_PARAMS, ir::ZeroState::ZERO_GRADS,
                                    ir::ZeroState::ZERO_MOMENTS};
@@ -222,17 +223,28 @@ class Sim {
     if (c.kind == NodeKind::RECV)
       add_mem(st, t, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, act_bytes_);
     if (c.kind == NodeKind::ALLGATHER)
-      for (int u : c.units) {
-        const UnitSize& z = sizes_[static_cast<size_t>(u)];
-        if (zero3_gather(c)) add_mem(st, t, Mem::MEM_PARAMS, 4.0 * static_cast<double>(z.padded));
-        else add_mem(st, t, Mem::MEM_BUFFERS, 4.0 * static_cast<double>(z.shard));
-      }
+      for (int u : c.units) add_mem(st, t, Mem::MEM_BUFFERS, sent_bytes(c, u));
+    if (c.kind == NodeKind::ALLGATHER && zero3_gather(c))
+      for (int u : c.units)
+        add_mem(st, t, Mem::MEM_PARAMS, elem_bytes_ * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
+  }
+
+  // Bytes of an element of unit collective c: ZeRO-3 gathers the values the units compute with,
+  // the rest move the f32 master weights and gradients.
+  double elem_of(const Instr& c) const { return zero3_gather(c) ? elem_bytes_ : 4.0; }
+
+  // What an all-gather sends of unit u until it completes: ZeRO-1/2's shard of the updated
+  // values is copied out; ZeRO-3's is sent as it is in f32, or rounded into a copy.
+  double sent_bytes(const Instr& c, int u) const {
+    const double shard = static_cast<double>(sizes_[static_cast<size_t>(u)].shard);
+    if (!zero3_gather(c)) return 4.0 * shard;
+    return elem_bytes_ < 4.0 ? elem_bytes_ * shard : 0.0;
   }
 
   double bytes_of(const Instr& c) const {
     if (c.units.empty()) return static_cast<double>(c.bytes);  // messages, unit points, the norm
     double b = 0;
-    for (int u : c.units) b += 4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].padded);
+    for (int u : c.units) b += elem_of(c) * static_cast<double>(sizes_[static_cast<size_t>(u)].padded);
     return b;
   }
 
@@ -252,8 +264,8 @@ class Sim {
     double dense = 0, experts = 0;
     for (int u : c.units) {
       const UnitSize& z = sizes_[static_cast<size_t>(u)];
-      dense += 4.0 * static_cast<double>(z.padded - z.expert_padded);
-      experts += 4.0 * static_cast<double>(z.expert_padded);
+      dense += elem_of(c) * static_cast<double>(z.padded - z.expert_padded);
+      experts += elem_of(c) * static_cast<double>(z.expert_padded);
     }
     return cost_.comm_ms(op, n, static_cast<int64_t>(dense)) +
            (experts > 0 && expert_data_ > 1 ? cost_.comm_ms(op, expert_data_, static_cast<int64_t>(experts)) : 0.0);
@@ -284,8 +296,8 @@ class Sim {
       add_mem(st, end, c.payload == Payload::PAYLOAD_ACTIVATION ? Mem::MEM_ACTIVATIONS : Mem::MEM_BUFFERS, -act_bytes_);
     if (c.kind == NodeKind::REDUCE_SCATTER)
       for (int u : c.units) release_grads(st, u, end);
-    if (c.kind == NodeKind::ALLGATHER && !zero3_gather(c))
-      for (int u : c.units) add_mem(st, end, Mem::MEM_BUFFERS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(u)].shard));
+    if (c.kind == NodeKind::ALLGATHER)
+      for (int u : c.units) add_mem(st, end, Mem::MEM_BUFFERS, -sent_bytes(c, u));
     if (opts_.timeline) {
       trace::Event e;
       e.rank = r;
@@ -373,6 +385,7 @@ class Sim {
     if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][i];
     if (!std::isfinite(start + dur)) overflow(r, in.node, "", start, dur);
     const double end = start + dur;
+    if (in.kind != NodeKind::UPD && in.kind != NodeKind::NORM) lend_values(st, in, start, end);
     st.res.compute_ms += dur;
     st.busy.push_back({start, end});
     if (opts_.timeline) {
@@ -392,7 +405,7 @@ class Sim {
       auto it = st.uses_left.find(w);
       if (it != st.uses_left.end() && --it->second == 0)
         for (int g : st.prog->comm[static_cast<size_t>(st.player->comm_index(w))].units)
-          add_mem(st, end, Mem::MEM_PARAMS, -4.0 * static_cast<double>(sizes_[static_cast<size_t>(g)].padded));
+          add_mem(st, end, Mem::MEM_PARAMS, -elem_bytes_ * static_cast<double>(sizes_[static_cast<size_t>(g)].padded));
     }
     if (in.kind == NodeKind::UPD) release_grads(st, in.unit, end);
     st.cursor = end;
@@ -414,6 +427,22 @@ class Sim {
     // A fitted line below 0 at these rows (a negative intercept) holds nothing.
     return {std::max(0.0, oc.saved.at(rows)), std::max(0.0, oc.kept_for_w.at(rows)),
             std::max(0.0, oc.transient.at(rows))};
+  }
+
+  // Under a storage narrower than f32 the executor lends each unit pass (each segment) the unit's
+  // values rounded to it and widened back (Executor::compute_values): f32 for the pass, rounded first
+  // from the unit's own f32 values unless ZeRO-3 gathered them rounded.
+  void lend_values(RankState& st, const Instr& in, double start, double end) {
+    if (elem_bytes_ >= 4.0) return;
+    const double n = static_cast<double>(sizes_[static_cast<size_t>(in.unit)].padded);
+    const bool gathered =
+        std::any_of(in.waits.begin(), in.waits.end(), [&](int w) { return st.uses_left.count(w) > 0; });
+    if (!gathered) {
+      add_mem(st, start, Mem::MEM_BUFFERS, elem_bytes_ * n);
+      add_mem(st, start, Mem::MEM_BUFFERS, -elem_bytes_ * n);
+    }
+    add_mem(st, start, Mem::MEM_PARAMS, 4.0 * n);
+    add_mem(st, end, Mem::MEM_PARAMS, -4.0 * n);
   }
 
   // RECOMP: what the forward dropped allocated again, a pass's scratch and the scratch output meanwhile.
@@ -522,6 +551,7 @@ class Sim {
   std::vector<int> zero_;  // the ZeRO stage of each unit
   int64_t rows_ = 0;
   double act_bytes_ = 0;
+  double elem_bytes_ = 4;  // of what the units compute on (Strategy::compute_elem_bytes): ZeRO-3 gathers it
   std::vector<UnitSize> sizes_;
   std::vector<char> kind_;
   std::vector<std::string> names_;

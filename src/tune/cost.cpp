@@ -17,10 +17,11 @@ namespace {
 // and every group size of the world.
 sim::CostModel analytic_for(const config::Config& cfg, int world, const sim::Hardware& hw) {
   std::vector<int> tps, groups;
+  const int kept_bytes = config::storage_bytes(config::precision_of(cfg.train));
   for (int tp = 1; tp <= std::min(kMaxTp, world); ++tp) {
     if (world % tp != 0) continue;
     try {
-      (void)sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, {tp}, {});
+      (void)sim::analytic_cost(cfg.model, cfg.train.seq_len, kept_bytes, hw, {tp}, {});
       tps.push_back(tp);
     } catch (const std::invalid_argument&) {
       // the model's sizes do not split over tp: the search's validation refuses it too
@@ -28,7 +29,7 @@ sim::CostModel analytic_for(const config::Config& cfg, int world, const sim::Har
   }
   for (int g = 2; g <= world; ++g)
     if (world % g == 0) groups.push_back(g);
-  return sim::analytic_cost(cfg.model, cfg.train.seq_len, hw, tps, groups);
+  return sim::analytic_cost(cfg.model, cfg.train.seq_len, kept_bytes, hw, tps, groups);
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   m.head_dim = 8;
   m.n_groups = 2;
   try {
-    const sim::CostModel c = sim::analytic_cost(m, 16, hw, {1, 2}, {2, 4, 16});
+    const sim::CostModel c = sim::analytic_cost(m, 16, 4, hw, {1, 2}, {2, 4, 16});
     (void)c.comm_ms(sim::CommOp::COMM_ALLREDUCE, 4, 1 << 20);
     (void)c.compute_ms('M', ir::Pass::PASS_F, 1, 64);
   } catch (const std::invalid_argument&) {

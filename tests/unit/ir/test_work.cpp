@@ -149,7 +149,8 @@ TEST(FlopsMamba, SsdScanFollowsChunkedAlgorithm) {
   EXPECT_EQ(bw.op("ssd_scan_bwd"), nullptr);
 }
 
-// Activation memory counts the tensors src/model/*.cpp allocates (fp32).
+// Activation memory counts the tensors src/model/*.cpp allocates, kept in f32 here
+// (tests/unit/model/test_unit_memory.cpp holds both storage types against the runtime).
 TEST(FlopsMemory, MatchesRuntimeTensors) {
   const auto m = mid_model("M*-");
   const double M = 512, D = 512, F = 1536, Q = 512, KVD = 256, H = 8;

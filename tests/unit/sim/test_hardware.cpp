@@ -168,7 +168,7 @@ TEST(HardwareFile, NumbersOutsideTheirRangesAreRefused) {
           "intra_node": {"name": "l", "bandwidth_gbs": 1e-6, "latency_us": 1e9}})", "slow.json");
   config::ModelConfig m;
   m.pattern = "M-";
-  EXPECT_NO_THROW(analytic_cost(m, 128, slow, {1}, {2}));
+  EXPECT_NO_THROW(analytic_cost(m, 128, 4, slow, {1}, {2}));
 }
 
 // Ring collectives by hand: n = 8 on NVLink 4 (450 GB/s, 2 us), 1 GB per rank.
@@ -198,7 +198,7 @@ TEST(HardwareAnalytic, MlpBlockForwardOnH100) {
   m.vocab_size = 32000;
   const Hardware& h = *find_hardware("h100-sxm");
   const int64_t T = 4096, rows = 2 * T;
-  const CostModel cm = analytic_cost(m, T, h, {1, 8}, {2, 8, 16});
+  const CostModel cm = analytic_cost(m, T, 4, h, {1, 8}, {2, 8, 16});
   EXPECT_EQ(cm.source, "analytic");
   EXPECT_EQ(cm.hardware.rfind(h.description, 0), 0u) << cm.hardware;
 
@@ -241,7 +241,7 @@ TEST(HardwareAnalytic, FillsEveryKindTpAndGroup) {
   const Hardware& h = *find_hardware("cpu-local");
   AnalyticOptions opt;
   opt.collectives = NodeSpan::SPAN_INTER_NODE;
-  const CostModel cm = analytic_cost(m, 256, h, {2, 1, 2}, {1, 2, 4}, opt);
+  const CostModel cm = analytic_cost(m, 256, 4, h, {2, 1, 2}, {1, 2, 4}, opt);
   ASSERT_EQ(cm.ops.size(), 5u * 2);  // e, M, -, *, h at tp 1 and 2
   for (const OpCost& o : cm.ops) {
     const std::string what = std::string("kind ") + o.kind + " tp " + std::to_string(o.tp);
@@ -268,11 +268,11 @@ TEST(HardwareAnalytic, FillsEveryKindTpAndGroup) {
 TEST(HardwareAnalytic, RefusesMoeAndBadHardware) {
   config::ModelConfig m;
   m.pattern = "M-E";
-  EXPECT_THROW(analytic_cost(m, 128, *find_hardware("h100-sxm"), {1}, {}), std::invalid_argument);
+  EXPECT_THROW(analytic_cost(m, 128, 4, *find_hardware("h100-sxm"), {1}, {}), std::invalid_argument);
   m.pattern = "M-";
   Hardware bad = *find_hardware("h100-sxm");
   bad.mem_bw = 0;
-  EXPECT_THROW(analytic_cost(m, 128, bad, {1}, {}), std::invalid_argument);
+  EXPECT_THROW(analytic_cost(m, 128, 4, bad, {1}, {}), std::invalid_argument);
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ std::vector<Case> cases() {
 // The analytic cost model of an H100 cluster, covering the full strategy's group sizes.
 CostModel cost_for(const config::Config& full, const ir::ParallelDims& dims) {
   const CostCoverage cov = coverage_of(dims);
-  return analytic_cost(full.model, full.train.seq_len, *find_hardware("h100-sxm"), cov.tps, cov.group_sizes);
+  return analytic_cost(full.model, full.train.seq_len, 4, *find_hardware("h100-sxm"), cov.tps, cov.group_sizes);
 }
 
 // Every case: the small plan with replicas predicts the full plan's step, bubble and every rank's

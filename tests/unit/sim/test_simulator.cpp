@@ -3,8 +3,11 @@
 // tensor-parallel memory follow the executor's allocations; a large world simulates quickly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "ir/build.hpp"
@@ -244,7 +247,6 @@ TEST(SimulatorMemory, ZeroStagesShardTheModelStateAsPublished) {
   }
 }
 
-// Recomputation: the saved state leaves at each forward's end and comes back at its RECOMP, so the
 // The activations between units and stages are stored in the type the units compute with: with no
 // saved state (only those between units count), bf16's peak activations are fp32's halved.
 TEST(SimulatorMemory, ActivationsBetweenUnitsTakeTheirStorageTypesBytes) {
@@ -265,6 +267,40 @@ TEST(SimulatorMemory, ActivationsBetweenUnitsTakeTheirStorageTypesBytes) {
   EXPECT_DOUBLE_EQ(peak[1], peak[0] / 2);
 }
 
+// Under bf16 every unit pass computes with the unit's values rounded and lent in f32 (4 bytes per
+// element over the f32 master weights, for the pass), and ZeRO-3 gathers them in bf16: 2 bytes per
+// element where fp32 gathers 4, in half the time.
+TEST(SimulatorMemory, Bf16LendsEachPassItsValuesAndZero3GathersThemInBf16) {
+  double params[2] = {0, 0}, gathered[2] = {0, 0}, comm[2] = {0, 0};
+  const char* precisions[2] = {"fp32", "bf16"};
+  int64_t largest = 0;
+  for (int i = 0; i < 2; ++i) {
+    config::Config cfg = small_config("M*-M-", 8, 8);
+    cfg.train.precision = precisions[i];
+    const ir::Plan plan = ir::compile(cfg, 1);
+    for (const ir::UnitSpec& u : plan.model.units) largest = std::max(largest, u.param_count());
+    params[i] = simulate(plan, cfg, abstract_costs()).ranks[0].peak[static_cast<size_t>(Mem::MEM_PARAMS)];
+    cfg.parallel.dp = 2;
+    cfg.parallel.zero = 3;
+    CostModel cost = abstract_costs();
+    cost.free_comm = false;
+    cost.comm = {{CommOp::COMM_ALLGATHER, 2, {0, 1e-3}, {}}, {CommOp::COMM_REDUCE_SCATTER, 2, {0, 1e-9}, {}},
+                 {CommOp::COMM_ALLREDUCE, 2, {0, 1e-9}, {}}};
+    const SimResult z = simulate(ir::compile(cfg, 2), cfg, cost);
+    gathered[i] = z.ranks[0].peak[static_cast<size_t>(Mem::MEM_PARAMS)] - z.ranks[0].state[0];
+    comm[i] = z.ranks[0].comm_ms;
+  }
+  std::printf("[ memory ] peak parameters: fp32 %.0f bytes, bf16 %.0f (largest unit %" PRId64
+              " elements); ZeRO-3 above the shard: fp32 %.0f, bf16 %.0f; exposed comm fp32 %.3f ms, bf16 %.3f\n",
+              params[0], params[1], largest, gathered[0], gathered[1], comm[0], comm[1]);
+  EXPECT_DOUBLE_EQ(params[1] - params[0], 4.0 * static_cast<double>(largest)) << "one pass's lent values";
+  EXPECT_GT(gathered[0], 0.0);
+  // bf16 holds the gathered values at 2 bytes and lends one pass 4: at most 6/4 of fp32's 4.
+  EXPECT_LE(gathered[1], 1.5 * gathered[0] + 1.0);
+  EXPECT_LT(comm[1], comm[0]) << "the gathers move half the bytes";
+}
+
+// Recomputation: the saved state leaves at each forward's end and comes back at its RECOMP, so the
 // peak activations fall (full below selective below none) while the compute grows by the RECOMPs'
 // time: the forward's (full) or the mixer's share of it (selective), shown as RECOMP events.
 TEST(SimulatorMemory, RecomputationLowersThePeakActivationsForItsTime) {

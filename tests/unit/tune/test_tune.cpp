@@ -28,7 +28,7 @@ sim::CostModel costs(const config::Config& cfg, int world) {
   std::vector<int> groups;
   for (int g = 2; g <= world; ++g)
     if (world % g == 0) groups.push_back(g);
-  return sim::analytic_cost(cfg.model, cfg.train.seq_len, *sim::find_hardware("h100-sxm"), {1, 2}, groups);
+  return sim::analytic_cost(cfg.model, cfg.train.seq_len, 4, *sim::find_hardware("h100-sxm"), {1, 2}, groups);
 }
 
 tune::Request request(const config::Config& cfg, int world, double mem_bytes) {

@@ -1,0 +1,115 @@
+// test_unit_memory.cpp — ir::unit_memory, the simulator's analytic activation memory, against the
+// backend's accounting of each unit kind's passes, with the kept activations stored in f32 and in bf16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "config/config.hpp"
+#include "ir/model_graph.hpp"
+#include "ir/work.hpp"
+#include "model/model.hpp"
+#include "model/unit.hpp"
+#include "unit/test_configs.hpp"
+
+namespace piper::model {
+namespace {
+
+using backend::DType;
+using backend::Tensor;
+
+// What a unit's passes hold, as calibrate measures it (runtime/calibrate.cpp): the level's rise over
+// the forward (saved), the level after the input-gradient half above the level before the forward
+// (kept_for_w), and the highest peak inside a pass above the level before that pass (transient).
+struct Measured {
+  double saved = 0, kept_for_w = 0, transient = 0;
+};
+
+Tensor filled(int64_t rows, int64_t D, DType t, uint32_t seed) {
+  std::vector<float> host(static_cast<size_t>(rows * D));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : host) v = normal(rng);
+  Tensor f32(backend::cpu(), {rows, D}, backend::MemCategory::MEM_BUFFERS);
+  std::copy(host.begin(), host.end(), f32.data());
+  return t == DType::DTYPE_F32 ? std::move(f32) : backend::converted(f32.view(), t, backend::MemCategory::MEM_BUFFERS);
+}
+
+Measured measure(Unit& unit, bool embed, bool head, const MicroBatch& mb, int64_t D, DType t) {
+  backend::Backend& be = backend::cpu();
+  const int64_t rows = mb.rows();
+  Tensor x = filled(rows, D, t, 1), dy = filled(rows, D, t, 2), y = filled(rows, D, t, 3), dx = filled(rows, D, t, 4);
+  auto args = [&](ir::NodeKind p) {
+    const bool fwd = p == ir::NodeKind::FWD;
+    PassArgs a;
+    a.mb = &mb;
+    if (!embed) a.x = x.view();
+    if (fwd && !head) a.y = y.view();
+    if (!fwd && !head) a.dy = dy.view();
+    if (!fwd && p != ir::NodeKind::BWD_W && !embed) a.dx = dx.view();
+    return a;
+  };
+  auto level = [&] { return static_cast<double>(be.memory().total_current); };
+  auto peak = [&] { return static_cast<double>(be.memory().total_peak); };
+  Measured m;
+  const double l0 = level();
+  be.reset_peak();
+  play_pass(unit, ir::NodeKind::FWD, 0, args(ir::NodeKind::FWD));
+  const double l1 = level(), pf = peak() - l0;
+  be.reset_peak();
+  play_pass(unit, embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I, 0,
+            args(embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I));
+  const double l2 = level(), pbi = peak() - l1;
+  be.reset_peak();
+  if (!embed) play_pass(unit, ir::NodeKind::BWD_W, 0, args(ir::NodeKind::BWD_W));
+  const double pbw = peak() - l2;
+  m.saved = l1 - l0;
+  m.kept_for_w = l2 - l0;
+  m.transient = std::max({pf, pbi, pbw});
+  EXPECT_EQ(level(), l0) << "a unit's passes free all they allocated";
+  return m;
+}
+
+// The saved state and what the weight half reads are the runtime's to the byte in both storage
+// types. The transient peak within 35%: the analytic model counts a pass's largest tensors, not every
+// scratch, nor the copies a bf16 product makes of its operands, which are the backend's (the CPU
+// backend rounds them into f32 copies; a GPU's are bf16).
+TEST(UnitMemory, AnalyticModelMatchesTheBackendsAccountingInF32AndBf16) {
+  config::ModelConfig cfg = testing::small_model("M*-E");
+  cfg.ssd_chunk = 4;
+  const ir::ModelGraph graph = ir::make_model_graph(cfg);
+  const int64_t B = 2, T = 7, rows = B * T, D = cfg.d_model;
+  std::vector<int32_t> ids(static_cast<size_t>(rows)), targets(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 32),
+                                     targets[static_cast<size_t>(i)] = static_cast<int32_t>((i * 5 + 3) % 32);
+  const MicroBatch mb{ids.data(), targets.data(), B, T, 1.0f / static_cast<float>(rows)};
+  for (const config::Precision p : {config::Precision::PRECISION_FP32, config::Precision::PRECISION_BF16}) {
+    Model model(cfg, graph, {}, backend::cpu());
+    model.params().init(3);
+    model.set_precision(precision_of(p));
+    const DType t = model.storage_dtype();
+    const int kept_bytes = static_cast<int>(backend::dtype_size(t));
+    for (size_t u = 0; u < graph.units.size(); ++u) {
+      const ir::UnitSpec& spec = graph.units[u];
+      const char kind = ir::unit_symbol(spec.kind);
+      const bool embed = spec.kind == ir::UnitKind::UNIT_EMBED, head = spec.kind == ir::UnitKind::UNIT_HEAD;
+      const Measured got = measure(model.unit(static_cast<int>(u)), embed, head, mb, D, t);
+      const ir::UnitMemory want = ir::unit_memory(cfg, kind, rows, T, 1, kept_bytes);
+      std::printf("[ memory ] %s %c: saved %.0f / %.0f, kept_for_w %.0f / %.0f, transient %.0f / %.0f bytes "
+                  "(measured / analytic)\n",
+                  backend::dtype_name(t), kind, got.saved, want.saved, got.kept_for_w, want.kept_for_w,
+                  got.transient, want.transient);
+      EXPECT_EQ(got.saved, want.saved) << backend::dtype_name(t) << " " << kind;
+      EXPECT_EQ(got.kept_for_w, want.kept_for_w) << backend::dtype_name(t) << " " << kind;
+      EXPECT_NEAR(want.transient, got.transient, 0.35 * got.transient) << backend::dtype_name(t) << " " << kind;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace piper::model
