@@ -451,8 +451,9 @@ std::vector<double> unit_costs(const config::ModelConfig& m, const ModelGraph& g
 }
 
 namespace {
-// Floats a block saves outside its mixer: the normalised input xn [rows, D] and its rstd [rows].
-double block_norm_saved(const Dims& d) { return d.M * (d.D + 1); }
+// Bytes a block saves outside its mixer: the normalised input xn [rows, D], kept at kept_bytes, and
+// its rstd [rows], f32.
+double block_norm_saved(const Dims& d, int kept_bytes) { return d.M * (d.D * kept_bytes + 4.0); }
 // The block's own work in a forward, around its mixer (model/block.cpp).
 bool block_wrapper_op(const std::string& name) { return name == "rmsnorm" || name == "residual"; }
 }  // namespace
@@ -481,8 +482,8 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     scratch = M * d.D;                          // dxn
     fwd_io = 1, bwd_io = 2;                     // x; x, dx
   } else {
-    kept = M * d.D;                             // the block's xn
-    stats = M;                                  // and its rstd
+    kept = M * d.D;                             // the block's xn and rstd (block_norm_saved)
+    stats = M;
     const double dxn = M * d.D;                 // the block's scratch throughout BWD_I
     if (kind == '-') {
       kept += 3 * M * d.F;                      // gate, up, h
@@ -553,15 +554,15 @@ std::vector<double> segment_shares(const config::ModelConfig& m, char kind, Node
 }
 
 RecomputeShare recompute_share(const config::ModelConfig& m, char kind, Recompute mode, int64_t rows,
-                               int64_t seq_len, int tp) {
+                               int64_t seq_len, int tp, int kept_bytes) {
   if (mode == Recompute::RECOMPUTE_NONE) return {};
   if (mode == Recompute::RECOMPUTE_FULL) return {1.0, 1.0};
   const Work w = unit_work(m, kind, Pass::PASS_F, rows, seq_len, tp);
   double mixer = 0;
   for (const OpWork& op : w.ops)
     if (!block_wrapper_op(op.name)) mixer += op.flops();
-  const double saved = unit_memory(m, kind, rows, seq_len, tp).saved;
-  const double norm = 4.0 * block_norm_saved(dims_of(m, kind, rows, seq_len, tp));
+  const double saved = unit_memory(m, kind, rows, seq_len, tp, kept_bytes).saved;
+  const double norm = block_norm_saved(dims_of(m, kind, rows, seq_len, tp), kept_bytes);
   return {w.flops() > 0 ? mixer / w.flops() : 0.0, saved > 0 ? std::max(0.0, saved - norm) / saved : 0.0};
 }
 

@@ -101,8 +101,9 @@ struct RecomputeShare {
   double time = 0.0;   // of the forward's time
   double saved = 0.0;  // of the saved activations (OpCost::saved)
 };
+// `kept_bytes` as unit_memory's: the saved state's bytes, and so the share of them, follow it.
 RecomputeShare recompute_share(const config::ModelConfig& m, char kind, Recompute mode, int64_t rows,
-                               int64_t seq_len, int tp = 1);
+                               int64_t seq_len, int tp = 1, int kept_bytes = 4);
 
 // The shares of a unit pass's time that each of its segments (ir::pass_shape)
 // runs, summing to 1: all in the first segment, except an MoE block's pass

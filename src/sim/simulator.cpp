@@ -122,7 +122,8 @@ class Sim {
       const ir::Recompute mode = s.recompute_of(static_cast<int>(sizes_.size()) - 1);
       recompute_.push_back(mode == ir::Recompute::RECOMPUTE_NONE
                                ? ir::RecomputeShare{}
-                               : ir::recompute_share(cfg.model, kind_.back(), mode, rows_, cfg.train.seq_len, tp_));
+                               : ir::recompute_share(cfg.model, kind_.back(), mode, rows_, cfg.train.seq_len, tp_,
+                                                     static_cast<int>(s.compute_elem_bytes)));
     }
     for (const auto& n : plan.graph.nodes()) stage_of_node_.push_back(n.tags.stage);
     ranks_.resize(static_cast<size_t>(world_));

@@ -318,7 +318,9 @@ double Search::state_lower_bound(const Degrees& d) const {
     const int64_t r = rows(d);
     double dropped = 0;
     if (u.block >= 0 && d.recompute != Recompute::RECOMPUTE_NONE && u.kind != ir::UnitKind::UNIT_MOE)
-      dropped = ir::recompute_share(req_.cfg.model, k, d.recompute, r, req_.cfg.train.seq_len, d.tp).saved;
+      dropped = ir::recompute_share(req_.cfg.model, k, d.recompute, r, req_.cfg.train.seq_len, d.tp,
+                                    config::storage_bytes(config::precision_of(req_.cfg.train)))
+                    .saved;
     const sim::OpCost& oc = req_.cost.op(k, d.tp);  // an entry of another tp splits its rows as the work
     const double at = static_cast<double>(r) * (oc.tp == d.tp ? 1.0 : static_cast<double>(oc.tp) / d.tp);
     bytes += std::max(0.0, oc.saved.at(at)) * (1 - dropped);

@@ -111,5 +111,43 @@ TEST(UnitMemory, AnalyticModelMatchesTheBackendsAccountingInF32AndBf16) {
   }
 }
 
+// What recomputation drops after a block's forward is the share of its saved state that
+// ir::recompute_share says (the simulator and the tuner free that much), to the byte in both
+// storage types: full, all of it; selective, all but the block's normalised input and rstd.
+TEST(UnitMemory, RecomputationDropsTheAnalyticShareOfTheSavedState) {
+  config::ModelConfig cfg = testing::small_model("M*-");
+  cfg.ssd_chunk = 4;
+  const ir::ModelGraph graph = ir::make_model_graph(cfg);
+  const int64_t B = 2, T = 7, rows = B * T, D = cfg.d_model;
+  const MicroBatch mb{nullptr, nullptr, B, T, 1.0f / static_cast<float>(rows)};
+  backend::Backend& be = backend::cpu();
+  for (const config::Precision p : {config::Precision::PRECISION_FP32, config::Precision::PRECISION_BF16}) {
+    Model model(cfg, graph, {}, be);
+    model.params().init(3);
+    model.set_precision(precision_of(p));
+    const DType t = model.storage_dtype();
+    const int kept_bytes = static_cast<int>(backend::dtype_size(t));
+    Tensor x = filled(rows, D, t, 1), y = filled(rows, D, t, 2);
+    for (size_t u = 1; u + 1 < graph.units.size(); ++u) {
+      const char kind = ir::unit_symbol(graph.units[u].kind);
+      for (const ir::Recompute mode : {ir::Recompute::RECOMPUTE_SELECTIVE, ir::Recompute::RECOMPUTE_FULL}) {
+        if (mode == ir::Recompute::RECOMPUTE_SELECTIVE && kind == '-') continue;  // an MLP has no mixer apart
+        Unit& unit = model.unit(static_cast<int>(u));
+        const double l0 = static_cast<double>(be.memory().total_current);
+        play_pass(unit, ir::NodeKind::FWD, 0, {&mb, x.view(), {}, y.view(), {}});
+        const double l1 = static_cast<double>(be.memory().total_current);
+        unit.drop(0, mode);
+        const double dropped = l1 - static_cast<double>(be.memory().total_current);
+        const double want = ir::recompute_share(cfg, kind, mode, rows, T, 1, kept_bytes).saved * (l1 - l0);
+        std::printf("[ memory ] %s %c %s: dropped %.0f of %.0f bytes, analytic %.0f\n", backend::dtype_name(t), kind,
+                    ir::recompute_name(mode), dropped, l1 - l0, want);
+        EXPECT_NEAR(dropped, want, 1e-9 * (l1 - l0)) << backend::dtype_name(t) << " " << kind;
+        unit.release(0);
+        EXPECT_EQ(static_cast<double>(be.memory().total_current), l0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace piper::model
