@@ -13,13 +13,13 @@
 namespace piper::kernels::cuda {
 namespace {
 
-template <class T>
-__global__ void embedding_fwd_kernel(const int32_t* ids, const T* table, T* out, int64_t M,
+template <class Tt, class T>
+__global__ void embedding_fwd_kernel(const int32_t* ids, const Tt* table, T* out, int64_t M,
                                      int64_t D, int64_t V, int64_t offset) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * D;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = int64_t(ids[i / D]) - offset;
-    out[i] = row >= 0 && row < V ? table[row * D + i % D] : from_f32<T>(0.0f);
+    out[i] = from_f32<T>(row >= 0 && row < V ? to_f32(table[row * D + i % D]) : 0.0f);
   }
 }
 
@@ -95,11 +95,11 @@ void check_sizes(int64_t M, int64_t V) {
 
 }  // namespace
 
-template <class T>
-void embedding_fwd(const int32_t* ids, const T* table, T* out, int64_t M, int64_t D, int64_t V,
+template <class Tt, class T>
+void embedding_fwd(const int32_t* ids, const Tt* table, T* out, int64_t M, int64_t D, int64_t V,
                    int64_t offset, cudaStream_t s) {
   if (M * D == 0) return;
-  embedding_fwd_kernel<T><<<blocks_for(M * D), kThreads, 0, s>>>(ids, table, out, M, D, V, offset);
+  embedding_fwd_kernel<Tt, T><<<blocks_for(M * D), kThreads, 0, s>>>(ids, table, out, M, D, V, offset);
   PIPER_CUDA_LAUNCHED("embedding_fwd");
 }
 
@@ -124,13 +124,19 @@ void embedding_bwd(const int32_t* ids, const T* dout, float* dtable, int64_t M, 
   PIPER_CUDA_LAUNCHED("embedding_bwd");
 }
 
-#define PIPER_INSTANTIATE(T)                                                                      \
-  template void embedding_fwd<T>(const int32_t*, const T*, T*, int64_t, int64_t, int64_t, int64_t, \
-                                 cudaStream_t);                                                   \
+#define PIPER_INSTANTIATE_FWD(Tt, T)                                                              \
+  template void embedding_fwd<Tt, T>(const int32_t*, const Tt*, T*, int64_t, int64_t, int64_t,    \
+                                     int64_t, cudaStream_t);
+PIPER_INSTANTIATE_FWD(float, float)
+PIPER_INSTANTIATE_FWD(float, __nv_bfloat16)
+PIPER_INSTANTIATE_FWD(__nv_bfloat16, float)
+PIPER_INSTANTIATE_FWD(__nv_bfloat16, __nv_bfloat16)
+#undef PIPER_INSTANTIATE_FWD
+#define PIPER_INSTANTIATE_BWD(T)                                                                  \
   template void embedding_bwd<T>(const int32_t*, const T*, float*, int64_t, int64_t, int64_t,     \
                                  int64_t, void*, cudaStream_t);
-PIPER_INSTANTIATE(float)
-PIPER_INSTANTIATE(__nv_bfloat16)
-#undef PIPER_INSTANTIATE
+PIPER_INSTANTIATE_BWD(float)
+PIPER_INSTANTIATE_BWD(__nv_bfloat16)
+#undef PIPER_INSTANTIATE_BWD
 
 }  // namespace piper::kernels::cuda

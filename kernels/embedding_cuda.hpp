@@ -1,5 +1,6 @@
 // embedding_cuda.hpp — embedding on CUDA (the twin of embedding.hpp)
-// Conventions: see cuda_common.cuh. table, out, dout: T; dtable: f32 (a parameter gradient).
+// Conventions: see cuda_common.cuh. out, dout: T; table: Tt (the unit's compute copy of its
+// parameters, which may be bf16 while the rows are f32); dtable: f32 (a parameter gradient).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,8 +12,8 @@ namespace piper::kernels::cuda {
 
 // table[V,D] holds the rows of ids offset..offset+V-1. out[M,D] = table[ids[m] - offset, :],
 // zero for ids outside the table.
-template <class T>
-void embedding_fwd(const int32_t* ids, const T* table, T* out, int64_t M, int64_t D, int64_t V,
+template <class Tt, class T>
+void embedding_fwd(const int32_t* ids, const Tt* table, T* out, int64_t M, int64_t D, int64_t V,
                    int64_t offset, cudaStream_t s);
 
 // Bytes of embedding_bwd's `work`: the ids' sort (keys and row numbers, twice) and cub's radix

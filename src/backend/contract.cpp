@@ -104,6 +104,9 @@ namespace {
 
 constexpr Kind F32 = Kind::KIND_F32;
 constexpr Kind I32 = Kind::KIND_I32;
+// The weight of a product and the embedding's table: the unit's parameters as it computes with them
+// (bf16 under train.precision bf16), whatever the activations' storage type.
+constexpr Kind WEIGHT = Kind::KIND_FLOAT;
 
 AttentionDims attention_dims(Check& c, V q, V k, V v) {
   c.rank("q", q, 4), c.rank("k", k, 4);
@@ -157,16 +160,16 @@ kernels::SsdShape ssd_shape_of(const Shape& x, const Shape& Bm, int64_t chunk) {
 }
 
 MatDims linear_fwd(Check& c, V x, V w, O y) {
-  c.rank("x", x, 2), c.rank("w", w, 2);
+  c.rank("x", x, 2), c.rank("w", w, 2, WEIGHT);
   const int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0];
-  c.shape("w", w, {N, K}), c.shape("y", y, {M, N});
+  c.shape("w", w, {N, K}, WEIGHT), c.shape("y", y, {M, N});
   return {M, K, N};
 }
 
 MatDims linear_bwd_input(Check& c, V dy, V w, O dx) {
-  c.rank("dy", dy, 2), c.rank("w", w, 2);
+  c.rank("dy", dy, 2), c.rank("w", w, 2, WEIGHT);
   const int64_t M = dy.shape[0], N = dy.shape[1], K = w.shape[1];
-  c.shape("w", w, {N, K}), c.shape("dx", dx, {M, K});
+  c.shape("w", w, {N, K}, WEIGHT), c.shape("dx", dx, {M, K});
   return {M, K, N};
 }
 
@@ -360,7 +363,7 @@ RowDims dt_softplus_bwd(Check& c, V ddt, V dt_raw, V dt_bias, O ddt_raw, O ddt_b
 }
 
 TableDims embedding_fwd(Check& c, V ids, V table, O out) {
-  c.is("ids", ids, I32), c.rank("table", table, 2);
+  c.is("ids", ids, I32), c.rank("table", table, 2, WEIGHT);
   const int64_t M = ids.numel(), Vn = table.shape[0], D = table.shape[1];
   c.shape("out", out, {M, D});
   return {M, Vn, D};

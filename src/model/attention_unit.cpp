@@ -20,14 +20,14 @@ void AttentionBlock::mixer_forward(int slot, const MicroBatch& mb, const float* 
   s.q = act(M * Q), s.k = act(M * KVD), s.v = act(M * KVD), s.att = act(M * Q);
   s.lse = act(B * H * T);
   const auto x = view(be_, xn, {M, D});
-  be_.linear_fwd(x, view(be_, w(ATTN_Q_PROJ), {Q, D}), s.q.view({M, Q}));
-  be_.linear_fwd(x, view(be_, w(ATTN_K_PROJ), {KVD, D}), s.k.view({M, KVD}));
-  be_.linear_fwd(x, view(be_, w(ATTN_V_PROJ), {KVD, D}), s.v.view({M, KVD}));
+  be_.linear_fwd(x, weight(ATTN_Q_PROJ, {Q, D}), s.q.view({M, Q}));
+  be_.linear_fwd(x, weight(ATTN_K_PROJ, {KVD, D}), s.k.view({M, KVD}));
+  be_.linear_fwd(x, weight(ATTN_V_PROJ, {KVD, D}), s.v.view({M, KVD}));
   const backend::Shape qs{B, T, H, hd}, ks{B, T, KV, hd};
   be_.rope_fwd(s.q.view(qs), s.q.view(qs), cfg_.rope_theta);
   be_.rope_fwd(s.k.view(ks), s.k.view(ks), cfg_.rope_theta);
   be_.attention_fwd(s.q.view(qs), s.k.view(ks), s.v.view(ks), s.att.view(qs), s.lse.view({B, H, T}));
-  be_.linear_fwd(s.att.view({M, Q}), view(be_, w(ATTN_O_PROJ), {D, Q}), view(be_, out, {M, D}));
+  be_.linear_fwd(s.att.view({M, Q}), weight(ATTN_O_PROJ, {D, Q}), view(be_, out, {M, D}));
   saved_[slot] = std::move(s);
 }
 
@@ -39,7 +39,7 @@ void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const f
   s.dout = scratch(M * D);
   be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
   Tensor datt = scratch(M * Q);
-  be_.linear_bwd_input(view(be_, dout, {M, D}), view(be_, w(ATTN_O_PROJ), {D, Q}), datt.view({M, Q}),
+  be_.linear_bwd_input(view(be_, dout, {M, D}), weight(ATTN_O_PROJ, {D, Q}), datt.view({M, Q}),
                        false);
   s.dq = scratch(M * Q), s.dk = scratch(M * KVD), s.dv = scratch(M * KVD);
   const backend::Shape qs{B, T, H, hd}, ks{B, T, KV, hd};
@@ -48,9 +48,9 @@ void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const f
   be_.rope_bwd(s.dq.view(qs), s.dq.view(qs), cfg_.rope_theta);
   be_.rope_bwd(s.dk.view(ks), s.dk.view(ks), cfg_.rope_theta);
   const auto dx = view(be_, dxn, {M, D});
-  be_.linear_bwd_input(s.dq.view({M, Q}), view(be_, w(ATTN_Q_PROJ), {Q, D}), dx, false);
-  be_.linear_bwd_input(s.dk.view({M, KVD}), view(be_, w(ATTN_K_PROJ), {KVD, D}), dx, true);
-  be_.linear_bwd_input(s.dv.view({M, KVD}), view(be_, w(ATTN_V_PROJ), {KVD, D}), dx, true);
+  be_.linear_bwd_input(s.dq.view({M, Q}), weight(ATTN_Q_PROJ, {Q, D}), dx, false);
+  be_.linear_bwd_input(s.dk.view({M, KVD}), weight(ATTN_K_PROJ, {KVD, D}), dx, true);
+  be_.linear_bwd_input(s.dv.view({M, KVD}), weight(ATTN_V_PROJ, {KVD, D}), dx, true);
 }
 
 void AttentionBlock::mixer_backward_weight(int slot, const float* xn) {

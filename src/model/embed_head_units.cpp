@@ -16,7 +16,7 @@ double EmbedUnit::forward(int k, int slot, const PassIo& a) {
   if (k > 0) return 0.0;  // after the sum: Unit::run stores it in the output's type
   const MicroBatch& mb = *a.mb;
   const int64_t M = mb.rows(), D = cfg_.d_model;
-  be_.embedding_fwd(view(be_, mb.inputs, {M}), view(be_, w(0), {dims_.vocab, D}), view(be_, a.y, {M, D}),
+  be_.embedding_fwd(view(be_, mb.inputs, {M}), weight(0, {dims_.vocab, D}), view(be_, a.y, {M, D}),
                     dims_.vocab_offset);
   Saved& s = saved_[slot];
   s.ids = mb.inputs;
@@ -49,7 +49,7 @@ double HeadUnit::forward(int k, int slot, const PassIo& a) {
     Saved s{M, act(M * D), act(M), {}, mb.targets == nullptr, {}, {}, {}, {}, {}};
     be_.rmsnorm_fwd(view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
     Tensor logits = act(M * V);
-    be_.linear_fwd(s.xn.view({M, D}), view(be_, w(1), {V, D}), logits.view({M, V}));
+    be_.linear_fwd(s.xn.view({M, D}), weight(1, {V, D}), logits.view({M, V}));
     double loss = 0.0;
     if (s.inference) {
       if (tp_.size > 1) throw std::logic_error("inference of a vocab-parallel head needs the whole vocabulary");
@@ -85,7 +85,7 @@ void HeadUnit::backward_input(int k, int slot, const PassIo& a) {
   const int64_t M = s.rows, D = cfg_.d_model, V = dims_.vocab;
   if (k == 0) {
     s.dxn = scratch(M * D);
-    be_.linear_bwd_input(s.dlogits.view({M, V}), view(be_, w(1), {V, D}), s.dxn.view({M, D}), false);
+    be_.linear_bwd_input(s.dlogits.view({M, V}), weight(1, {V, D}), s.dxn.view({M, D}), false);
   }
   if (last(ir::NodeKind::BWD_I, k)) {  // tp > 1: each rank's vocabulary rows gave a partial sum
     be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),

@@ -32,7 +32,7 @@ void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, 
   s.batch = B, s.seq = T;
   {
     Tensor zxbcdt = scratch(M * R);
-    be_.linear_fwd(view(be_, xn, {M, D}), view(be_, w(MAMBA_IN_PROJ), {R, D}), zxbcdt.view({M, R}));
+    be_.linear_fwd(view(be_, xn, {M, D}), weight(MAMBA_IN_PROJ, {R, D}), zxbcdt.view({M, R}));
     s.z = act(M * di), s.xbc_in = act(M * C), s.dt_raw = act(M * Hm);
     be_.gather_cols(zxbcdt.view({M, R}), 0, s.z.view({M, di}));
     be_.gather_cols(zxbcdt.view({M, R}), di, s.xbc_in.view({M, C}));
@@ -61,7 +61,7 @@ void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, 
   s.rstd = act(M * G);
   be_.gated_rmsnorm_fwd(s.y.view({M, di}), s.z.view({M, di}), view(be_, w(MAMBA_NORM_WEIGHT), {di}),
                         s.normed.view({M, di}), s.rstd.view({M, G}), kNormEps);
-  be_.linear_fwd(s.normed.view({M, di}), view(be_, w(MAMBA_OUT_PROJ), {D, di}), view(be_, out, {M, D}));
+  be_.linear_fwd(s.normed.view({M, di}), weight(MAMBA_OUT_PROJ, {D, di}), view(be_, out, {M, D}));
   saved_[slot] = std::move(s);
 }
 
@@ -76,7 +76,7 @@ void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float
   const auto dzxbcdt = s.dzxbcdt.view({M, R});
   {
     Tensor dnormed = scratch(M * di), dy = scratch(M * di), dz = scratch(M * di);
-    be_.linear_bwd_input(view(be_, dout, {M, D}), view(be_, w(MAMBA_OUT_PROJ), {D, di}),
+    be_.linear_bwd_input(view(be_, dout, {M, D}), weight(MAMBA_OUT_PROJ, {D, di}),
                          dnormed.view({M, di}), false);
     be_.gated_rmsnorm_bwd(dnormed.view({M, di}), s.y.view({M, di}), s.z.view({M, di}),
                           view(be_, w(MAMBA_NORM_WEIGHT), {di}), s.rstd.view({M, G}), dy.view({M, di}),
@@ -103,7 +103,7 @@ void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float
                    view(be_, g(MAMBA_CONV_BIAS), {C}));
     be_.scatter_cols(dxbc_in.view({M, C}), dzxbcdt, di);
   }
-  be_.linear_bwd_input(dzxbcdt, view(be_, w(MAMBA_IN_PROJ), {R, D}), view(be_, dxn, {M, D}), false);
+  be_.linear_bwd_input(dzxbcdt, weight(MAMBA_IN_PROJ, {R, D}), view(be_, dxn, {M, D}), false);
 }
 
 void MambaBlock::mixer_backward_weight(int slot, const float* xn) {

@@ -14,10 +14,10 @@ void MlpBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, fl
   const int64_t M = mb.rows(), D = cfg_.d_model, F = dims_.ffn;
   Saved s{M, act(M * F), act(M * F), act(M * F), {}, {}, {}};
   const auto x = view(be_, xn, {M, D});
-  be_.linear_fwd(x, view(be_, w(MLP_GATE_PROJ), {F, D}), s.gate.view({M, F}));
-  be_.linear_fwd(x, view(be_, w(MLP_UP_PROJ), {F, D}), s.up.view({M, F}));
+  be_.linear_fwd(x, weight(MLP_GATE_PROJ, {F, D}), s.gate.view({M, F}));
+  be_.linear_fwd(x, weight(MLP_UP_PROJ, {F, D}), s.up.view({M, F}));
   be_.swiglu_fwd(s.gate.view(), s.up.view(), s.h.view());
-  be_.linear_fwd(s.h.view({M, F}), view(be_, w(MLP_DOWN_PROJ), {D, F}), view(be_, out, {M, D}));
+  be_.linear_fwd(s.h.view({M, F}), weight(MLP_DOWN_PROJ, {D, F}), view(be_, out, {M, D}));
   saved_[slot] = std::move(s);
 }
 
@@ -27,14 +27,14 @@ void MlpBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* 
   s.dout = scratch(M * D);
   be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
   Tensor dh = scratch(M * F);
-  be_.linear_bwd_input(view(be_, dout, {M, D}), view(be_, w(MLP_DOWN_PROJ), {D, F}), dh.view({M, F}),
+  be_.linear_bwd_input(view(be_, dout, {M, D}), weight(MLP_DOWN_PROJ, {D, F}), dh.view({M, F}),
                        false);
   s.dgate = scratch(M * F);
   s.dup = scratch(M * F);
   be_.swiglu_bwd(dh.view(), s.gate.view(), s.up.view(), s.dgate.view(), s.dup.view());
   const auto dx = view(be_, dxn, {M, D});
-  be_.linear_bwd_input(s.dgate.view({M, F}), view(be_, w(MLP_GATE_PROJ), {F, D}), dx, false);
-  be_.linear_bwd_input(s.dup.view({M, F}), view(be_, w(MLP_UP_PROJ), {F, D}), dx, true);
+  be_.linear_bwd_input(s.dgate.view({M, F}), weight(MLP_GATE_PROJ, {F, D}), dx, false);
+  be_.linear_bwd_input(s.dup.view({M, F}), weight(MLP_UP_PROJ, {F, D}), dx, true);
 }
 
 void MlpBlock::mixer_backward_weight(int slot, const float* xn) {

@@ -82,7 +82,7 @@ void MoeBlock::run(Step step, Saved& s) {
   switch (step) {
     case Step::ROUTE: {
       Tensor logits = scratch(M * E);
-      be_.linear_fwd(view(be_, s.xn, {M, D}), view(be_, w(MOE_ROUTER), {E, D}), logits.view({M, E}));
+      be_.linear_fwd(view(be_, s.xn, {M, D}), weight(MOE_ROUTER, {E, D}), logits.view({M, E}));
       s.probs = act(M * E), s.weights = act(M * K), s.dprobs = act(M * E);
       s.experts = Tensor(be_, backend::Shape{M, K}, backend::MemCategory::MEM_ACTIVATIONS, backend::DType::DTYPE_I32);
       be_.moe_route_fwd(logits.view({M, E}), s.probs.view({M, E}), s.experts.view(), s.weights.view({M, K}));
@@ -133,11 +133,11 @@ void MoeBlock::experts_forward(Saved& s) {
   float* y = s.dispatch->expert_output();
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     const auto xl = view(be_, x + o * D, {n, D});
-    be_.linear_fwd(xl, view(be_, expert(w(MOE_GATE), li, F, D), {F, D}), view(be_, s.gate.data() + o * F, {n, F}));
-    be_.linear_fwd(xl, view(be_, expert(w(MOE_UP), li, F, D), {F, D}), view(be_, s.up.data() + o * F, {n, F}));
+    be_.linear_fwd(xl, expert_weight(MOE_GATE, li, F, D), view(be_, s.gate.data() + o * F, {n, F}));
+    be_.linear_fwd(xl, expert_weight(MOE_UP, li, F, D), view(be_, s.up.data() + o * F, {n, F}));
     be_.swiglu_fwd(view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
                    view(be_, s.h.data() + o * F, {n * F}));
-    be_.linear_fwd(view(be_, s.h.data() + o * F, {n, F}), view(be_, expert(w(MOE_DOWN), li, D, F), {D, F}),
+    be_.linear_fwd(view(be_, s.h.data() + o * F, {n, F}), expert_weight(MOE_DOWN, li, D, F),
                    view(be_, y + o * D, {n, D}));
   });
 }
@@ -149,15 +149,15 @@ void MoeBlock::experts_backward(Saved& s) {
   float* dx = s.dispatch->expert_grad_input();
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     Tensor dh = scratch(n * F);
-    be_.linear_bwd_input(view(be_, dy + o * D, {n, D}), view(be_, expert(w(MOE_DOWN), li, D, F), {D, F}),
+    be_.linear_bwd_input(view(be_, dy + o * D, {n, D}), expert_weight(MOE_DOWN, li, D, F),
                          dh.view({n, F}), false);
     float* dg = s.dgate.data() + o * F;
     float* du = s.dup.data() + o * F;
     be_.swiglu_bwd(dh.view(), view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
                    view(be_, dg, {n * F}), view(be_, du, {n * F}));
     const auto dxl = view(be_, dx + o * D, {n, D});
-    be_.linear_bwd_input(view(be_, dg, {n, F}), view(be_, expert(w(MOE_GATE), li, F, D), {F, D}), dxl, false);
-    be_.linear_bwd_input(view(be_, du, {n, F}), view(be_, expert(w(MOE_UP), li, F, D), {F, D}), dxl, true);
+    be_.linear_bwd_input(view(be_, dg, {n, F}), expert_weight(MOE_GATE, li, F, D), dxl, false);
+    be_.linear_bwd_input(view(be_, du, {n, F}), expert_weight(MOE_UP, li, F, D), dxl, true);
   });
   s.gate = {}, s.up = {};
 }
@@ -171,7 +171,7 @@ void MoeBlock::router_backward(Saved& s) {
   be_.moe_route_bwd(s.dweights.view({M, K}), s.dprobs.view({M, E}), s.probs.view({M, E}), s.experts.view(),
                     s.weights.view({M, K}), s.dlogits.view({M, E}));
   if (tp_.rank == 0)
-    be_.linear_bwd_input(s.dlogits.view({M, E}), view(be_, w(MOE_ROUTER), {E, D}), view(be_, s.dxn, {M, D}), true);
+    be_.linear_bwd_input(s.dlogits.view({M, E}), weight(MOE_ROUTER, {E, D}), view(be_, s.dxn, {M, D}), true);
   s.dweights = {}, s.dprobs = {}, s.probs = {};
 }
 

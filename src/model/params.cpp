@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -135,15 +136,41 @@ const ParamRef& ParamStore::find(const std::string& name) const {
 float* ParamStore::values(int unit) {
   Slot& s = slot(unit);
   if (!sharding_.shards(unit, kParams)) return s.values.data();
-  if (!s.bound)
+  if (!s.bound.ptr)
     throw std::logic_error(graph_.units[static_cast<size_t>(unit)].name +
                            ": ZeRO-3 parameters used without being gathered first");
-  return s.bound;
+  if (s.bound.dtype != backend::DType::DTYPE_F32)
+    throw std::logic_error(graph_.units[static_cast<size_t>(unit)].name +
+                           ": ZeRO-3 gathered its parameters in " + backend::dtype_name(s.bound.dtype) +
+                           "; ask value() or compute_view() for them, not the f32 values");
+  return static_cast<float*>(const_cast<void*>(s.bound.ptr));
 }
 
-float* ParamStore::value(int unit, size_t i) {
-  float* bound = slot(unit).bound;
-  return (bound ? bound : values(unit)) + params(unit)[i].offset;
+const float* ParamStore::value(int unit, size_t i) {
+  Slot& s = slot(unit);
+  const ParamRef& r = params(unit)[i];
+  if (!s.bound.ptr || s.bound.dtype == backend::DType::DTYPE_F32) {
+    const float* full = s.bound.ptr ? static_cast<const float*>(s.bound.ptr) : values(unit);
+    return full + r.offset;
+  }
+  auto it = s.widened.find(i);
+  if (it == s.widened.end())
+    it = s.widened.emplace(i, backend::converted(compute_view(unit, i, 0, {r.numel}), backend::DType::DTYPE_F32,
+                                                 MemCategory::MEM_PARAMS))
+             .first;
+  return it->second.data();
+}
+
+backend::ConstTensorView ParamStore::compute_view(int unit, size_t i, int64_t offset, backend::Shape shape) {
+  Slot& s = slot(unit);
+  const ParamRef& r = params(unit)[i];
+  if (offset < 0 || offset + shape.numel() > r.numel)
+    throw std::logic_error(r.spec->name + ": elements [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + shape.numel()) + ") asked of a parameter of " +
+                           std::to_string(r.numel) + " on this rank");
+  if (!s.bound.ptr) return backend::view(be_, values(unit) + r.offset + offset, shape);
+  const auto* base = static_cast<const unsigned char*>(s.bound.ptr);
+  return {&be_, s.bound.dtype, shape, base + (r.offset + offset) * static_cast<int64_t>(backend::dtype_size(s.bound.dtype))};
 }
 
 float* ParamStore::shard_values(int unit) {
@@ -159,8 +186,21 @@ float* ParamStore::shard_values(int unit, const ir::FlatPart& p) {
                                          : s.values.data() + p.full_offset + p.zero.offset;
 }
 
-void ParamStore::bind_compute_values(int unit, float* full) { slot(unit).bound = full; }
-void ParamStore::unbind_compute_values(int unit) { slot(unit).bound = nullptr; }
+void ParamStore::bind_compute_values(int unit, backend::ConstTensorView full) {
+  Slot& s = slot(unit);
+  if (full.numel() != s.padded || full.dtype == backend::DType::DTYPE_I32)
+    throw std::logic_error(graph_.units[static_cast<size_t>(unit)].name + ": values of shape " + full.shape.str() +
+                           " " + backend::dtype_name(full.dtype) + " bound for compute, expected [" +
+                           std::to_string(s.padded) + "] f32 or bf16");
+  s.widened.clear();
+  s.bound = full;
+}
+
+void ParamStore::unbind_compute_values(int unit) {
+  Slot& s = slot(unit);
+  s.widened.clear();
+  s.bound = {};
+}
 
 float* ParamStore::grads(int unit) {
   Slot& s = slot(unit);

@@ -67,18 +67,23 @@ class ParamStore {
   const std::vector<ir::FlatPart>& parts(int unit) const { return slot(unit).parts; }
 
   // Full parameter values [padded_numel]: the master weights. With ZeRO-3 only while
-  // gathered values are bound for compute (bind_compute_values); throws otherwise.
+  // gathered f32 values are bound for compute (bind_compute_values); throws otherwise.
   float* values(int unit);
-  // Parameter i (spec order) of a unit as the unit computes with it: in the values bound for
-  // compute where some are, else in values(unit).
-  float* value(int unit, size_t i);
+  // Parameter i (spec order) of a unit as the unit computes with it, in f32: in the values bound
+  // for compute where some are (bf16 ones widened into a copy of this parameter alone, kept until
+  // unbind_compute_values), else in values(unit).
+  const float* value(int unit, size_t i);
+  // Elements [offset, offset + shape.numel()) of parameter i seen as `shape`, in the storage type
+  // the products and the embedding's lookup read it in: the bound values' (bf16 under
+  // train.precision bf16), else f32 in values(unit).
+  backend::ConstTensorView compute_view(int unit, size_t i, int64_t offset, backend::Shape shape);
   // ZeRO-3: this rank's shards of the values [shard_len], part after part.
   float* shard_values(int unit);
   // This rank's shard of part `p`'s values [p.zero.len] (in the full buffer below ZeRO-3).
   float* shard_values(int unit, const ir::FlatPart& p);
-  // Lends the full values [padded_numel] a unit computes with for a while (not owned): ZeRO-3's
-  // gathered ones, or the values rounded to bf16 under train.precision bf16 (the executor's).
-  void bind_compute_values(int unit, float* full);
+  // Lends the full values [padded_numel], f32 or bf16, a unit computes with for a while (not
+  // owned): ZeRO-3's gathered ones, or the executor's compute copy under train.precision bf16.
+  void bind_compute_values(int unit, backend::ConstTensorView full);
   void unbind_compute_values(int unit);
 
   // Full gradients [padded_numel], accumulated by backward. With ZeRO >= 2
@@ -109,7 +114,8 @@ class ParamStore {
     backend::Tensor values, grads;   // full (padded), when this rank keeps them
     backend::Tensor shard_values_t;  // ZeRO-3: the persistent shard
     backend::Tensor shard_grads_t;   // ZeRO >= 2: the persistent shard
-    float* bound = nullptr;          // the values lent for compute (bind_compute_values)
+    backend::ConstTensorView bound;  // the values lent for compute (bind_compute_values); null ptr: none
+    std::map<size_t, backend::Tensor> widened;  // value(): parameters of bf16 bound values, in f32
   };
   Slot& slot(int unit);
   const Slot& slot(int unit) const;

@@ -165,7 +165,13 @@ class Unit {
   void narrow(int slot) { convert_kept(slot, kept_dtype_); }
   backend::DType activation_storage() const { return kept_dtype_; }
 
-  float* w(size_t i) { return params_.value(spec_.index, i); }
+  // Parameter i in f32, as the norms, the conv, the scan and the step sizes read it (ParamStore::value).
+  const float* w(size_t i) { return params_.value(spec_.index, i); }
+  // Parameter i as the products and the embedding's lookup read it (ParamStore::compute_view: bf16 under
+  // train.precision bf16), elements from `offset` seen as `shape`.
+  backend::ConstTensorView weight(size_t i, backend::Shape shape, int64_t offset = 0) {
+    return params_.compute_view(spec_.index, i, offset, shape);
+  }
   float* g(size_t i) { return params_.grad(spec_.index, i); }
   Tensor act(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_ACTIVATIONS); }
   Tensor scratch(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_BUFFERS); }

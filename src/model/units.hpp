@@ -137,8 +137,12 @@ class MoeBlock final : public Block {
   void router_backward(Saved& s);
   template <class Fn>
   void for_each_expert(const Saved& s, Fn&& fn) const;
-  // Local expert l's matrix of a stacked [L, rows, cols] parameter (values or gradients).
+  // Local expert l's matrix of a stacked [L, rows, cols] parameter: its gradient, and its values as the
+  // products read them (Unit::weight).
   float* expert(float* stacked, int64_t l, int64_t rows, int64_t cols) const { return stacked + l * rows * cols; }
+  backend::ConstTensorView expert_weight(size_t i, int64_t l, int64_t rows, int64_t cols) {
+    return weight(i, {rows, cols}, l * rows * cols);
+  }
 
   std::vector<std::vector<Step>> forward_steps_, backward_steps_;  // by segment
   std::vector<Move> forward_moves_, backward_moves_;                // by point

@@ -101,18 +101,12 @@ void Executor::run(size_t i) {
     if (uses_left_.count(w)) gathers.push_back(w);
   const bool unit_pass = in.kind == NodeKind::FWD || in.kind == NodeKind::BWD || in.kind == NodeKind::BWD_I ||
                          in.kind == NodeKind::BWD_W || in.kind == NodeKind::RECOMP;
-  Tensor lent;  // the values the unit computes with, where they are not the gathered or its own f32 ones
-  float* bound = nullptr;
-  for (int w : gathers) {
-    Tensor& full = held_[static_cast<size_t>(player_.comm_index(w))].front();
-    lent = compute_values(full.view());
-    bound = lent.empty() ? full.data() : lent.data();
-  }
-  if (gathers.empty() && unit_pass) {
-    lent = compute_values(backend::view(model_.backend(), ps.values(in.unit), {ps.padded_numel(in.unit)}));
-    bound = lent.empty() ? nullptr : lent.data();
-  }
-  if (bound) ps.bind_compute_values(in.unit, bound);
+  // The values the unit computes with, where they are not its own f32 ones: ZeRO-3's gathered values
+  // (in the storage type), or its compute copy.
+  backend::ConstTensorView bound;
+  for (int w : gathers) bound = held_[static_cast<size_t>(player_.comm_index(w))].front().view();
+  if (gathers.empty() && unit_pass) bound = compute_copy(in.unit);
+  if (bound.ptr) ps.bind_compute_values(in.unit, bound);
   const auto t0 = std::chrono::steady_clock::now();
   switch (in.kind) {
     case NodeKind::FWD:
@@ -137,7 +131,7 @@ void Executor::run(size_t i) {
   const auto t1 = std::chrono::steady_clock::now();
   stats_->compute_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
   if (step_trace_) step_trace_->add(in.node, step_, t0, t1);
-  if (bound) ps.unbind_compute_values(in.unit);
+  if (bound.ptr) ps.unbind_compute_values(in.unit);
   for (int w : gathers)
     if (--uses_left_[w] == 0) held_[static_cast<size_t>(player_.comm_index(w))].clear();
   if (step_trace_) poll_traced();
@@ -214,6 +208,7 @@ void Executor::finish_norm() {
 
 void Executor::update(int unit) {
   if (!norm_ready_) finish_norm();
+  compute_copies_.erase(unit);
   optimizer_.update(unit);
 }
 
@@ -301,16 +296,20 @@ void Executor::issue(size_t k) {
   }
 }
 
-// The values a unit computes with, from its full values or ZeRO-3's gathered ones (v): under bf16 v rounded
-// to bf16 and widened (Megatron's bf16 parameters; the f32 values stay the master weights), so that every
-// strategy computes with the same values; empty where v itself is what the unit computes with (f32 under
-// fp32 and tf32).
-Tensor Executor::compute_values(backend::ConstTensorView v) {
+// Under a storage type narrower than f32 (bf16: Megatron's bf16 parameters beside the f32 master weights),
+// unit u's values rounded to it: made at the unit's first pass after an update and kept for every pass
+// until its next update (Executor::update), as ZeRO-3 gathers them rounded, so every strategy computes
+// with the same values. A null view where the unit computes with its own f32 values.
+backend::ConstTensorView Executor::compute_copy(int u) {
   const backend::DType t = model_.storage_dtype();
   if (t == backend::DType::DTYPE_F32) return {};
-  if (v.dtype == t) return backend::converted(v, backend::DType::DTYPE_F32, MemCategory::MEM_PARAMS);  // gathered so
-  const Tensor rounded = backend::converted(v, t, MemCategory::MEM_BUFFERS);
-  return backend::converted(rounded.view(), backend::DType::DTYPE_F32, MemCategory::MEM_PARAMS);
+  auto it = compute_copies_.find(u);
+  if (it == compute_copies_.end()) {
+    model::ParamStore& ps = model_.params();
+    const auto master = backend::view(model_.backend(), ps.values(u), {ps.padded_numel(u)});
+    it = compute_copies_.emplace(u, backend::converted(master, t, MemCategory::MEM_PARAMS)).first;
+  }
+  return it->second.view();
 }
 
 // ZeRO-3: unit u's parameters gathered into held.front() in the type the units compute with
@@ -386,6 +385,7 @@ StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>&
   held_.clear();
   held_.resize(program_.comm.size());
   uses_left_.clear();
+  compute_copies_.clear();
   step_trace_ = recorder_ && recorder_->traces(step) ? recorder_ : nullptr;
   if (step_trace_) {
     issued_at_.assign(program_.comm.size(), TraceClock::time_point{});
@@ -402,6 +402,7 @@ StepStats Executor::run_step(int64_t step, const std::vector<model::MicroBatch>&
     throw std::logic_error("rank " + std::to_string(program_.rank) + ": the program stopped before its end");
   stats_ = nullptr;
   mbs_ = nullptr;
+  compute_copies_.clear();  // a forward-only program updates nothing; what comes next may change the values
   if (!acts_.empty() || !grads_.empty())
     throw std::logic_error("rank " + std::to_string(program_.rank) + ": " +
                            std::to_string(acts_.size() + grads_.size()) +

@@ -82,7 +82,7 @@ class Executor : private ir::PlayHost {
 
   void gather_for_compute(int u, comm::Communicator& dense, std::vector<comm::Request>& reqs,
                           std::vector<backend::Tensor>& held);
-  backend::Tensor compute_values(backend::ConstTensorView v);
+  backend::ConstTensorView compute_copy(int u);
   comm::Communicator& part_group(const ir::FlatPart& p, comm::Communicator& dense) const;
   void poll_traced();
   void trace_comm_end(size_t k);
@@ -112,6 +112,7 @@ class Executor : private ir::PlayHost {
   std::vector<std::vector<comm::Request>> inflight_;  // per communication instruction
   std::vector<std::vector<backend::Tensor>> held_;    // buffers a request reads or writes (sends, gathers)
   std::map<int, int> uses_left_;                      // ZeRO-3 gather node -> compute uses left this step
+  std::map<int, backend::Tensor> compute_copies_;     // unit -> its values in the storage type (compute_copy)
 
   // Tracing: the recorder (null when off), the one of this step (null when
   // the step is not traced), issue times and whether an end was recorded.

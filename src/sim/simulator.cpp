@@ -73,6 +73,7 @@ struct RankState {
   double cursor = 0;      // the rank's clock: end of its last compute, or time inside a wait
   std::map<int, int> uses_left;  // ZeRO-3 gather node -> compute uses left
   std::vector<char> grads_alive;  // per unit: ZeRO >= 2 full gradients allocated
+  std::vector<char> copy_alive;   // per unit: its compute copy held (a storage narrower than f32)
   std::map<std::pair<int, int>, int> alive;  // (stage, mb) -> units holding saved state
   int alive_now = 0, alive_peak = 0;
   std::vector<MemDelta> mem;
@@ -139,7 +140,10 @@ class Sim {
     const std::vector<int> left = play_.play(hosts);
     if (!left.empty())
       throw std::logic_error("the simulated programs cannot complete: " + play_.stuck(left.front(), plan_.graph, names_));
-    for (RankState& st : ranks_) st.res.finish_ms = st.cursor;  // nothing moves a clock after its rank's end
+    for (RankState& st : ranks_) {
+      st.res.finish_ms = st.cursor;  // nothing moves a clock after its rank's end
+      for (size_t u = 0; u < st.copy_alive.size(); ++u) drop_copy(st, static_cast<int>(u), st.cursor);
+    }
     return finish();
   }
 
@@ -181,6 +185,7 @@ class Sim {
         if (k >= 0 && zero3_gather(comm[static_cast<size_t>(k)])) ++st.uses_left[w];
       }
     st.grads_alive.assign(sizes_.size(), 0);
+    st.copy_alive.assign(sizes_.size(), 0);
     // State held between steps, as the parameter store and the optimiser allocate it.
     std::vector<char> held(sizes_.size(), 0);
     for (const Instr& in : st.prog->compute)
@@ -386,7 +391,8 @@ class Sim {
     if (stretch_) dur *= (*stretch_)[static_cast<size_t>(r)][i];
     if (!std::isfinite(start + dur)) overflow(r, in.node, "", start, dur);
     const double end = start + dur;
-    if (in.kind != NodeKind::UPD && in.kind != NodeKind::NORM) lend_values(st, in, start, end);
+    if (in.kind != NodeKind::UPD && in.kind != NodeKind::NORM) hold_copy(st, in, start);
+    if (in.kind == NodeKind::UPD) drop_copy(st, in.unit, start);
     st.res.compute_ms += dur;
     st.busy.push_back({start, end});
     if (opts_.timeline) {
@@ -430,20 +436,24 @@ class Sim {
             std::max(0.0, oc.transient.at(rows))};
   }
 
-  // Under a storage narrower than f32 the executor lends each unit pass (each segment) the unit's
-  // values rounded to it and widened back (Executor::compute_values): f32 for the pass, rounded first
-  // from the unit's own f32 values unless ZeRO-3 gathered them rounded.
-  void lend_values(RankState& st, const Instr& in, double start, double end) {
+  // Under a storage narrower than f32 the executor keeps a unit's values rounded to it, its compute
+  // copy, from the unit's first pass after an update until that update (Executor::compute_copy), unless
+  // ZeRO-3 gathered them rounded for the pass; what it widens of them for the f32 readers (norm weights,
+  // the conv, the scan's scalars: a unit's small parameters) is not counted.
+  void hold_copy(RankState& st, const Instr& in, double start) {
     if (elem_bytes_ >= 4.0) return;
-    const double n = static_cast<double>(sizes_[static_cast<size_t>(in.unit)].padded);
     const bool gathered =
         std::any_of(in.waits.begin(), in.waits.end(), [&](int w) { return st.uses_left.count(w) > 0; });
-    if (!gathered) {
-      add_mem(st, start, Mem::MEM_BUFFERS, elem_bytes_ * n);
-      add_mem(st, start, Mem::MEM_BUFFERS, -elem_bytes_ * n);
-    }
-    add_mem(st, start, Mem::MEM_PARAMS, 4.0 * n);
-    add_mem(st, end, Mem::MEM_PARAMS, -4.0 * n);
+    char& alive = st.copy_alive[static_cast<size_t>(in.unit)];
+    if (gathered || alive) return;
+    alive = 1;
+    add_mem(st, start, Mem::MEM_PARAMS, elem_bytes_ * static_cast<double>(sizes_[static_cast<size_t>(in.unit)].padded));
+  }
+  void drop_copy(RankState& st, int u, double t) {
+    char& alive = st.copy_alive[static_cast<size_t>(u)];
+    if (!alive) return;
+    alive = 0;
+    add_mem(st, t, Mem::MEM_PARAMS, -elem_bytes_ * static_cast<double>(sizes_[static_cast<size_t>(u)].padded));
   }
 
   // RECOMP: what the forward dropped allocated again, a pass's scratch and the scratch output meanwhile.

@@ -63,13 +63,19 @@ const float* f32(const ConstTensorView& v) { return static_cast<const float*>(v.
 int32_t* i32(const TensorView& v) { return static_cast<int32_t*>(v.ptr); }
 const int32_t* i32(const ConstTensorView& v) { return static_cast<const int32_t*>(v.ptr); }
 
-// Calls f.template operator()<T>() with T the op's storage type (float or bf16).
+// Calls f.template operator()<T>() with T the C++ type of t (float or bf16).
 template <class F>
-void by_storage(const Check& c, F&& f) {
-  if (c.storage() == DType::DTYPE_BF16)
+void by_type(DType t, F&& f) {
+  if (t == DType::DTYPE_BF16)
     f.template operator()<bf16>();
   else
     f.template operator()<float>();
+}
+
+// f instantiated for the op's storage type.
+template <class F>
+void by_storage(const Check& c, F&& f) {
+  by_type(c.storage(), std::forward<F>(f));
 }
 
 cudaDataType_t cuda_type(DType t) { return t == DType::DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
@@ -245,25 +251,25 @@ class CudaBackend final : public Backend {
     const auto d = ct::linear_fwd(c, x, w, y);
     // row-major y[M,N] = x[M,K] w[N,K]^T is column-major y^T[N,M] = w^T x^T
     Tensor xb, wb;
-    const DType in = product_inputs(c.storage(), {{&x, &xb}, {&w, &wb}});
+    const DType in = product_inputs({{&x, &xb}, {&w, &wb}});
     gemm("linear_fwd", CUBLAS_OP_T, CUBLAS_OP_N, d.N, d.M, d.K, w.ptr, d.K, x.ptr, d.K, 0.0f, y.ptr, d.N, in,
-         c.storage());
+         y.dtype);
   }
   void linear_bwd_input(V dy, V w, O dx, bool accumulate) override {
     Check c("linear_bwd_input", this);
     const auto d = ct::linear_bwd_input(c, dy, w, dx);
     // dx[M,K] = dy[M,N] w[N,K]: column-major dx^T[K,M] = w^T[K,N] dy^T[N,M]
     Tensor dyb, wb;
-    const DType in = product_inputs(c.storage(), {{&dy, &dyb}, {&w, &wb}});
+    const DType in = product_inputs({{&dy, &dyb}, {&w, &wb}});
     gemm("linear_bwd_input", CUBLAS_OP_N, CUBLAS_OP_N, d.K, d.M, d.N, w.ptr, d.K, dy.ptr, d.N,
-         accumulate ? 1.0f : 0.0f, dx.ptr, d.K, in, c.storage());
+         accumulate ? 1.0f : 0.0f, dx.ptr, d.K, in, dx.dtype);
   }
   void linear_bwd_weight(V dy, V x, O dw) override {
     Check c("linear_bwd_weight", this);
     const auto d = ct::linear_bwd_weight(c, dy, x, dw);
     // dw[N,K] += dy[M,N]^T x[M,K]: column-major dw^T[K,N] += x^T[K,M] dy[M,N]; dw is f32
     Tensor dyb, xb;
-    const DType in = product_inputs(c.storage(), {{&dy, &dyb}, {&x, &xb}});
+    const DType in = product_inputs({{&dy, &dyb}, {&x, &xb}});
     gemm("linear_bwd_weight", CUBLAS_OP_N, CUBLAS_OP_T, d.K, d.N, d.M, x.ptr, d.K, dy.ptr, d.N, 1.0f, dw.ptr,
          d.K, in, DType::DTYPE_F32);
   }
@@ -500,8 +506,11 @@ class CudaBackend final : public Backend {
   void embedding_fwd(V ids, V table, O out, int64_t vocab_offset) override {
     Check c("embedding_fwd", this);
     const auto [M, Vn, D] = ct::embedding_fwd(c, ids, table, out);
-    by_storage(c, [&]<class T>() {
-      kc::embedding_fwd(i32(ids), ptr<T>(table), ptr<T>(out), M, D, Vn, vocab_offset, current());
+    // The table in its own type (the unit's compute copy), the rows out in the storage type.
+    by_type(table.dtype, [&]<class Tt>() {
+      by_storage(c, [&]<class T>() {
+        kc::embedding_fwd(i32(ids), ptr<Tt>(table), ptr<T>(out), M, D, Vn, vocab_offset, current());
+      });
     });
   }
   void embedding_bwd(V ids, V dout, O dtable, int64_t vocab_offset) override {
@@ -563,17 +572,24 @@ class CudaBackend final : public Backend {
     return *host_scalar_;
   }
 
-  // The storage type a product's inputs enter cuBLAS in: bf16 copies of f32 inputs for bf16 products (each
-  // view repointed to its copy, which `scratch` holds until the op returns), else the storage as it is.
-  DType product_inputs(DType storage, std::initializer_list<std::pair<ConstTensorView*, Tensor*>> inputs) {
-    if (storage != DType::DTYPE_F32 || matmul_ != MatmulPrecision::MATMUL_BF16) return storage;
+  // The one storage type a product's inputs enter cuBLAS in: bf16 for bf16 products or where every input is
+  // bf16, else f32 (a bf16 weight beside f32 activations is widened, exactly). An input of the other type
+  // is converted (its view repointed to the copy, which `scratch` holds until the op returns).
+  DType product_inputs(std::initializer_list<std::pair<ConstTensorView*, Tensor*>> inputs) {
+    bool all_bf16 = true;
+    for (const auto& [v, scratch] : inputs) all_bf16 = all_bf16 && v->dtype == DType::DTYPE_BF16;
+    const DType in = all_bf16 || matmul_ == MatmulPrecision::MATMUL_BF16 ? DType::DTYPE_BF16 : DType::DTYPE_F32;
     for (const auto& [v, scratch] : inputs) {
-      *scratch = Tensor(*this, v->shape, MemCategory::MEM_BUFFERS, DType::DTYPE_BF16);
-      kc::convert(static_cast<const float*>(v->ptr), static_cast<bf16*>(scratch->view().ptr), v->numel(), current());
+      if (v->dtype == in) continue;
+      *scratch = Tensor(*this, v->shape, MemCategory::MEM_BUFFERS, in);
+      if (in == DType::DTYPE_BF16)
+        kc::convert(static_cast<const float*>(v->ptr), static_cast<bf16*>(scratch->view().ptr), v->numel(), current());
+      else
+        kc::convert(static_cast<const bf16*>(v->ptr), static_cast<float*>(scratch->view().ptr), v->numel(), current());
       v->ptr = scratch->view().ptr;
-      v->dtype = DType::DTYPE_BF16;
+      v->dtype = in;
     }
-    return DType::DTYPE_BF16;
+    return in;
   }
 
   // f32 accumulation; f32 inputs rounded to TF32 when asked (bf16 inputs are bf16 either way).

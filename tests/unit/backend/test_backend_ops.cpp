@@ -34,15 +34,18 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Host data moved to and from one backend. Data tensors (activations, their gradients and the
 // parameters an op reads) go in the case's storage type, f32 or bf16 (the double values rounded
-// to it); the tensors the op contract keeps in f32 (statistics, router tensors, parameter
-// gradients, optimiser state: contract::Kind) go through put_f32. The reference keeps the double
-// values, exact in f32; in bf16 the rounding of inputs and outputs is part of the error.
+// to it); a product's weight and the embedding's table in the case's weight type (put_weight: bf16
+// beside f32 activations is how train.precision bf16 computes); the tensors the op contract keeps
+// in f32 (statistics, router tensors, parameter gradients, optimiser state: contract::Kind) go
+// through put_f32. The reference keeps the double values, exact in f32; in bf16 the rounding of
+// inputs and outputs is part of the error.
 class Device {
  public:
-  Device(Backend& be, DType data) : be_(be), data_(data) {}
+  Device(Backend& be, DType data, DType weights) : be_(be), data_(data), weights_(weights) {}
   Backend& be() { return be_; }
   DType data() const { return data_; }
   Tensor put(const Vec& host, Shape s) { return put_as(host, s, data_); }
+  Tensor put_weight(const Vec& host, Shape s) { return put_as(host, s, weights_); }
   Tensor put_f32(const Vec& host, Shape s) { return put_as(host, s, DType::DTYPE_F32); }
   // Uninitialised data of the case's storage type.
   Tensor empty(Shape s) { return Tensor(be_, s, MemCategory::MEM_BUFFERS, data_); }
@@ -90,7 +93,7 @@ class Device {
     return t;
   }
   Backend& be_;
-  DType data_;
+  DType data_, weights_;
 };
 
 // Values rounded to float, so a reference computed from them sees what a backend is given.
@@ -120,7 +123,7 @@ Errors linear_fwd(Device& d) {
   const Vec x = random_f(M * Kd, 1), w = random_f(N * Kd, 2);
   Vec y = filled(M * N, 0);
   k::linear_fwd<double>(x.data(), w.data(), y.data(), M, Kd, N);
-  Tensor tx = d.put(x, {M, Kd}), tw = d.put(w, {N, Kd}), ty = d.put(filled(M * N, kNaN), {M, N});
+  Tensor tx = d.put(x, {M, Kd}), tw = d.put_weight(w, {N, Kd}), ty = d.put(filled(M * N, kNaN), {M, N});
   d.be().linear_fwd(tx.view(), tw.view(), ty.view());
   return {{"y", normwise_err(d.get(ty), y)}};
 }
@@ -130,7 +133,7 @@ Errors linear_bwd_input(Device& d) {
   Vec dx = filled(M * Kd, 0), dxa = dx0;
   k::linear_bwd_input<double>(dy.data(), w.data(), dx.data(), M, Kd, N, false);
   k::linear_bwd_input<double>(dy.data(), w.data(), dxa.data(), M, Kd, N, true);
-  Tensor tdy = d.put(dy, {M, N}), tw = d.put(w, {N, Kd});
+  Tensor tdy = d.put(dy, {M, N}), tw = d.put_weight(w, {N, Kd});
   Tensor tdx = d.put(filled(M * Kd, kNaN), {M, Kd}), tdxa = d.put(dx0, {M, Kd});
   d.be().linear_bwd_input(tdy.view(), tw.view(), tdx.view(), false);
   d.be().linear_bwd_input(tdy.view(), tw.view(), tdxa.view(), true);
@@ -410,7 +413,7 @@ Errors embedding(Device& d, bool backward) {
       const Vec table = random_f(rows * Kd, 67);
       Vec out = filled(M * Kd, 0);
       k::embedding_fwd<double>(ids.data(), table.data(), out.data(), M, Kd, rows, offset);
-      Tensor tt = d.put(table, {rows, Kd}), to = d.put(filled(M * Kd, kNaN), {M, Kd});
+      Tensor tt = d.put_weight(table, {rows, Kd}), to = d.put(filled(M * Kd, kNaN), {M, Kd});
       d.be().embedding_fwd(tids.view(), tt.view(), to.view(), offset);
       e.emplace_back("out" + which, normwise_err(d.get(to), out));
     }
@@ -688,6 +691,10 @@ constexpr double kTf32Products = 5e-3;
 bool is_product(Op op) {
   return op == Op::OP_linear_fwd || op == Op::OP_linear_bwd_input || op == Op::OP_linear_bwd_weight;
 }
+// The ops that read a weight (put_weight): rounded to bf16 beside f32 activations, their bf16 tolerance.
+bool reads_weight(Op op) {
+  return op == Op::OP_linear_fwd || op == Op::OP_linear_bwd_input || op == Op::OP_embedding_fwd;
+}
 
 std::map<Op, Case> cases() {
   using std::placeholders::_1;
@@ -736,12 +743,14 @@ std::map<Op, Case> cases() {
   };
 }
 
-// A run of the op runner: the backend, the storage type and the precision of the products, by name:
-// "cpu", "cpu_detached", "cuda" (f32); "cpu_bf16", "cuda_bf16" (bf16 storage); "cuda_tf32" (TF32 products);
-// "cpu_bf16mm", "cuda_bf16mm" (f32 storage, bf16 products: train.precision bf16). A GPU backend this
-// machine lacks skips its cases, saying why (ctest counts them as not run: docs/testing.md).
+// A run of the op runner: the backend, the storage type, the weights' type and the precision of the
+// products, by name: "cpu", "cpu_detached", "cuda" (f32); "cpu_bf16", "cuda_bf16" (bf16 storage and
+// weights); "cuda_tf32" (TF32 products); "cpu_bf16mm", "cuda_bf16mm" (f32 storage, bf16 weights, bf16
+// products: train.precision bf16); "cpu_bf16w", "cuda_bf16w" (f32 storage and products, bf16 weights,
+// widened). A GPU backend this machine lacks skips its cases, saying why (ctest counts them as not run:
+// docs/testing.md).
 struct RunMode {
-  DType storage;
+  DType storage, weights;
   MatmulPrecision products;
   const char* label;
 };
@@ -750,10 +759,12 @@ RunMode run_named(const std::string& which) {
     const std::string t = tail;
     return which.size() > t.size() && which.compare(which.size() - t.size(), t.size(), t) == 0;
   };
-  if (ends("_bf16")) return {DType::DTYPE_BF16, MatmulPrecision::MATMUL_FP32, "bf16"};
-  if (ends("_tf32")) return {DType::DTYPE_F32, MatmulPrecision::MATMUL_TF32, "tf32"};
-  if (ends("_bf16mm")) return {DType::DTYPE_F32, MatmulPrecision::MATMUL_BF16, "bfmm"};
-  return {DType::DTYPE_F32, MatmulPrecision::MATMUL_FP32, "f32"};
+  constexpr DType f32 = DType::DTYPE_F32, bf16 = DType::DTYPE_BF16;
+  if (ends("_bf16")) return {bf16, bf16, MatmulPrecision::MATMUL_FP32, "bf16"};
+  if (ends("_tf32")) return {f32, f32, MatmulPrecision::MATMUL_TF32, "tf32"};
+  if (ends("_bf16mm")) return {f32, bf16, MatmulPrecision::MATMUL_BF16, "bfmm"};
+  if (ends("_bf16w")) return {f32, bf16, MatmulPrecision::MATMUL_FP32, "bf16w"};
+  return {f32, f32, MatmulPrecision::MATMUL_FP32, "f32"};
 }
 
 class OnBackend : public ::testing::TestWithParam<std::string> {};
@@ -775,7 +786,7 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
     Backend* be;
     ~Restore() { be->set_matmul_precision(MatmulPrecision::MATMUL_FP32); }
   } restore{be};
-  Device dev(*be, storage);
+  Device dev(*be, storage, mode.weights);
   for (int i = 0; i < kOpCount; ++i) {
     const Op op = static_cast<Op>(i);
     const auto it = table.find(op);
@@ -783,15 +794,17 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
       ADD_FAILURE() << "op " << op_name(op) << " of the backend op table has no case in the op runner";
       continue;
     }
-    // bf16 products round their inputs as bf16 storage does: the products' bf16 tolerance.
+    // bf16 products round their inputs as bf16 storage does, and a bf16 weight is rounded so: the op's
+    // bf16 tolerance; TF32 products round less.
     const bool rounded = is_product(op) && mode.products != MatmulPrecision::MATMUL_FP32;
-    const double tol = storage == DType::DTYPE_BF16                                     ? it->second.tol_bf16
+    const bool bf16_weight = reads_weight(op) && mode.weights == DType::DTYPE_BF16;
+    const double tol = storage == DType::DTYPE_BF16 || bf16_weight                    ? it->second.tol_bf16
                        : rounded && mode.products == MatmulPrecision::MATMUL_TF32 ? kTf32Products
                        : rounded                                                  ? it->second.tol_bf16
                                                                                   : it->second.tol;
     for (const auto& [out, err] : it->second.run(dev)) {
       const bool ok = err <= tol;  // false for NaN: an output left unwritten
-      std::printf("[ %-4s ] %-4s %-4s %-18s %-28s max rel err %.3e (tol %.0e)\n", ok ? "ok" : "FAIL", be->name(),
+      std::printf("[ %-4s ] %-4s %-5s %-18s %-28s max rel err %.3e (tol %.0e)\n", ok ? "ok" : "FAIL", be->name(),
                   precision, op_name(op), out.c_str(), err, tol);
       EXPECT_TRUE(ok) << be->name() << " " << precision << " " << op_name(op) << " " << out
                       << ": error " << err << " above tolerance " << tol;
@@ -799,8 +812,9 @@ TEST_P(OnBackend, EveryOpMatchesTheDoubleReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OnBackend, ::testing::Values("cpu", "cpu_bf16", "cpu_bf16mm", "cpu_detached", "cuda", "cuda_bf16",
-                                                            "cuda_tf32", "cuda_bf16mm"),
+INSTANTIATE_TEST_SUITE_P(Backends, OnBackend,
+                         ::testing::Values("cpu", "cpu_bf16", "cpu_bf16mm", "cpu_bf16w", "cpu_detached", "cuda", "cuda_bf16",
+                                           "cuda_tf32", "cuda_bf16mm", "cuda_bf16w"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 // Every backend the process has is one the op runner names: the CPU first, then the CUDA
@@ -892,7 +906,7 @@ TEST(BackendOps, MisshapenTensorsAreRefusedWithTheOpAndTensorNamed) {
 // length that does not divide the rows and a pos that is not a permutation, naming the op.
 TEST(BackendOps, MoeIndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
   Backend& be = cpu();
-  Device d(be, DType::DTYPE_F32);
+  Device d(be, DType::DTYPE_F32, DType::DTYPE_F32);
   auto refused = [](const std::function<void()>& call, const std::string& want) {
     try {
       call();
@@ -934,7 +948,7 @@ TEST(BackendOps, MoeIndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
 // while it runs and is returned afterwards.
 TEST(BackendOps, SsdWorkspaceIsAccountedAndReturned) {
   Backend& be = cpu();
-  Device d(be, DType::DTYPE_F32);
+  Device d(be, DType::DTYPE_F32, DType::DTYPE_F32);
   const SsdData in;
   Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put_f32(in.A_log, {HM});
   Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put_f32(in.D, {HM});

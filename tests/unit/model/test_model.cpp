@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "bf16.hpp"
 #include "config/config.hpp"
 #include "ir/model_graph.hpp"
 #include "model/init.hpp"
@@ -222,6 +223,64 @@ TEST(ParamStore, HoldsOnlyItsUnits) {
   full.init(5);
   for (int u : {0, 3})
     for (int64_t i = 0; i < ps.unit_numel(u); ++i) ASSERT_EQ(ps.values(u)[i], full.values(u)[i]) << u << ":" << i;
+}
+
+// Values bound for compute in bf16 (the executor's compute copy, ZeRO-3's gather under bf16): the products
+// read a parameter where it lies in them, in bf16 (compute_view); value() widens that parameter alone to
+// f32, the master values rounded, until unbind; the f32 values of a ZeRO-3 unit are refused while its
+// gathered values are bf16, naming it, and so is a binding of the wrong size.
+TEST(ParamStore, Bf16ComputeValuesAreReadInPlaceAndWidenedOneParameterAtATime) {
+  const auto cfg = tiny_config("M*-M-");
+  const ir::ModelGraph graph = ir::make_model_graph(cfg);
+  backend::Backend& be = backend::cpu();
+  ParamStore ps(graph, {1}, be);
+  ps.init(7);
+  const int u = 1;
+  const auto master = backend::view(be, ps.values(u), {ps.padded_numel(u)});
+  const backend::Tensor copy = backend::converted(master, backend::DType::DTYPE_BF16, backend::MemCategory::MEM_PARAMS);
+  const auto params_bytes = [&] { return be.memory().current[static_cast<size_t>(backend::MemCategory::MEM_PARAMS)]; };
+  const int64_t before = params_bytes();
+  ps.bind_compute_values(u, copy.view());
+  const std::span<const ParamRef> refs = ps.params(u);
+  for (size_t i = 0; i < refs.size(); ++i) {
+    SCOPED_TRACE(refs[i].spec->name);
+    const backend::ConstTensorView v = ps.compute_view(u, i, 0, {refs[i].numel});
+    EXPECT_EQ(v.dtype, backend::DType::DTYPE_BF16);
+    EXPECT_EQ(v.ptr, static_cast<const uint16_t*>(copy.view().ptr) + refs[i].offset);
+    const float* wide = ps.value(u, i);
+    EXPECT_EQ(ps.value(u, i), wide) << "widened once while bound";
+    int64_t wrong = 0;
+    for (int64_t k = 0; k < refs[i].numel; ++k)
+      wrong += wide[k] != kernels::bf16_to_f32(kernels::f32_to_bf16(ps.values(u)[refs[i].offset + k]));
+    EXPECT_EQ(wrong, 0);
+  }
+  EXPECT_EQ(ps.compute_view(u, 1, 3, {2, 2}).ptr, static_cast<const uint16_t*>(copy.view().ptr) + refs[1].offset + 3);
+  EXPECT_THROW(ps.compute_view(u, 0, 1, {refs[0].numel}), std::logic_error);
+  EXPECT_GT(params_bytes(), before);
+  ps.unbind_compute_values(u);
+  EXPECT_EQ(params_bytes(), before) << "the widened parameters outlived the binding";
+  EXPECT_EQ(ps.value(u, 1), ps.values(u) + refs[1].offset);
+  EXPECT_EQ(ps.compute_view(u, 1, 0, {refs[1].numel}).dtype, backend::DType::DTYPE_F32);
+  backend::ConstTensorView short_by_one = copy.view();
+  short_by_one.shape = {ps.padded_numel(u) - 1};
+  try {
+    ps.bind_compute_values(u, short_by_one);
+    ADD_FAILURE() << "a binding one element short was taken";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find(graph.units[1].name), std::string::npos) << e.what();
+  }
+
+  Sharding zero3;
+  zero3.zero_of_unit.assign(graph.units.size(), 3);
+  ParamStore sharded(graph, {u}, be, zero3);
+  sharded.bind_compute_values(u, copy.view());
+  try {
+    sharded.values(u);
+    ADD_FAILURE() << "the f32 values of a unit gathered in bf16 were handed out";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  sharded.unbind_compute_values(u);
 }
 
 // ---- the whole model, forward and backward -----------------------------------------------
