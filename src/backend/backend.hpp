@@ -296,9 +296,6 @@ Backend& cpu_detached();
 // nullptr where there is none, and then `why` (when given) says why: a build without PIPER_CUDA,
 // no CUDA device or driver.
 Backend* cuda(std::string* why = nullptr);
-// The backend a `train.device` value names: "cpu", "cpu_detached" or "cuda"; throws
-// std::runtime_error saying why where there is none (an unknown name, no CUDA device).
-Backend& named(const std::string& device);
 // Every backend this process can compute on, the CPU first: what the op runner tests.
 std::vector<Backend*> registered_backends();
 

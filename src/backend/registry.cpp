@@ -14,17 +14,6 @@ Backend* cuda(std::string* why) {
 }
 #endif
 
-Backend& named(const std::string& device) {
-  if (device == "cpu") return cpu();
-  if (device == "cpu_detached") return cpu_detached();
-  if (device == "cuda") {
-    std::string why;
-    if (Backend* gpu = cuda(&why)) return *gpu;
-    throw std::runtime_error("device cuda: " + why + "; run on a machine with an NVIDIA GPU, or with device cpu");
-  }
-  throw std::runtime_error("device '" + device + "': not one of cpu, cuda, cpu_detached");
-}
-
 std::vector<Backend*> registered_backends() {
   std::vector<Backend*> all{&cpu()};
   if (Backend* gpu = cuda()) all.push_back(gpu);

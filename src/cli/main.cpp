@@ -290,7 +290,7 @@ CLI::App* add_generate(CLI::App& app, Commands& c) {
   generate->add_option("--seed", gen.seed, "Seed of the sampler (default 0)");
   generate->add_option("--device", gen.device, "Where to compute: cpu (default), cuda or cpu_detached, whatever the "
                                                "checkpoint was trained on")
-      ->check(CLI::IsMember({"cpu", "cuda", "cpu_detached"}));
+      ->check(CLI::IsMember(config::device_names()));
   return generate;
 }
 

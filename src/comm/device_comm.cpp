@@ -22,13 +22,6 @@ std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& de
 #endif
 }
 
-DeviceComm device_comm_named(const std::string& name) {
-  if (name == "auto") return DeviceComm::DEVICE_COMM_AUTO;
-  if (name == "nccl") return DeviceComm::DEVICE_COMM_NCCL;
-  if (name == "mpi") return DeviceComm::DEVICE_COMM_MPI;
-  throw std::invalid_argument("device communicator '" + name + "': not one of auto, nccl, mpi");
-}
-
 std::unique_ptr<Communicator> for_device(Communicator& host, backend::Backend& device, DeviceComm how) {
   if (device.host_addressable()) return nullptr;
   if (how != DeviceComm::DEVICE_COMM_MPI) {

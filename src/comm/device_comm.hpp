@@ -11,11 +11,9 @@
 
 namespace piper::comm {
 
-// `train.device_comm`: auto (NCCL where it can serve, else staging), nccl, or mpi (host staging).
+// How a device's tensors travel: auto (NCCL where it can serve, else staging), nccl, or mpi (host
+// staging). `train.device_comm` names them (config::DeviceComm; runtime::device_comm_of).
 enum class DeviceComm : uint8_t { DEVICE_COMM_AUTO, DEVICE_COMM_NCCL, DEVICE_COMM_MPI };
-
-// "auto", "nccl", "mpi"; std::invalid_argument for any other name.
-DeviceComm device_comm_named(const std::string& name);
 
 // The communicator over `host`'s ranks for float buffers on `device` (collective over `host`):
 // nullptr where `host` serves them as they are (a device the host addresses); NCCL for nccl, and

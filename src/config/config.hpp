@@ -67,10 +67,11 @@ struct TrainConfig {
   int64_t threads = 0;          // OpenMP threads per rank; 0 = leave OMP_NUM_THREADS / default
   // Where a rank's tensors live and its ops run (docs/backend.md): cpu | cuda (the rank's GPU) |
   // cpu_detached (the CPU backend with its memory out of the host's reach, a check of the runtime).
+  // Read by device_of.
   std::string device = "cpu";
   // How tensors on a device the host cannot address travel between ranks (docs/comm.md, "Device
   // buffers"): auto (NCCL where every rank has a GPU of its own, else mpi) | nccl | mpi (the MPI
-  // communicator through page-locked host staging; two ranks may share a GPU).
+  // communicator through page-locked host staging; two ranks may share a GPU). Read by device_comm_of.
   std::string device_comm = "auto";
   // The precision of the computation (docs/backend.md): fp32 | tf32 (TF32 product inputs where the device
   // has TF32 units; the CPU computes fp32) | bf16 (bf16 parameters, product inputs and stored activations;
@@ -300,6 +301,24 @@ std::string precision_names();
 bool stores_in_bf16(Precision p);
 // Bytes of an element of what p stores the units' tensors in: 2 where stores_in_bf16, else 4.
 int storage_bytes(Precision p);
+
+// train.device read: the one table of its names. The backend each names is the runtime's
+// (runtime::backend_of).
+enum class Device : uint8_t { DEVICE_CPU, DEVICE_CUDA, DEVICE_CPU_DETACHED };
+// The device `name` names ("cpu", "cuda", "cpu_detached"); nullopt for any other.
+std::optional<Device> device_named(const std::string& name);
+// train.device of cfg; throws ConfigError naming the key for a name that is none of them.
+Device device_of(const TrainConfig& train);
+// Every name, in the enum's order (a command line's choices), and d's.
+std::vector<std::string> device_names();
+const char* device_name(Device d);
+
+// train.device_comm read: the one table of its names. What each chooses is comm::for_device's.
+enum class DeviceComm : uint8_t { DEVICE_COMM_AUTO, DEVICE_COMM_NCCL, DEVICE_COMM_MPI };
+// The choice `name` names ("auto", "nccl", "mpi"); nullopt for any other.
+std::optional<DeviceComm> device_comm_named(const std::string& name);
+// train.device_comm of cfg; throws ConfigError naming the key for a name that is none of them.
+DeviceComm device_comm_of(const TrainConfig& train);
 
 // Checks the rules the config owns: values in their ranges and bounds, model
 // sizes against each other, the strategy's sizes against the world size and

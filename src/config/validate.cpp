@@ -455,24 +455,57 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
   if (p.order.empty()) ck.fail(ck.head("parallel.order") + ": empty; use e.g. tp-dp-pp");
 }
 
-// The names of train.precision, in the enum's order.
+// The names of a key's values, in its enum's order.
 constexpr const char* kPrecisionNames[] = {"fp32", "tf32", "bf16"};
+constexpr const char* kDeviceNames[] = {"cpu", "cuda", "cpu_detached"};
+constexpr const char* kDeviceCommNames[] = {"auto", "nccl", "mpi"};
 
-}  // namespace
-
-std::optional<Precision> precision_named(const std::string& name) {
-  for (size_t i = 0; i < std::size(kPrecisionNames); ++i)
-    if (name == kPrecisionNames[i]) return static_cast<Precision>(i);
+template <class E, size_t N>
+std::optional<E> enum_named(const char* const (&names)[N], const std::string& name) {
+  for (size_t i = 0; i < N; ++i)
+    if (name == names[i]) return static_cast<E>(i);
   return std::nullopt;
 }
 
-std::string precision_names() {
-  return std::string("'") + kPrecisionNames[0] + "', '" + kPrecisionNames[1] + "' or '" + kPrecisionNames[2] + "'";
+// "'a', 'b' or 'c'", for messages.
+template <size_t N>
+std::string listed(const char* const (&names)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) out += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + "'" + names[i] + "'";
+  return out;
 }
 
+// The value of `key` in its enum; throws ConfigError naming the key and its names.
+template <class E, size_t N>
+E enum_of(const char* const (&names)[N], const char* key, const std::string& value) {
+  if (auto e = enum_named<E>(names, value)) return *e;
+  throw ConfigError(std::string(key) + ": must be " + listed(names) + ", not '" + value + "'");
+}
+
+}  // namespace
+
+std::optional<Precision> precision_named(const std::string& name) { return enum_named<Precision>(kPrecisionNames, name); }
+
+std::string precision_names() { return listed(kPrecisionNames); }
+
 Precision precision_of(const TrainConfig& train) {
-  if (auto p = precision_named(train.precision)) return *p;
-  throw ConfigError("train.precision: must be " + precision_names() + ", not '" + train.precision + "'");
+  return enum_of<Precision>(kPrecisionNames, "train.precision", train.precision);
+}
+
+std::optional<Device> device_named(const std::string& name) { return enum_named<Device>(kDeviceNames, name); }
+
+Device device_of(const TrainConfig& train) { return enum_of<Device>(kDeviceNames, "train.device", train.device); }
+
+std::vector<std::string> device_names() { return {std::begin(kDeviceNames), std::end(kDeviceNames)}; }
+
+const char* device_name(Device d) { return kDeviceNames[static_cast<size_t>(d)]; }
+
+std::optional<DeviceComm> device_comm_named(const std::string& name) {
+  return enum_named<DeviceComm>(kDeviceCommNames, name);
+}
+
+DeviceComm device_comm_of(const TrainConfig& train) {
+  return enum_of<DeviceComm>(kDeviceCommNames, "train.device_comm", train.device_comm);
 }
 
 bool stores_in_bf16(Precision p) { return p == Precision::PRECISION_BF16; }
@@ -490,15 +523,17 @@ void validate(const Config& cfg, int world_size) {
   if (cfg.checkpoint.on_error != "stop" && cfg.checkpoint.on_error != "continue")
     ck.fail(ck.head("checkpoint.on_error") + ": must be 'stop' (end the job, exit 3) or 'continue' (warn and "
             "train on without that checkpoint), not '" + cfg.checkpoint.on_error + "'");
-  if (cfg.train.device != "cpu" && cfg.train.device != "cuda" && cfg.train.device != "cpu_detached")
-    ck.fail(ck.head("train.device") + ": must be 'cpu', 'cuda' (each rank's GPU) or 'cpu_detached' (the CPU "
-            "backend with its memory out of the host's reach, docs/backend.md), not '" + cfg.train.device + "'");
-  if (cfg.train.device_comm != "auto" && cfg.train.device_comm != "nccl" && cfg.train.device_comm != "mpi")
-    ck.fail(ck.head("train.device_comm") + ": must be 'auto', 'nccl' or 'mpi' (host staging; docs/comm.md), not '" +
-            cfg.train.device_comm + "'");
-  else if (cfg.train.device_comm == "nccl" && cfg.train.device != "cuda")
-    ck.fail(ck.head("train.device_comm") + ": 'nccl' moves GPU tensors and needs train.device: cuda, not '" +
-            cfg.train.device + "'; use 'auto'");
+  const std::optional<Device> device = device_named(cfg.train.device);
+  if (!device)
+    ck.fail(ck.head("train.device") + ": must be " + listed(kDeviceNames) + " (cuda: each rank's GPU; cpu_detached: "
+            "the CPU backend with its memory out of the host's reach, docs/backend.md), not '" + cfg.train.device + "'");
+  const std::optional<DeviceComm> device_comm = device_comm_named(cfg.train.device_comm);
+  if (!device_comm)
+    ck.fail(ck.head("train.device_comm") + ": must be " + listed(kDeviceCommNames) +
+            " (mpi: host staging; docs/comm.md), not '" + cfg.train.device_comm + "'");
+  else if (*device_comm == DeviceComm::DEVICE_COMM_NCCL && device != Device::DEVICE_CUDA)
+    ck.fail(ck.head("train.device_comm") + ": 'nccl' moves GPU tensors and needs train.device: " +
+            device_name(Device::DEVICE_CUDA) + ", not '" + cfg.train.device + "'; use 'auto'");
   if (!precision_named(cfg.train.precision))
     ck.fail(ck.head("train.precision") + ": must be " + precision_names() +
             " (the matrix products' inputs and the activations' storage; docs/backend.md), not '" +

@@ -2,6 +2,7 @@
 #include "runtime/generate.hpp"
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,8 +66,14 @@ Generated generate(const GenerateOptions& o, const MpiEnv& env) {
   } catch (const data::DataError& e) {
     throw UserError(e.what());
   }
+  const std::optional<config::Device> device = config::device_named(o.device);
+  if (!device) {
+    std::string names;
+    for (const std::string& n : config::device_names()) names += (names.empty() ? "" : ", ") + n;
+    throw UserError("--device " + o.device + ": not a device; use one of " + names);
+  }
   try {
-    (void)backend::named(o.device);
+    (void)backend_of(*device);
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("--device: ") + e.what());
   }

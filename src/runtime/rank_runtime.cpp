@@ -5,10 +5,37 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/device_comm.hpp"
 #include "ir/world_play.hpp"
 
 namespace piper::runtime {
+
+backend::Backend& backend_of(config::Device device) {
+  switch (device) {
+    case config::Device::DEVICE_CPU:
+      return backend::cpu();
+    case config::Device::DEVICE_CPU_DETACHED:
+      return backend::cpu_detached();
+    case config::Device::DEVICE_CUDA:
+      break;
+  }
+  std::string why;
+  if (backend::Backend* gpu = backend::cuda(&why)) return *gpu;
+  throw std::runtime_error(std::string("device ") + config::device_name(device) + ": " + why +
+                           "; run on a machine with an NVIDIA GPU, or with device " +
+                           config::device_name(config::Device::DEVICE_CPU));
+}
+
+comm::DeviceComm device_comm_of(config::DeviceComm how) {
+  switch (how) {
+    case config::DeviceComm::DEVICE_COMM_NCCL:
+      return comm::DeviceComm::DEVICE_COMM_NCCL;
+    case config::DeviceComm::DEVICE_COMM_MPI:
+      return comm::DeviceComm::DEVICE_COMM_MPI;
+    case config::DeviceComm::DEVICE_COMM_AUTO:
+      break;
+  }
+  return comm::DeviceComm::DEVICE_COMM_AUTO;
+}
 
 namespace {
 
@@ -70,9 +97,9 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       plan_(std::move(plan)),
       rank_(world.rank()),
       grid_(plan_.strategy.dims()),
-      device_(backend::named(cfg.train.device)),
+      device_(backend_of(config::device_of(cfg.train))),
       host_world_(world),
-      device_world_(comm::for_device(world, device_, comm::device_comm_named(cfg.train.device_comm))),
+      device_world_(comm::for_device(world, device_, device_comm_of(config::device_comm_of(cfg.train)))),
       world_(device_world_ ? *device_world_ : world),
       dp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_DP)), "dp")),
       tp_(world_.split(in_world(world_, ir::group_members(grid_, rank_, ir::GroupDim::GROUP_TP)), "tp")),

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/device_comm.hpp"
 #include "config/config.hpp"
 #include "data/token_file.hpp"
 #include "ir/compile.hpp"
@@ -33,6 +34,12 @@ struct DataPosition {
   int64_t tokens_seen = 0;    // tokens of those steps, over all ranks
   int64_t data_position = 0;  // samples consumed: the first sample of the next step
 };
+
+// The backend train.device names: the CPU's, the detached CPU's, or the rank's GPU; throws
+// std::runtime_error saying why where this machine has none.
+backend::Backend& backend_of(config::Device device);
+// The communicator choice train.device_comm names, for comm::for_device.
+comm::DeviceComm device_comm_of(config::DeviceComm how);
 
 // What a runtime's training state starts as.
 enum class StateStart {

@@ -707,7 +707,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
                     std::to_string(processes) + " process(es), and at least one must train; keep at most " +
                     std::to_string(processes - 1) + " in reserve");
   try {
-    (void)backend::named(cfg.train.device);  // a device this machine lacks ends the job before anything starts
+    (void)backend_of(config::device_of(cfg.train));  // a device this machine lacks ends the job before anything starts
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("train.device: ") + e.what());
   }

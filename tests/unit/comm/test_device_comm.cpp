@@ -31,18 +31,6 @@ std::vector<float> to_host(backend::Backend& be, const backend::Tensor& t) {
   return host;
 }
 
-TEST(DeviceComm, NamesAreTheConfigValues) {
-  EXPECT_EQ(device_comm_named("auto"), DeviceComm::DEVICE_COMM_AUTO);
-  EXPECT_EQ(device_comm_named("nccl"), DeviceComm::DEVICE_COMM_NCCL);
-  EXPECT_EQ(device_comm_named("mpi"), DeviceComm::DEVICE_COMM_MPI);
-  try {
-    device_comm_named("gloo");
-    FAIL() << "gloo accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("'gloo': not one of auto, nccl, mpi"), std::string::npos) << e.what();
-  }
-}
-
 TEST(DeviceComm, TheHostServesItsOwnMemoryAndStagingServesADetachedDevice) {
   SelfCommunicator self;
   EXPECT_EQ(for_device(self, backend::cpu(), DeviceComm::DEVICE_COMM_AUTO), nullptr);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <tuple>
@@ -51,6 +52,36 @@ TEST(Config, PrecisionNamesAndTheActivationsStorage) {
     EXPECT_NE(std::string(e.what()).find("train.precision: must be 'fp32', 'tf32' or 'bf16', not 'fp8'"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// train.device's and train.device_comm's names read to their settings, and no others.
+TEST(Config, DeviceAndDeviceCommNames) {
+  EXPECT_EQ(device_names(), (std::vector<std::string>{"cpu", "cuda", "cpu_detached"}));
+  for (const std::string& name : device_names()) {
+    ASSERT_TRUE(device_named(name).has_value()) << name;
+    EXPECT_EQ(device_name(*device_named(name)), name);
+  }
+  EXPECT_EQ(device_named("cuda"), Device::DEVICE_CUDA);
+  EXPECT_FALSE(device_named("gpu").has_value());
+  for (const auto& [name, want] : std::vector<std::pair<std::string, DeviceComm>>{
+           {"auto", DeviceComm::DEVICE_COMM_AUTO}, {"nccl", DeviceComm::DEVICE_COMM_NCCL}, {"mpi", DeviceComm::DEVICE_COMM_MPI}}) {
+    TrainConfig t;
+    t.device_comm = name;
+    EXPECT_EQ(device_comm_of(t), want) << name;
+  }
+  TrainConfig t;
+  t.device = "tpu";
+  t.device_comm = "gloo";
+  for (const auto& [read, want] : std::vector<std::pair<std::function<void()>, std::string>>{
+           {[&] { device_of(t); }, "train.device: must be 'cpu', 'cuda' or 'cpu_detached', not 'tpu'"},
+           {[&] { device_comm_of(t); }, "train.device_comm: must be 'auto', 'nccl' or 'mpi', not 'gloo'"}}) {
+    try {
+      read();
+      ADD_FAILURE() << "read: " << want;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
   }
 }
 
