@@ -128,7 +128,6 @@ void embedding_bwd(const int32_t* ids, const T* dout, float* dtable, int64_t M, 
   template void embedding_fwd<Tt, T>(const int32_t*, const Tt*, T*, int64_t, int64_t, int64_t,    \
                                      int64_t, cudaStream_t);
 PIPER_INSTANTIATE_FWD(float, float)
-PIPER_INSTANTIATE_FWD(float, __nv_bfloat16)
 PIPER_INSTANTIATE_FWD(__nv_bfloat16, float)
 PIPER_INSTANTIATE_FWD(__nv_bfloat16, __nv_bfloat16)
 #undef PIPER_INSTANTIATE_FWD

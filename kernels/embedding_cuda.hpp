@@ -1,6 +1,6 @@
 // embedding_cuda.hpp — embedding on CUDA (the twin of embedding.hpp)
-// Conventions: see cuda_common.cuh. out, dout: T; table: Tt (the unit's compute copy of its
-// parameters, which may be bf16 while the rows are f32); dtable: f32 (a parameter gradient).
+// Conventions: see cuda_common.cuh. out, dout: T; table: Tt, T or bf16 (the unit's compute copy of
+// its parameters, bf16 while the rows are f32); dtable: f32 (a parameter gradient).
 #pragma once
 
 #include <cuda_bf16.h>

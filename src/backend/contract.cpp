@@ -30,6 +30,7 @@ void Check::is(const char* name, const ConstTensorView& t, Kind kind) {
                                              "parameter gradients and optimiser state are f32)");
       break;
     case Kind::KIND_FLOAT:
+    case Kind::KIND_WEIGHT:
     case Kind::KIND_DATA:
       that(t.dtype != DType::DTYPE_I32, tensor + ", expected a float type (f32 or bf16)");
       if (!self_->supports(t.dtype)) {
@@ -40,6 +41,13 @@ void Check::is(const char* name, const ConstTensorView& t, Kind kind) {
              " computes in)");
       }
       if (kind == Kind::KIND_FLOAT) break;
+      if (kind == Kind::KIND_WEIGHT) {
+        if (!storage_set_) fail(std::string("weight ") + name + " checked before the op's data tensors");
+        const std::string allowed = storage_ == DType::DTYPE_BF16 ? "bf16" : std::string(dtype_name(storage_)) + " or bf16";
+        that(t.dtype == storage_ || t.dtype == DType::DTYPE_BF16,
+             tensor + ", expected " + allowed + " (a weight is in the op's storage type, or a unit's bf16 compute copy)");
+        break;
+      }
       if (!storage_set_) {
         storage_ = t.dtype;
         storage_set_ = true;
@@ -105,8 +113,8 @@ namespace {
 constexpr Kind F32 = Kind::KIND_F32;
 constexpr Kind I32 = Kind::KIND_I32;
 // The weight of a product and the embedding's table: the unit's parameters as it computes with them
-// (bf16 under train.precision bf16), whatever the activations' storage type.
-constexpr Kind WEIGHT = Kind::KIND_FLOAT;
+// (bf16 under train.precision bf16, beside f32 activations).
+constexpr Kind WEIGHT = Kind::KIND_WEIGHT;
 
 AttentionDims attention_dims(Check& c, V q, V k, V v) {
   c.rank("q", q, 4), c.rank("k", k, 4);
@@ -363,7 +371,7 @@ RowDims dt_softplus_bwd(Check& c, V ddt, V dt_raw, V dt_bias, O ddt_raw, O ddt_b
 }
 
 TableDims embedding_fwd(Check& c, V ids, V table, O out) {
-  c.is("ids", ids, I32), c.rank("table", table, 2, WEIGHT);
+  c.is("ids", ids, I32), c.rank("out", out, 2), c.rank("table", table, 2, WEIGHT);
   const int64_t M = ids.numel(), Vn = table.shape[0], D = table.shape[1];
   c.shape("out", out, {M, D});
   return {M, Vn, D};

@@ -63,19 +63,13 @@ const float* f32(const ConstTensorView& v) { return static_cast<const float*>(v.
 int32_t* i32(const TensorView& v) { return static_cast<int32_t*>(v.ptr); }
 const int32_t* i32(const ConstTensorView& v) { return static_cast<const int32_t*>(v.ptr); }
 
-// Calls f.template operator()<T>() with T the C++ type of t (float or bf16).
+// Calls f.template operator()<T>() with T the op's storage type (float or bf16).
 template <class F>
-void by_type(DType t, F&& f) {
-  if (t == DType::DTYPE_BF16)
+void by_storage(const Check& c, F&& f) {
+  if (c.storage() == DType::DTYPE_BF16)
     f.template operator()<bf16>();
   else
     f.template operator()<float>();
-}
-
-// f instantiated for the op's storage type.
-template <class F>
-void by_storage(const Check& c, F&& f) {
-  by_type(c.storage(), std::forward<F>(f));
 }
 
 cudaDataType_t cuda_type(DType t) { return t == DType::DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
@@ -506,12 +500,13 @@ class CudaBackend final : public Backend {
   void embedding_fwd(V ids, V table, O out, int64_t vocab_offset) override {
     Check c("embedding_fwd", this);
     const auto [M, Vn, D] = ct::embedding_fwd(c, ids, table, out);
-    // The table in its own type (the unit's compute copy), the rows out in the storage type.
-    by_type(table.dtype, [&]<class Tt>() {
+    // The rows out in the storage type, the table in it or in bf16 (a unit's compute copy).
+    if (table.dtype != c.storage())
+      kc::embedding_fwd(i32(ids), ptr<bf16>(table), f32(out), M, D, Vn, vocab_offset, current());
+    else
       by_storage(c, [&]<class T>() {
-        kc::embedding_fwd(i32(ids), ptr<Tt>(table), ptr<T>(out), M, D, Vn, vocab_offset, current());
+        kc::embedding_fwd(i32(ids), ptr<T>(table), ptr<T>(out), M, D, Vn, vocab_offset, current());
       });
-    });
   }
   void embedding_bwd(V ids, V dout, O dtable, int64_t vocab_offset) override {
     Check c("embedding_bwd", this);
@@ -573,8 +568,9 @@ class CudaBackend final : public Backend {
   }
 
   // The one storage type a product's inputs enter cuBLAS in: bf16 for bf16 products or where every input is
-  // bf16, else f32 (a bf16 weight beside f32 activations is widened, exactly). An input of the other type
-  // is converted (its view repointed to the copy, which `scratch` holds until the op returns).
+  // bf16, else f32 (a bf16 weight beside f32 activations is widened, exactly; the contract gives a bf16
+  // output bf16 inputs only, as cuBLAS wants). An input of the other type is converted (its view repointed
+  // to the copy, which `scratch` holds until the op returns).
   DType product_inputs(std::initializer_list<std::pair<ConstTensorView*, Tensor*>> inputs) {
     bool all_bf16 = true;
     for (const auto& [v, scratch] : inputs) all_bf16 = all_bf16 && v->dtype == DType::DTYPE_BF16;

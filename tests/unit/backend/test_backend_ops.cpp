@@ -902,6 +902,34 @@ TEST(BackendOps, MisshapenTensorsAreRefusedWithTheOpAndTensorNamed) {
   EXPECT_THROW(be.set_stream(1), std::invalid_argument);
 }
 
+// A weight is in its op's storage type or bf16 (a unit's compute copy): a bf16 weight beside f32
+// activations is taken, an f32 one beside bf16 activations refused, naming the op and the tensor.
+TEST(BackendOps, AWeightIsInTheStorageTypeOrBf16) {
+  Backend& be = cpu();
+  const auto half = DType::DTYPE_BF16, full = DType::DTYPE_F32;
+  Tensor x(be, Shape{4, 3}, MemCategory::MEM_BUFFERS, half), y(be, Shape{4, 5}, MemCategory::MEM_BUFFERS, half);
+  Tensor w(be, Shape{5, 3}, MemCategory::MEM_BUFFERS, full), table(be, Shape{7, 3}, MemCategory::MEM_BUFFERS, full);
+  Tensor ids(be, Shape{4}, MemCategory::MEM_BUFFERS, DType::DTYPE_I32);
+  x.zero(), w.zero(), ids.zero(), table.zero();
+  const std::string why = "has dtype f32, expected bf16 (a weight is in the op's storage type, or a unit's bf16 "
+                          "compute copy)";
+  for (const auto& [call, what] : std::vector<std::pair<std::function<void()>, std::string>>{
+           {[&] { be.linear_fwd(x.view(), w.view(), y.view()); }, "op linear_fwd: tensor w " + why},
+           {[&] { be.linear_bwd_input(y.view(), w.view(), x.view(), false); }, "op linear_bwd_input: tensor w " + why},
+           {[&] { be.embedding_fwd(ids.view(), table.view(), x.view(), 0); }, "op embedding_fwd: tensor table " + why}}) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+  Tensor xf(be, Shape{4, 3}, MemCategory::MEM_BUFFERS, full), yf(be, Shape{4, 5}, MemCategory::MEM_BUFFERS, full);
+  Tensor wb(be, Shape{5, 3}, MemCategory::MEM_BUFFERS, half);
+  xf.zero(), wb.zero();
+  EXPECT_NO_THROW(be.linear_fwd(xf.view(), wb.view(), yf.view()));
+}
+
 // The MoE ops refuse an index outside its range, a top-k above the expert count, a sequence
 // length that does not divide the rows and a pos that is not a permutation, naming the op.
 TEST(BackendOps, MoeIndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
