@@ -91,8 +91,8 @@ Generated generate(const GenerateOptions& o, const MpiEnv& env) {
   g.tokenizer = meta.tokenizer;
   g.step = meta.step;
   g.prompt_tokens = static_cast<int64_t>(ids.size());
-  const std::vector<int32_t> out =
-      rt.model().generate(ids, o.tokens, cfg.train.seq_len, o.seed, o.temperature, o.top_k);
+  std::vector<int32_t> out;
+  rt.with_compute_values([&] { out = rt.model().generate(ids, o.tokens, cfg.train.seq_len, o.seed, o.temperature, o.top_k); });
   g.new_tokens = static_cast<int64_t>(out.size());
   ids.insert(ids.end(), out.begin(), out.end());
   g.text = tok->decode_printable(ids);

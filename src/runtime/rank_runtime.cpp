@@ -131,6 +131,47 @@ StepStats RankRuntime::step(const data::TokenFile& tokens, const data::TokenRang
   return st;
 }
 
+backend::Tensor RankRuntime::gathered_values(int u) {
+  model::ParamStore& ps = model_.params();
+  if (ps.sharding().zero(u) < 3)
+    throw std::logic_error("unit " + std::to_string(u) + ": its values are not ZeRO-3 shards; read them whole");
+  backend::Tensor full(device_, ps.padded_numel(u), backend::MemCategory::MEM_PARAMS);
+  for (const ir::FlatPart& p : ps.parts(u)) {
+    comm::Communicator* group = p.experts ? groups_.edp : groups_.dp;
+    const auto n = static_cast<size_t>(p.zero.len);
+    if (group)
+      group->allgather(ps.shard_values(u, p), full.data() + p.full_offset, n, backend::DType::DTYPE_F32);
+    else  // a group of one: the shard is the whole part
+      device_.copy(full.data() + p.full_offset, ps.shard_values(u, p), n * sizeof(float));
+  }
+  return full;
+}
+
+void RankRuntime::with_compute_values(const std::function<void()>& use) {
+  model::ParamStore& ps = model_.params();
+  const backend::DType storage = model_.storage_dtype();
+  std::vector<std::pair<int, backend::Tensor>> bound;
+  struct Unbind {
+    model::ParamStore& ps;
+    const std::vector<std::pair<int, backend::Tensor>>& bound;
+    ~Unbind() {
+      for (const auto& [u, values] : bound) ps.unbind_compute_values(u);
+    }
+  } unbind{ps, bound};
+  for (int u : held_units_) {
+    backend::Tensor values;
+    if (ps.sharding().zero(u) >= 3) values = gathered_values(u);
+    if (storage != backend::DType::DTYPE_F32)
+      values = backend::converted(values.empty() ? backend::view(device_, ps.values(u), {ps.padded_numel(u)})
+                                                 : backend::ConstTensorView(values.view()),
+                                  storage, backend::MemCategory::MEM_PARAMS);
+    if (values.empty()) continue;
+    ps.bind_compute_values(u, values.view());
+    bound.emplace_back(u, std::move(values));
+  }
+  use();
+}
+
 double RankRuntime::evaluate(const data::TokenFile& tokens, const data::TokenRange& held_out, int64_t batches) {
   double loss_sum = 0.0;
   StepBatch batch;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -100,6 +101,16 @@ class RankRuntime {
   // as they were, and the MoE routing statistics of its forwards are dropped
   // (call it once the step's have been taken). Collective over the world.
   double evaluate(const data::TokenFile& tokens, const data::TokenRange& held_out, int64_t batches);
+
+  // ZeRO-3: unit u's full values [padded_numel], f32, gathered from the shards over each part's group
+  // (collective over those groups: every rank holding u calls it); a logic_error for a unit it does not shard.
+  backend::Tensor gathered_values(int u);
+
+  // Runs `use` with every unit held here bound to the values a step's passes compute with: ZeRO-3's
+  // gathered (gathered_values: collective, so where ZeRO-3 shards a unit every rank of its groups calls
+  // this) and, under a storage type narrower than f32, rounded to it, as the executor's compute copies
+  // are; unbound again when `use` returns or throws. What generating text computes with.
+  void with_compute_values(const std::function<void()>& use);
 
   // Training state from a checkpoint: the position it records and the Adam
   // steps taken (one per optimiser step). The values and moments are read

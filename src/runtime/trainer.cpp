@@ -65,21 +65,12 @@ void write_params(const std::string& path, const ir::ModelGraph& g,
 
 // This rank's pieces of a unit's parameters, one after the other without the
 // parts' padding, on the host: ZeRO-3 shards gathered over each part's group.
-std::vector<float> local_values(model::ParamStore& ps, const Groups& groups, backend::Backend& device, int u) {
-  backend::Tensor gathered;
-  const float* values = nullptr;
-  if (ps.sharding().zero(u) >= 3) {
-    gathered = backend::Tensor(device, ps.padded_numel(u), backend::MemCategory::MEM_BUFFERS);
-    for (const ir::FlatPart& p : ps.parts(u))
-      (p.experts ? groups.edp : groups.dp)
-          ->allgather(ps.shard_values(u, p), gathered.data() + p.full_offset, static_cast<size_t>(p.zero.len),
-                      backend::DType::DTYPE_F32);
-    values = gathered.data();
-  } else {
-    values = ps.values(u);
-  }
+std::vector<float> local_values(RankRuntime& rt, int u) {
+  model::ParamStore& ps = rt.model().params();
+  const backend::Tensor gathered = ps.sharding().zero(u) >= 3 ? rt.gathered_values(u) : backend::Tensor();
+  const float* values = gathered.empty() ? ps.values(u) : gathered.data();
   std::vector<float> full(static_cast<size_t>(ps.padded_numel(u)));
-  device.to_host(full.data(), values, full.size() * sizeof(float));
+  rt.device().to_host(full.data(), values, full.size() * sizeof(float));
   std::vector<float> local;
   for (const ir::FlatPart& p : ps.parts(u))
     local.insert(local.end(), full.begin() + p.full_offset, full.begin() + p.full_offset + p.numel);
@@ -92,14 +83,13 @@ std::vector<float> local_values(model::ParamStore& ps, const Groups& groups, bac
 void dump_params(const std::string& path, RankRuntime& rt, const MpiEnv& env) {
   const ir::Plan& plan = rt.plan();
   const ir::ParallelDims& grid = rt.grid();
-  const Groups& groups = rt.groups();
   model::ParamStore& ps = rt.model().params();
   const ir::Degrees degrees = grid.degrees();
   const int tp = degrees.tp, ep = degrees.ep;
   std::map<int, std::vector<float>> values;
   for (const auto& unit : plan.model.units) {
     const int u = unit.index;
-    const std::vector<float> local = ps.holds(u) ? local_values(ps, groups, rt.device(), u) : std::vector<float>{};
+    const std::vector<float> local = ps.holds(u) ? local_values(rt, u) : std::vector<float>{};
     std::vector<float> global(env.rank() == 0 ? static_cast<size_t>(unit.param_count()) : 0);
     ir::Coords first = grid.coords(plan.devices_of_unit[static_cast<size_t>(u)].front());
     // Local sizes of tp rank t and ep rank e are those of every rank.
@@ -622,9 +612,11 @@ RunLog run_job(Generation& gen, Membership& m, Boundary& boundary, const TrainDa
         if (r.eval_loss) log.last_eval_loss = r.eval_loss;
         log.last_peak = r.mem.total_peak;
         report_step(r, rt, opts, metrics.get(), env);
-        if (env.rank() == 0 && rt.holds_whole_model() && cfg.train.sample_every > 0 &&
-            (r.step + 1) % cfg.train.sample_every == 0)
-          print_sample(rt.model(), cfg, *data.tokenizer, r.step);
+        // The ranks of a data-parallel group hold the same units, so each group gathers ZeRO-3's shards together.
+        if (rt.holds_whole_model() && cfg.train.sample_every > 0 && (r.step + 1) % cfg.train.sample_every == 0)
+          rt.with_compute_values([&] {
+            if (env.rank() == 0) print_sample(rt.model(), cfg, *data.tokenizer, r.step);
+          });
         std::fflush(stdout);
         ran = true;
       }

@@ -154,5 +154,22 @@ TEST(Training, PrintsSamples) {
   EXPECT_NE(r.output.find("sample @ step 3:"), std::string::npos) << r.output;
 }
 
+// Under ZeRO-3 a sample computes with the shards gathered over the data-parallel group (every rank joins the
+// gathers, rank 0 prints): the same text as ZeRO-2, whose values are the same bits whole on every rank.
+TEST(Training, SamplesUnderZero3GatherTheValuesFirst) {
+  std::string samples[2];
+  for (int zero : {2, 3}) {
+    auto r = run("mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2 " +
+                 train_cmd("--set train.steps=3 --set parallel.dp=2 --set parallel.zero=" + std::to_string(zero) +
+                           " --set train.sample_every=1 --set train.sample_tokens=24"));
+    ASSERT_EQ(r.code, 0) << "ZeRO-" << zero << ": " << r.output;
+    std::string& s = samples[zero - 2];
+    for (size_t at = r.output.find("sample @ step "); at != std::string::npos; at = r.output.find("sample @ step ", at + 1))
+      s += r.output.substr(at, r.output.find('\n', at) - at) + "\n";
+    EXPECT_NE(s.find("sample @ step 2: \"The"), std::string::npos) << "ZeRO-" << zero << ": " << r.output;
+  }
+  EXPECT_EQ(samples[1], samples[0]);
+}
+
 }  // namespace
 }  // namespace piper::e2e

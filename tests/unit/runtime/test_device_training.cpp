@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "bf16.hpp"
 #include "comm/self_comm.hpp"
 #include "config/config.hpp"
 #include "data/token_file.hpp"
@@ -167,6 +168,39 @@ TEST_F(DeviceTraining, Bf16KeepsOneCopyOfTheValuesFromAUnitsFirstPassToItsUpdate
   EXPECT_GE(above, copies);
   EXPECT_LT(above, copies + 4 * bf16.largest);
   EXPECT_EQ(bf16.params_after, fp32.params_after) << "a copy outlived its unit's update";
+}
+
+// What generating text computes with: under bf16 every unit bound to its values rounded to bf16, as a
+// step's passes see them (the master weights untouched), and nothing bound once it returns; under fp32
+// the units' own values.
+TEST_F(DeviceTraining, GenerationComputesWithTheValuesTrainingComputesWith) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    config::Config cfg = cfg_;
+    cfg.train.precision = precision;
+    cfg.yaml_text = config::to_yaml(cfg);
+    comm::SelfCommunicator world;
+    RankRuntime rt(cfg, ir::compile(cfg, 1), world);
+    model::ParamStore& ps = rt.model().params();
+    int64_t checked = 0, wrong = 0;
+    rt.with_compute_values([&] {
+      for (int u : ps.units())
+        for (size_t i = 0; i < ps.params(u).size(); ++i, ++checked) {
+          const model::ParamRef& r = ps.params(u)[i];
+          std::vector<float> seen(static_cast<size_t>(r.numel)), master(seen.size());
+          rt.device().to_host(seen.data(), ps.value(u, i), seen.size() * sizeof(float));
+          rt.device().to_host(master.data(), ps.values(u) + r.offset, master.size() * sizeof(float));
+          for (size_t k = 0; k < seen.size(); ++k)
+            wrong += seen[k] != (precision == "bf16" ? kernels::bf16_to_f32(kernels::f32_to_bf16(master[k])) : master[k]);
+        }
+      const auto out = rt.model().generate({1, 2, 3}, 4, cfg.train.seq_len, 1, 0.0f, 0);
+      EXPECT_EQ(out.size(), 4u);
+    });
+    for (int u : ps.units()) EXPECT_EQ(ps.value(u, 0), ps.values(u) + ps.params(u)[0].offset) << "unit " << u << " still bound";
+    std::printf("[ device ] %s: generation read %lld parameters, %lld values not as training computes with them\n",
+                precision.c_str(), static_cast<long long>(checked), static_cast<long long>(wrong));
+    EXPECT_EQ(wrong, 0) << precision;
+    EXPECT_GT(checked, 0);
+  }
 }
 
 // What a recomputation reads again from a kept bf16 activation (a block's normalised input) only products
