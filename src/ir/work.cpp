@@ -478,20 +478,27 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   } else if (kind == 'h') {
     kept = M * d.D + M * d.V;                   // xn, dlogits [M, V/tp]
     stats = M;                                  // rstd
+    freed_stats = M;                            // rstd, once the norm's backward has read it
     fwd_scratch = M * d.V;                      // the logits
     scratch = M * d.D;                          // dxn
     fwd_io = 1, bwd_io = 2;                     // x; x, dx
   } else {
+    // What the input half frees before the weight half: all the weight gradients do not read (they
+    // read xn, the stash and the input of each output projection).
     kept = M * d.D;                             // the block's xn and rstd (block_norm_saved)
     stats = M;
+    freed_stats = M;                            // rstd, once the norm's backward has read it
     const double dxn = M * d.D;                 // the block's scratch throughout BWD_I
     if (kind == '-') {
       kept += 3 * M * d.F;                      // gate, up, h
+      freed_kept = 2 * M * d.F;                 // gate, up
       stash = M * (d.D + 2 * d.F);              // dout, dgate, dup
       scratch = dxn + M * d.F;                  // + dh
     } else if (kind == '*') {
       kept += M * (2 * d.Q + 2 * d.KVD);        // q, k, v after RoPE, att
       stats += M * d.H;                         // lse
+      freed_kept = M * (d.Q + 2 * d.KVD);       // q, k, v
+      freed_stats += M * d.H;                   // lse
       stash = M * (d.D + d.Q + 2 * d.KVD);      // dout, dq, dk, dv
       scratch = dxn + M * d.Q;                  // + datt
     } else if (kind == 'E') {
@@ -500,7 +507,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out
       stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D;
       freed_kept = 2 * MK * d.Fe;               // gate, up
-      freed_stats = 2 * M * d.E + MK * d.D;     // probs, dprobs; the experts' rows out
+      freed_stats += 2 * M * d.E + MK * d.D;    // probs, dprobs; the experts' rows out
       stash = M * d.E + MK * d.D + 2 * MK * d.Fe;  // dlogits, the rows' gradients, dgate, dup
       scratch = dxn + 2 * MK * d.D + d.Fe * MK;  // + the rows' gradients on their way, dh
     } else {
@@ -508,6 +515,8 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states
       kept += M * (4 * d.di + 2 * d.C + 2 * d.G * d.N);     // z, x, y, normed; xbc_in, xbc_conv; B, C
       stats += M * (2 * d.Hm + d.G) + states;               // dt_raw, dt; the gated norm's rstd
+      freed_kept = M * (3 * d.di + 2 * d.C + 2 * d.G * d.N);  // all but normed
+      freed_stats += M * (2 * d.Hm + d.G) + states;
       stash = M * (d.D + d.R);                  // dout, dzxbcdt
       scratch = dxn + M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C);  // the gradients of its inner scope
     }

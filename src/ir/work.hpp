@@ -85,8 +85,8 @@ Work unit_work(const config::ModelConfig& m, char kind, Pass pass, int64_t rows,
 // in a backward, the kept activations widened back to f32.
 struct UnitMemory {
   double saved = 0.0;       // held from the forward until the backward ends
-  double kept_for_w = 0.0;  // held between BWD_I and BWD_W: all of `saved` (released only by
-                            // the weight half) plus the weight-gradient stash BWD_I keeps
+  double kept_for_w = 0.0;  // held between BWD_I and BWD_W: what of `saved` the weight half reads
+                            // (the input half frees the rest) plus the weight-gradient stash BWD_I keeps
   double transient = 0.0;   // at the peak inside a pass, above `saved` (BWD_I counts its stash)
 };
 UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, int64_t seq_len, int tp = 1,

@@ -47,6 +47,7 @@ void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const f
                     s.lse.view({B, H, T}), s.dq.view(qs), s.dk.view(ks), s.dv.view(ks));
   be_.rope_bwd(s.dq.view(qs), s.dq.view(qs), cfg_.rope_theta);
   be_.rope_bwd(s.dk.view(ks), s.dk.view(ks), cfg_.rope_theta);
+  s.q = {}, s.k = {}, s.v = {}, s.lse = {};  // the weight gradients read the output att, not these
   const auto dx = view(be_, dxn, {M, D});
   be_.linear_bwd_input(s.dq.view({M, Q}), weight(ATTN_Q_PROJ, {Q, D}), dx, false);
   be_.linear_bwd_input(s.dk.view({M, KVD}), weight(ATTN_K_PROJ, {KVD, D}), dx, true);

@@ -56,7 +56,7 @@ void Block::backward_input(int k, int slot, const PassIo& a) {
     be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),
                     view(be_, a.dx, {M, D}), view(be_, g(0), {D}));
     be_.add_inplace(view(be_, a.dx, {M, D}), view(be_, a.dy, {M, D}));  // residual
-    s.dxn = {};
+    s.dxn = {}, s.rstd = {};  // the weight gradients read xn
   }
 }
 

@@ -90,7 +90,7 @@ void HeadUnit::backward_input(int k, int slot, const PassIo& a) {
   if (last(ir::NodeKind::BWD_I, k)) {  // tp > 1: each rank's vocabulary rows gave a partial sum
     be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),
                     view(be_, a.dx, {M, D}), view(be_, g(0), {D}));
-    s.dxn = {};
+    s.dxn = {}, s.rstd = {};  // the weight gradient reads xn and dlogits
   }
 }
 

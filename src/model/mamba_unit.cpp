@@ -103,6 +103,9 @@ void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float
                    view(be_, g(MAMBA_CONV_BIAS), {C}));
     be_.scatter_cols(dxbc_in.view({M, C}), dzxbcdt, di);
   }
+  // The weight gradients read the gated norm's output (normed) and the stash, nothing else of the forward's.
+  s.z = {}, s.xbc_in = {}, s.dt_raw = {}, s.xbc_conv = {}, s.x = {}, s.B = {}, s.C = {}, s.dt = {};
+  s.y = {}, s.states = {}, s.rstd = {};
   be_.linear_bwd_input(dzxbcdt, weight(MAMBA_IN_PROJ, {R, D}), view(be_, dxn, {M, D}), false);
 }
 

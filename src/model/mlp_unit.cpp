@@ -32,6 +32,7 @@ void MlpBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* 
   s.dgate = scratch(M * F);
   s.dup = scratch(M * F);
   be_.swiglu_bwd(dh.view(), s.gate.view(), s.up.view(), s.dgate.view(), s.dup.view());
+  s.gate = {}, s.up = {};  // the weight gradients read h, not these
   const auto dx = view(be_, dxn, {M, D});
   be_.linear_bwd_input(s.dgate.view({M, F}), weight(MLP_GATE_PROJ, {F, D}), dx, false);
   be_.linear_bwd_input(s.dup.view({M, F}), weight(MLP_UP_PROJ, {F, D}), dx, true);
