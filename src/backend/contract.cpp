@@ -112,9 +112,12 @@ namespace {
 
 constexpr Kind F32 = Kind::KIND_F32;
 constexpr Kind I32 = Kind::KIND_I32;
-// The weight of a product and the embedding's table: the unit's parameters as it computes with them
-// (bf16 under train.precision bf16, beside f32 activations).
+// The embedding's table: the unit's parameters as it computes with them (bf16 under train.precision
+// bf16, beside f32 rows).
 constexpr Kind WEIGHT = Kind::KIND_WEIGHT;
+// A product's operands and output: f32 and bf16 mix (a unit's bf16 weights and activations beside f32
+// ones); the backend brings the operands to one type and rounds a bf16 output from f32 accumulation.
+constexpr Kind OPERAND = Kind::KIND_FLOAT;
 
 AttentionDims attention_dims(Check& c, V q, V k, V v) {
   c.rank("q", q, 4), c.rank("k", k, 4);
@@ -168,23 +171,23 @@ kernels::SsdShape ssd_shape_of(const Shape& x, const Shape& Bm, int64_t chunk) {
 }
 
 MatDims linear_fwd(Check& c, V x, V w, O y) {
-  c.rank("x", x, 2), c.rank("w", w, 2, WEIGHT);
+  c.rank("x", x, 2, OPERAND), c.rank("w", w, 2, OPERAND);
   const int64_t M = x.shape[0], K = x.shape[1], N = w.shape[0];
-  c.shape("w", w, {N, K}, WEIGHT), c.shape("y", y, {M, N});
+  c.shape("w", w, {N, K}, OPERAND), c.shape("y", y, {M, N}, OPERAND);
   return {M, K, N};
 }
 
 MatDims linear_bwd_input(Check& c, V dy, V w, O dx) {
-  c.rank("dy", dy, 2), c.rank("w", w, 2, WEIGHT);
+  c.rank("dy", dy, 2, OPERAND), c.rank("w", w, 2, OPERAND);
   const int64_t M = dy.shape[0], N = dy.shape[1], K = w.shape[1];
-  c.shape("w", w, {N, K}, WEIGHT), c.shape("dx", dx, {M, K});
+  c.shape("w", w, {N, K}, OPERAND), c.shape("dx", dx, {M, K}, OPERAND);
   return {M, K, N};
 }
 
 MatDims linear_bwd_weight(Check& c, V dy, V x, O dw) {
-  c.rank("dy", dy, 2), c.rank("x", x, 2);
+  c.rank("dy", dy, 2, OPERAND), c.rank("x", x, 2, OPERAND);
   const int64_t M = dy.shape[0], N = dy.shape[1], K = x.shape[1];
-  c.shape("x", x, {M, K}), c.shape("dw", dw, {N, K}, F32);
+  c.shape("x", x, {M, K}, OPERAND), c.shape("dw", dw, {N, K}, F32);
   return {M, K, N};
 }
 

@@ -19,9 +19,9 @@ using O = Backend::O;
 // in the op's storage type — f32 or bf16, one for all its data tensors, one the backend computes
 // on; f32 always (saved statistics, router tensors, parameter gradients, optimiser state); or
 // i32 indices; or any float type the backend computes on, apart from the op's storage type (the
-// two sides of a conversion); or a weight: a product's and the embedding's table, in the op's
-// storage type or in bf16 (a unit's compute copy under train.precision bf16, read beside f32
-// activations), checked after a data tensor has set the storage type.
+// two sides of a conversion; a product's operands and output, which mix f32 and bf16); or a weight:
+// the embedding's table, in the op's storage type or in bf16 (a unit's compute copy under
+// train.precision bf16, read beside f32 rows), checked after a data tensor has set the storage type.
 enum class Kind : uint8_t { KIND_DATA, KIND_F32, KIND_I32, KIND_FLOAT, KIND_WEIGHT };
 
 class Check {

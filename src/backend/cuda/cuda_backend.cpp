@@ -244,28 +244,20 @@ class CudaBackend final : public Backend {
     Check c("linear_fwd", this);
     const auto d = ct::linear_fwd(c, x, w, y);
     // row-major y[M,N] = x[M,K] w[N,K]^T is column-major y^T[N,M] = w^T x^T
-    Tensor xb, wb;
-    const DType in = product_inputs({{&x, &xb}, {&w, &wb}});
-    gemm("linear_fwd", CUBLAS_OP_T, CUBLAS_OP_N, d.N, d.M, d.K, w.ptr, d.K, x.ptr, d.K, 0.0f, y.ptr, d.N, in,
-         y.dtype);
+    product("linear_fwd", CUBLAS_OP_T, CUBLAS_OP_N, d.N, d.M, d.K, w, d.K, x, d.K, 0.0f, y, d.N);
   }
   void linear_bwd_input(V dy, V w, O dx, bool accumulate) override {
     Check c("linear_bwd_input", this);
     const auto d = ct::linear_bwd_input(c, dy, w, dx);
     // dx[M,K] = dy[M,N] w[N,K]: column-major dx^T[K,M] = w^T[K,N] dy^T[N,M]
-    Tensor dyb, wb;
-    const DType in = product_inputs({{&dy, &dyb}, {&w, &wb}});
-    gemm("linear_bwd_input", CUBLAS_OP_N, CUBLAS_OP_N, d.K, d.M, d.N, w.ptr, d.K, dy.ptr, d.N,
-         accumulate ? 1.0f : 0.0f, dx.ptr, d.K, in, dx.dtype);
+    product("linear_bwd_input", CUBLAS_OP_N, CUBLAS_OP_N, d.K, d.M, d.N, w, d.K, dy, d.N, accumulate ? 1.0f : 0.0f,
+            dx, d.K);
   }
   void linear_bwd_weight(V dy, V x, O dw) override {
     Check c("linear_bwd_weight", this);
     const auto d = ct::linear_bwd_weight(c, dy, x, dw);
     // dw[N,K] += dy[M,N]^T x[M,K]: column-major dw^T[K,N] += x^T[K,M] dy[M,N]; dw is f32
-    Tensor dyb, xb;
-    const DType in = product_inputs({{&dy, &dyb}, {&x, &xb}});
-    gemm("linear_bwd_weight", CUBLAS_OP_N, CUBLAS_OP_T, d.K, d.N, d.M, x.ptr, d.K, dy.ptr, d.N, 1.0f, dw.ptr,
-         d.K, in, DType::DTYPE_F32);
+    product("linear_bwd_weight", CUBLAS_OP_N, CUBLAS_OP_T, d.K, d.N, d.M, x, d.K, dy, d.N, 1.0f, dw, d.K);
   }
   void rmsnorm_fwd(V x, V w, O y, O rstd, float eps) override {
     Check c("rmsnorm_fwd", this);
@@ -567,25 +559,42 @@ class CudaBackend final : public Backend {
     return *host_scalar_;
   }
 
-  // The one storage type a product's inputs enter cuBLAS in: bf16 for bf16 products or where every input is
-  // bf16, else f32 (a bf16 weight beside f32 activations is widened, exactly; the contract gives a bf16
-  // output bf16 inputs only, as cuBLAS wants). An input of the other type is converted (its view repointed
-  // to the copy, which `scratch` holds until the op returns).
-  DType product_inputs(std::initializer_list<std::pair<ConstTensorView*, Tensor*>> inputs) {
-    bool all_bf16 = true;
-    for (const auto& [v, scratch] : inputs) all_bf16 = all_bf16 && v->dtype == DType::DTYPE_BF16;
-    const DType in = all_bf16 || matmul_ == MatmulPrecision::MATMUL_BF16 ? DType::DTYPE_BF16 : DType::DTYPE_F32;
-    for (const auto& [v, scratch] : inputs) {
-      if (v->dtype == in) continue;
-      *scratch = Tensor(*this, v->shape, MemCategory::MEM_BUFFERS, in);
-      if (in == DType::DTYPE_BF16)
-        kc::convert(static_cast<const float*>(v->ptr), static_cast<bf16*>(scratch->view().ptr), v->numel(), current());
-      else
-        kc::convert(static_cast<const bf16*>(v->ptr), static_cast<float*>(scratch->view().ptr), v->numel(), current());
-      v->ptr = scratch->view().ptr;
-      v->dtype = in;
+  // A new tensor of `to` holding v (the convert op's kernel), for the duration of a product.
+  Tensor converted_to(const ConstTensorView& v, DType to) {
+    Tensor t(*this, v.shape, MemCategory::MEM_BUFFERS, to);
+    if (to == DType::DTYPE_BF16)
+      kc::convert(static_cast<const float*>(v.ptr), static_cast<bf16*>(t.view().ptr), v.numel(), current());
+    else
+      kc::convert(static_cast<const bf16*>(v.ptr), static_cast<float*>(t.view().ptr), v.numel(), current());
+    return t;
+  }
+
+  // Column-major C = op(A) op(B) + beta C of a product op, whatever mix of f32 and bf16 its tensors are:
+  // A and B enter cuBLAS in one type, bf16 for bf16 products or where both are bf16, else f32 (a bf16
+  // operand widened, exactly), converted into scratch where they differ; f32 accumulation; an f32 product
+  // into a bf16 C, a type pair cuBLAS lacks, goes through f32 scratch (C widened first to accumulate) and
+  // is rounded once.
+  void product(const char* op, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+               ConstTensorView A, int64_t lda, ConstTensorView B, int64_t ldb, float beta, TensorView C, int64_t ldc) {
+    const bool bf16_in = matmul_ == MatmulPrecision::MATMUL_BF16 ||
+                         (A.dtype == DType::DTYPE_BF16 && B.dtype == DType::DTYPE_BF16);
+    const DType in = bf16_in ? DType::DTYPE_BF16 : DType::DTYPE_F32;
+    Tensor a, b, c;
+    if (A.dtype != in) {
+      a = converted_to(A, in);
+      A = a.view();
     }
-    return in;
+    if (B.dtype != in) {
+      b = converted_to(B, in);
+      B = b.view();
+    }
+    if (in == DType::DTYPE_F32 && C.dtype == DType::DTYPE_BF16) {
+      c = beta != 0.0f ? converted_to(C, DType::DTYPE_F32) : Tensor(*this, C.shape, MemCategory::MEM_BUFFERS);
+      gemm(op, ta, tb, m, n, k, A.ptr, lda, B.ptr, ldb, beta, c.view().ptr, ldc, in, DType::DTYPE_F32);
+      kc::convert(c.data(), static_cast<bf16*>(C.ptr), C.numel(), current());
+      return;
+    }
+    gemm(op, ta, tb, m, n, k, A.ptr, lda, B.ptr, ldb, beta, C.ptr, ldc, in, C.dtype);
   }
 
   // f32 accumulation; f32 inputs rounded to TF32 when asked (bf16 inputs are bf16 either way).
