@@ -110,16 +110,44 @@ class Addresses {
   uintptr_t tag_;
 };
 
+// Host memory the bf16 emulation widens into (Widened), cached by size and kept out of the backend's
+// accounting: the CUDA kernels convert in registers, so these copies stand for nothing a device holds.
+class HostBlocks {
+ public:
+  HostBlocks() = default;
+  HostBlocks(const HostBlocks&) = delete;
+  HostBlocks& operator=(const HostBlocks&) = delete;
+  ~HostBlocks() {
+    for (auto& [n, blocks] : free_)
+      for (float* p : blocks) std::free(p);
+  }
+  float* take(int64_t n) {
+    auto& blocks = free_[n];
+    if (!blocks.empty()) {
+      float* p = blocks.back();
+      blocks.pop_back();
+      return p;
+    }
+    void* p = std::aligned_alloc(64, (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64);
+    if (!p) throw std::bad_alloc();
+    return static_cast<float*>(p);
+  }
+  void give(float* p, int64_t n) { free_[n].push_back(p); }
+
+ private:
+  std::map<int64_t, std::vector<float*>> free_;
+};
+
 // The views of one op as the kernels read them: at their local addresses, and bf16 storage as f32.
 // An op's bf16 tensors are widened to f32 copies for the kernels, which compute in f32, and its bf16
 // outputs are rounded back when the op ends (an output is widened first too: an op may accumulate
 // into it). f32 and i32 tensors are used as they are. The same arithmetic as the CUDA backend's
-// bf16 kernels: bf16 in memory, f32 in registers.
+// bf16 kernels: bf16 in memory, f32 in registers; the copies come from `host`, outside the accounting.
 class Widened {
  public:
-  Widened(Backend& be, const Addresses& at, std::initializer_list<ConstTensorView*> in,
+  Widened(Backend& be, const Addresses& at, HostBlocks& host, std::initializer_list<ConstTensorView*> in,
           std::initializer_list<TensorView*> out)
-      : be_(be), at_(at) {
+      : be_(be), at_(at), host_(host) {
     for (ConstTensorView* v : in) {
       v->ptr = at_.local(v->ptr);
       if (v->dtype != DType::DTYPE_BF16) continue;
@@ -137,6 +165,7 @@ class Widened {
   }
   ~Widened() {
     for (const Out& o : outs_) k::f32_to_bf16(o.wide, o.bf16, o.n);
+    for (const auto& [p, n] : taken_) host_.give(p, n);
   }
   Widened(const Widened&) = delete;
   Widened& operator=(const Widened&) = delete;
@@ -149,15 +178,19 @@ class Widened {
   // A bf16 product's inputs: each view replaced by a copy rounded to bf16 (kept as f32).
   void round_to_bf16(std::initializer_list<ConstTensorView*> in) {
     for (ConstTensorView* v : in) {
-      float* r = scratch(v->numel());
+      float* r = host(v->numel());
       k::round_to_bf16(v->f32(), r, v->numel());
       v->ptr = r;
     }
   }
 
  private:
+  float* host(int64_t n) {
+    taken_.emplace_back(host_.take(n), n);
+    return taken_.back().first;
+  }
   float* widen(const void* bf16, int64_t n) {
-    float* wide = scratch(n);
+    float* wide = host(n);
     k::bf16_to_f32(static_cast<const uint16_t*>(bf16), wide, n);
     return wide;
   }
@@ -168,6 +201,8 @@ class Widened {
   };
   Backend& be_;
   const Addresses& at_;
+  HostBlocks& host_;
+  std::vector<std::pair<float*, int64_t>> taken_;
   std::vector<Tensor> copies_;
   std::vector<Out> outs_;
 };
@@ -264,91 +299,91 @@ class CpuBackend final : public Backend {
   void linear_fwd(V x, V w, O y) override {
     Check c("linear_fwd", this);
     const auto d = ct::linear_fwd(c, x, w, y);
-    Widened wide(*this, at_, {&x, &w}, {&y});
+    Widened wide(*this, at_, host_, {&x, &w}, {&y});
     if (bf16_products()) wide.round_to_bf16({&x, &w});
     k::linear_fwd(x.f32(), w.f32(), y.f32(), d.M, d.K, d.N);
   }
   void linear_bwd_input(V dy, V w, O dx, bool accumulate) override {
     Check c("linear_bwd_input", this);
     const auto d = ct::linear_bwd_input(c, dy, w, dx);
-    Widened wide(*this, at_, {&dy, &w}, {&dx});
+    Widened wide(*this, at_, host_, {&dy, &w}, {&dx});
     if (bf16_products()) wide.round_to_bf16({&dy, &w});
     k::linear_bwd_input(dy.f32(), w.f32(), dx.f32(), d.M, d.K, d.N, accumulate);
   }
   void linear_bwd_weight(V dy, V x, O dw) override {
     Check c("linear_bwd_weight", this);
     const auto d = ct::linear_bwd_weight(c, dy, x, dw);
-    Widened wide(*this, at_, {&dy, &x}, {&dw});
+    Widened wide(*this, at_, host_, {&dy, &x}, {&dw});
     if (bf16_products()) wide.round_to_bf16({&dy, &x});
     k::linear_bwd_weight(dy.f32(), x.f32(), dw.f32(), d.M, d.K, d.N);
   }
   void rmsnorm_fwd(V x, V w, O y, O rstd, float eps) override {
     Check c("rmsnorm_fwd", this);
     const auto d = ct::rmsnorm_fwd(c, x, w, y, rstd);
-    Widened wide(*this, at_, {&x, &w}, {&y, &rstd});
+    Widened wide(*this, at_, host_, {&x, &w}, {&y, &rstd});
     k::rmsnorm_fwd(x.f32(), w.f32(), y.f32(), rstd.f32(), d.M, d.D, eps);
   }
   void rmsnorm_bwd(V dy, V x, V w, V rstd, O dx, O dw) override {
     Check c("rmsnorm_bwd", this);
     const auto d = ct::rmsnorm_bwd(c, dy, x, w, rstd, dx, dw);
-    Widened wide(*this, at_, {&dy, &x, &w, &rstd}, {&dx, &dw});
+    Widened wide(*this, at_, host_, {&dy, &x, &w, &rstd}, {&dx, &dw});
     k::rmsnorm_bwd(dy.f32(), x.f32(), w.f32(), rstd.f32(), dx.f32(), dw.f32(), d.M, d.D);
   }
   void gated_rmsnorm_fwd(V y, V z, V w, O out, O rstd, float eps) override {
     Check c("gated_rmsnorm_fwd", this);
     const auto d = ct::gated_rmsnorm_fwd(c, y, z, w, out, rstd);
-    Widened wide(*this, at_, {&y, &z, &w}, {&out, &rstd});
+    Widened wide(*this, at_, host_, {&y, &z, &w}, {&out, &rstd});
     k::gated_rmsnorm_fwd(y.f32(), z.f32(), w.f32(), out.f32(), rstd.f32(), d.M, d.D, d.G, eps);
   }
   void gated_rmsnorm_bwd(V dout, V y, V z, V w, V rstd, O dy, O dz, O dw) override {
     Check c("gated_rmsnorm_bwd", this);
     const auto d = ct::gated_rmsnorm_bwd(c, dout, y, z, w, rstd, dy, dz, dw);
-    Widened wide(*this, at_, {&dout, &y, &z, &w, &rstd}, {&dy, &dz, &dw});
+    Widened wide(*this, at_, host_, {&dout, &y, &z, &w, &rstd}, {&dy, &dz, &dw});
     k::gated_rmsnorm_bwd(dout.f32(), y.f32(), z.f32(), w.f32(), rstd.f32(), dy.f32(), dz.f32(),
                          dw.f32(), d.M, d.D, d.G);
   }
   void rope_fwd(V x, O y, double theta) override {
     Check c("rope_fwd", this);
     ct::rope(c, "x", x, "y", y);
-    Widened wide(*this, at_, {&x}, {&y});
+    Widened wide(*this, at_, host_, {&x}, {&y});
     k::rope_fwd(x.f32(), y.f32(), x.shape[0], x.shape[1], x.shape[2], x.shape[3], theta);
   }
   void rope_bwd(V dy, O dx, double theta) override {
     Check c("rope_bwd", this);
     ct::rope(c, "dy", dy, "dx", dx);
-    Widened wide(*this, at_, {&dy}, {&dx});
+    Widened wide(*this, at_, host_, {&dy}, {&dx});
     k::rope_bwd(dy.f32(), dx.f32(), dy.shape[0], dy.shape[1], dy.shape[2], dy.shape[3], theta);
   }
   void attention_fwd(V q, V kk, V v, O out, O lse) override {
     Check c("attention_fwd", this);
     const auto [B, T, H, KV, hd] = ct::attention_fwd(c, q, kk, v, out, lse);
-    Widened wide(*this, at_, {&q, &kk, &v}, {&out, &lse});
+    Widened wide(*this, at_, host_, {&q, &kk, &v}, {&out, &lse});
     k::attention_fwd(q.f32(), kk.f32(), v.f32(), out.f32(), lse.f32(), B, T, H, KV, hd);
   }
   void attention_bwd(V dout, V q, V kk, V v, V out, V lse, O dq, O dk, O dv) override {
     Check c("attention_bwd", this);
     const auto [B, T, H, KV, hd] = ct::attention_bwd(c, dout, q, kk, v, out, lse, dq, dk, dv);
-    Widened wide(*this, at_, {&dout, &q, &kk, &v, &out, &lse}, {&dq, &dk, &dv});
+    Widened wide(*this, at_, host_, {&dout, &q, &kk, &v, &out, &lse}, {&dq, &dk, &dv});
     k::attention_bwd(dout.f32(), q.f32(), kk.f32(), v.f32(), out.f32(), lse.f32(), dq.f32(),
                      dk.f32(), dv.f32(), B, T, H, KV, hd);
   }
   void conv1d_fwd(V x, V w, V bias, O y) override {
     Check c("conv1d_fwd", this);
     const auto d = ct::conv1d_fwd(c, x, w, bias, y);
-    Widened wide(*this, at_, {&x, &w, &bias}, {&y});
+    Widened wide(*this, at_, host_, {&x, &w, &bias}, {&y});
     k::conv1d_fwd(x.f32(), w.f32(), bias.f32(), y.f32(), d.B, d.T, d.C, d.K);
   }
   void conv1d_bwd(V dy, V x, V w, O dx, O dw, O dbias) override {
     Check c("conv1d_bwd", this);
     const auto d = ct::conv1d_bwd(c, dy, x, w, dx, dw, dbias);
-    Widened wide(*this, at_, {&dy, &x, &w}, {&dx, &dw, &dbias});
+    Widened wide(*this, at_, host_, {&dy, &x, &w}, {&dx, &dw, &dbias});
     k::conv1d_bwd(dy.f32(), x.f32(), w.f32(), dx.f32(), dw.f32(), dbias.f32(), d.B, d.T, d.C, d.K);
   }
   void ssd_fwd(V x, V dt, V A_log, V Bm, V Cm, V D, O y, O saved, int64_t chunk) override {
     Check c("ssd_fwd", this);
     const k::SsdShape s = ct::ssd_fwd(c, x, dt, A_log, Bm, Cm, D, y, saved, chunk,
                                       ssd_saved_numel(x.shape, Bm.shape, chunk));
-    Widened wide(*this, at_, {&x, &dt, &A_log, &Bm, &Cm, &D}, {&y, &saved});
+    Widened wide(*this, at_, host_, {&x, &dt, &A_log, &Bm, &Cm, &D}, {&y, &saved});
     k::ssd_fwd(s, x.f32(), dt.f32(), A_log.f32(), Bm.f32(), Cm.f32(), D.f32(), y.f32(),
                saved.f32(), wide.scratch(k::ssd_fwd_workspace_size(s)));
   }
@@ -357,7 +392,7 @@ class CpuBackend final : public Backend {
     Check c("ssd_bwd", this);
     const k::SsdShape s = ct::ssd_bwd(c, dy, x, dt, A_log, Bm, Cm, D, saved, dx, ddt, dA_log, dBm, dCm,
                                       dD, chunk, ssd_saved_numel(x.shape, Bm.shape, chunk));
-    Widened wide(*this, at_, {&dy, &x, &dt, &A_log, &Bm, &Cm, &D, &saved}, {&dx, &ddt, &dA_log, &dBm, &dCm, &dD});
+    Widened wide(*this, at_, host_, {&dy, &x, &dt, &A_log, &Bm, &Cm, &D, &saved}, {&dx, &ddt, &dA_log, &dBm, &dCm, &dD});
     k::ssd_bwd(s, dy.f32(), x.f32(), dt.f32(), A_log.f32(), Bm.f32(), Cm.f32(), D.f32(),
                saved.f32(), dx.f32(), ddt.f32(), dA_log.f32(), dBm.f32(), dCm.f32(), dD.f32(),
                wide.scratch(k::ssd_bwd_workspace_size(s)));
@@ -365,118 +400,118 @@ class CpuBackend final : public Backend {
   void silu_fwd(V x, O y) override {
     Check c("silu_fwd", this);
     const int64_t n = ct::silu_fwd(c, x, y);
-    Widened wide(*this, at_, {&x}, {&y});
+    Widened wide(*this, at_, host_, {&x}, {&y});
     k::silu_fwd(x.f32(), y.f32(), n);
   }
   void silu_bwd(V dy, V x, O dx) override {
     Check c("silu_bwd", this);
     const int64_t n = ct::silu_bwd(c, dy, x, dx);
-    Widened wide(*this, at_, {&dy, &x}, {&dx});
+    Widened wide(*this, at_, host_, {&dy, &x}, {&dx});
     k::silu_bwd(dy.f32(), x.f32(), dx.f32(), n);
   }
   void swiglu_fwd(V gate, V up, O h) override {
     Check c("swiglu_fwd", this);
     const int64_t n = ct::swiglu_fwd(c, gate, up, h);
-    Widened wide(*this, at_, {&gate, &up}, {&h});
+    Widened wide(*this, at_, host_, {&gate, &up}, {&h});
     k::swiglu_fwd(gate.f32(), up.f32(), h.f32(), n);
   }
   void swiglu_bwd(V dh, V gate, V up, O dgate, O dup) override {
     Check c("swiglu_bwd", this);
     const int64_t n = ct::swiglu_bwd(c, dh, gate, up, dgate, dup);
-    Widened wide(*this, at_, {&dh, &gate, &up}, {&dgate, &dup});
+    Widened wide(*this, at_, host_, {&dh, &gate, &up}, {&dgate, &dup});
     k::swiglu_bwd(dh.f32(), gate.f32(), up.f32(), dgate.f32(), dup.f32(), n);
   }
   void moe_route_fwd(V logits, O probs, O experts, O weights) override {
     Check c("moe_route_fwd", this);
     const auto [M, E, K] = ct::moe_route_fwd(c, logits, probs, experts, weights);
-    Widened wide(*this, at_, {&logits}, {&probs, &experts, &weights});
+    Widened wide(*this, at_, host_, {&logits}, {&probs, &experts, &weights});
     k::moe_route_fwd(logits.f32(), probs.f32(), experts.i32(), weights.f32(), M, E, K);
   }
   void moe_route_bwd(V dweights, V dprobs, V probs, V experts, V weights, O dlogits) override {
     Check c("moe_route_bwd", this);
     const auto [M, E, K] = ct::moe_route_bwd(c, dweights, dprobs, probs, experts, weights, dlogits);
-    Widened wide(*this, at_, {&dweights, &dprobs, &probs, &experts, &weights}, {&dlogits});
+    Widened wide(*this, at_, host_, {&dweights, &dprobs, &probs, &experts, &weights}, {&dlogits});
     k::moe_route_bwd(dweights.f32(), dprobs.f32(), probs.f32(), experts.i32(), weights.f32(),
                      dlogits.f32(), M, E, K);
   }
   double moe_balance(V probs, V experts, int64_t seq, O dprobs, float scale) override {
     Check c("moe_balance", this);
     const auto [M, E, K] = ct::moe_balance(c, probs, experts, seq, dprobs);
-    Widened wide(*this, at_, {&probs, &experts}, {&dprobs});
+    Widened wide(*this, at_, host_, {&probs, &experts}, {&dprobs});
     return k::moe_balance(probs.f32(), experts.i32(), dprobs.f32(), M, E, K, seq, scale);
   }
   void moe_permute_index(V experts, O counts, O rows, O pos) override {
     Check c("moe_permute_index", this);
     const auto [M, E, K] = ct::moe_permute_index(c, experts, counts, rows, pos);
-    Widened wide(*this, at_, {&experts}, {&counts, &rows, &pos});
+    Widened wide(*this, at_, host_, {&experts}, {&counts, &rows, &pos});
     k::moe_permute_index(experts.i32(), counts.i32(), rows.i32(), pos.i32(), M, E, K);
   }
   void gather_rows(V src, V rows, O dst) override {
     Check c("gather_rows", this);
     const auto [P, D] = ct::gather_rows(c, src, rows, dst);
-    Widened wide(*this, at_, {&src, &rows}, {&dst});
+    Widened wide(*this, at_, host_, {&src, &rows}, {&dst});
     k::gather_rows(src.f32(), rows.i32(), dst.f32(), P, D);
   }
   void moe_combine(V y, V pos, V weights, O out) override {
     Check c("moe_combine", this);
     const auto [M, K, D] = ct::moe_combine(c, y, pos, weights, out);
-    Widened wide(*this, at_, {&y, &pos, &weights}, {&out});
+    Widened wide(*this, at_, host_, {&y, &pos, &weights}, {&out});
     k::moe_combine(y.f32(), pos.i32(), weights.f32(), out.f32(), M, K, D);
   }
   void moe_combine_bwd(V dout, V y, V pos, V weights, O dy, O dweights) override {
     Check c("moe_combine_bwd", this);
     const auto [M, K, D] = ct::moe_combine_bwd(c, dout, y, pos, weights, dy, dweights);
-    Widened wide(*this, at_, {&dout, &y, &pos, &weights}, {&dy, &dweights});
+    Widened wide(*this, at_, host_, {&dout, &y, &pos, &weights}, {&dy, &dweights});
     k::moe_combine_bwd(dout.f32(), y.f32(), pos.i32(), weights.f32(), dy.f32(), dweights.f32(), M, K,
                        D);
   }
   void moe_dispatch_bwd(V dxp, V pos, O dx) override {
     Check c("moe_dispatch_bwd", this);
     const auto [M, K, D] = ct::moe_dispatch_bwd(c, dxp, pos, dx);
-    Widened wide(*this, at_, {&dxp, &pos}, {&dx});
+    Widened wide(*this, at_, host_, {&dxp, &pos}, {&dx});
     k::moe_dispatch_bwd(dxp.f32(), pos.i32(), dx.f32(), M, K, D);
   }
   void dt_softplus_fwd(V dt_raw, V dt_bias, O dt) override {
     Check c("dt_softplus_fwd", this);
     const auto [M, Hm] = ct::dt_softplus_fwd(c, dt_raw, dt_bias, dt);
-    Widened wide(*this, at_, {&dt_raw, &dt_bias}, {&dt});
+    Widened wide(*this, at_, host_, {&dt_raw, &dt_bias}, {&dt});
     k::dt_softplus_fwd(dt_raw.f32(), dt_bias.f32(), dt.f32(), M, Hm);
   }
   void dt_softplus_bwd(V ddt, V dt_raw, V dt_bias, O ddt_raw, O ddt_bias) override {
     Check c("dt_softplus_bwd", this);
     const auto [M, Hm] = ct::dt_softplus_bwd(c, ddt, dt_raw, dt_bias, ddt_raw, ddt_bias);
-    Widened wide(*this, at_, {&ddt, &dt_raw, &dt_bias}, {&ddt_raw, &ddt_bias});
+    Widened wide(*this, at_, host_, {&ddt, &dt_raw, &dt_bias}, {&ddt_raw, &ddt_bias});
     k::dt_softplus_bwd(ddt.f32(), dt_raw.f32(), dt_bias.f32(), ddt_raw.f32(), ddt_bias.f32(), M, Hm);
   }
   void embedding_fwd(V ids, V table, O out, int64_t vocab_offset) override {
     Check c("embedding_fwd", this);
     const auto [M, Vn, D] = ct::embedding_fwd(c, ids, table, out);
-    Widened wide(*this, at_, {&ids, &table}, {&out});
+    Widened wide(*this, at_, host_, {&ids, &table}, {&out});
     k::embedding_fwd(ids.i32(), table.f32(), out.f32(), M, D, Vn, vocab_offset);
   }
   void embedding_bwd(V ids, V dout, O dtable, int64_t vocab_offset) override {
     Check c("embedding_bwd", this);
     const auto [M, Vn, D] = ct::embedding_bwd(c, ids, dout, dtable);
-    Widened wide(*this, at_, {&ids, &dout}, {&dtable});
+    Widened wide(*this, at_, host_, {&ids, &dout}, {&dtable});
     k::embedding_bwd(ids.i32(), dout.f32(), dtable.f32(), M, D, Vn, vocab_offset);
   }
   double cross_entropy(V logits, V targets, O dlogits, float scale) override {
     Check c("cross_entropy", this);
     const auto [M, Vn] = ct::cross_entropy(c, logits, targets, dlogits);
-    Widened wide(*this, at_, {&logits, &targets}, {&dlogits});
+    Widened wide(*this, at_, host_, {&logits, &targets}, {&dlogits});
     return k::cross_entropy(logits.f32(), targets.i32(), dlogits.f32(), M, Vn, scale);
   }
   void row_max(V x, O out) override {
     Check c("row_max", this);
     const auto [M, N] = ct::row_max(c, x, out);
-    Widened wide(*this, at_, {&x}, {&out});
+    Widened wide(*this, at_, host_, {&x}, {&out});
     k::row_max(x.f32(), out.f32(), M, N);
   }
   void vocab_ce_partials(V logits, V row_max, V targets, int64_t vocab_offset, O exps,
                          O sums) override {
     Check c("vocab_ce_partials", this);
     const auto [M, Vn] = ct::vocab_ce_partials(c, logits, row_max, targets, exps, sums);
-    Widened wide(*this, at_, {&logits, &row_max, &targets}, {&exps, &sums});
+    Widened wide(*this, at_, host_, {&logits, &row_max, &targets}, {&exps, &sums});
     k::vocab_ce_partials(logits.f32(), row_max.f32(), targets.i32(), vocab_offset, exps.f32(),
                          sums.f32(), M, Vn);
   }
@@ -484,26 +519,26 @@ class CpuBackend final : public Backend {
                          float scale) override {
     Check c("vocab_ce_finish", this);
     const auto [M, Vn] = ct::vocab_ce_finish(c, sums, row_max, targets, dlogits);
-    Widened wide(*this, at_, {&sums, &row_max, &targets}, {&dlogits});
+    Widened wide(*this, at_, host_, {&sums, &row_max, &targets}, {&dlogits});
     return k::vocab_ce_finish(sums.f32(), row_max.f32(), targets.i32(), vocab_offset,
                               dlogits.f32(), M, Vn, scale);
   }
   void gather_cols(V src, int64_t col, O dst) override {
     Check c("gather_cols", this);
     const auto [M, S, n] = ct::gather_cols(c, src, col, dst);
-    Widened wide(*this, at_, {&src}, {&dst});
+    Widened wide(*this, at_, host_, {&src}, {&dst});
     k::gather_cols(src.f32(), S, col, dst.f32(), n, M);
   }
   void scatter_cols(V src, O dst, int64_t col) override {
     Check c("scatter_cols", this);
     const auto [M, S, n] = ct::scatter_cols(c, src, dst, col);
-    Widened wide(*this, at_, {&src}, {&dst});
+    Widened wide(*this, at_, host_, {&src}, {&dst});
     k::scatter_cols(src.f32(), n, dst.f32(), S, col, M);
   }
   void add_inplace(O y, V x) override {
     Check c("add_inplace", this);
     const int64_t n = ct::add_inplace(c, y, x);
-    Widened wide(*this, at_, {&x}, {&y});
+    Widened wide(*this, at_, host_, {&x}, {&y});
     k::add_inplace(y.f32(), x.f32(), n);
   }
   void convert(V src, O dst) override {
@@ -521,14 +556,14 @@ class CpuBackend final : public Backend {
   void adamw_update(O p, V g, O m, O v, const AdamWStep& st) override {
     Check c("adamw_update", this);
     const int64_t n = ct::adamw_update(c, p, g, m, v, st);
-    Widened wide(*this, at_, {&g}, {&p, &m, &v});
+    Widened wide(*this, at_, host_, {&g}, {&p, &m, &v});
     k::adamw_update(p.f32(), g.f32(), m.f32(), v.f32(), n, st.lr, st.beta1, st.beta2, st.eps,
                     st.weight_decay, st.t, st.decay, st.grad_scale);
   }
   double sum_squares(V x) override {
     Check c("sum_squares", this);
     const int64_t n = ct::sum_squares(c, x);
-    Widened wide(*this, at_, {&x}, {});
+    Widened wide(*this, at_, host_, {&x}, {});
     return k::sum_squares(x.f32(), n);
   }
 
@@ -542,6 +577,7 @@ class CpuBackend final : public Backend {
   MatmulPrecision matmul_ = MatmulPrecision::MATMUL_FP32;
   MemoryStats stats_;
   std::map<size_t, std::vector<void*>> cache_;  // free blocks by rounded size, at local addresses
+  HostBlocks host_;                              // what bf16 ops widen into
   size_t cached_bytes_ = 0;
   uint64_t events_ = 0;
 };

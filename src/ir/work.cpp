@@ -464,12 +464,14 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     throw std::invalid_argument("unit_memory: kept_bytes must be 1 to 4, not " + std::to_string(kept_bytes));
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
-  // Elements: what the forward keeps, at kept_bytes; the saved rest (stats), f32; what BWD_I frees of
-  // each before the weight half; its stash for the weight half; the scratch at the peak of a
-  // backward above saved and stash, and of a forward above all it saves (f32); and how many of a
-  // forward's and a backward's boundary tensors (x, y; x, dy, dx: [M, D] each) a narrower storage
-  // stages in f32.
-  double kept = 0, stats = 0, freed_kept = 0, freed_stats = 0, stash = 0, scratch = 0, fwd_scratch = 0;
+  // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
+  // in the storage type (native: a mixer that computes on it, model/mlp_unit.cpp); the saved rest
+  // (stats), f32; what BWD_I frees of each before the weight half; its stash for the weight half, f32
+  // or native; the scratch at the peak of a backward above saved and stash (f32 or native), and of a
+  // forward above all it saves (f32); and how many of a forward's and a backward's boundary tensors
+  // (x, y; x, dy, dx: [M, D] each) a narrower storage stages in f32.
+  double kept = 0, native = 0, stats = 0, freed_kept = 0, freed_native = 0, freed_stats = 0;
+  double stash = 0, stash_native = 0, scratch = 0, scratch_native = 0, fwd_scratch = 0;
   double fwd_io = 2, bwd_io = 3;
   if (kind == 'e') {
     // The token ids are a std::vector, outside the backend's accounting; the backward adds dy's rows
@@ -490,10 +492,11 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     freed_stats = M;                            // rstd, once the norm's backward has read it
     const double dxn = M * d.D;                 // the block's scratch throughout BWD_I
     if (kind == '-') {
-      kept += 3 * M * d.F;                      // gate, up, h
-      freed_kept = 2 * M * d.F;                 // gate, up
-      stash = M * (d.D + 2 * d.F);              // dout, dgate, dup
-      scratch = dxn + M * d.F;                  // + dh
+      native = 3 * M * d.F;                     // gate, up, h
+      freed_native = 2 * M * d.F;               // gate, up
+      stash_native = M * (d.D + 2 * d.F);       // dout, dgate, dup
+      scratch = dxn;
+      scratch_native = M * d.F;                 // dh
     } else if (kind == '*') {
       kept += M * (2 * d.Q + 2 * d.KVD);        // q, k, v after RoPE, att
       stats += M * d.H;                         // lse
@@ -523,11 +526,14 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   }
   constexpr double kFloat = 4;
   const bool narrow = kept_bytes < kFloat;
-  const double saved = kept * kept_bytes + stats * kFloat;
-  // A forward computes all it keeps in f32 before storing it; a backward widens it back.
-  const double forward = (kept + stats + fwd_scratch + (narrow ? fwd_io * M * d.D : 0)) * kFloat;
-  const double backward = (stash + scratch + (narrow ? bwd_io * M * d.D : 0)) * kFloat + kept * (kFloat - kept_bytes);
-  return {saved, saved - freed_kept * kept_bytes + (stash - freed_stats) * kFloat, std::max(forward, backward)};
+  const double saved = (kept + native) * kept_bytes + stats * kFloat;
+  // A forward computes what it keeps narrowed in f32 before storing it; a backward widens it back.
+  const double forward = (kept + stats + fwd_scratch + (narrow ? fwd_io * M * d.D : 0)) * kFloat + native * kept_bytes;
+  const double backward = (stash + scratch + (narrow ? bwd_io * M * d.D : 0)) * kFloat +
+                          (stash_native + scratch_native) * kept_bytes + kept * (kFloat - kept_bytes);
+  const double kept_for_w = saved - (freed_kept + freed_native) * kept_bytes + (stash - freed_stats) * kFloat +
+                            stash_native * kept_bytes;
+  return {saved, kept_for_w, std::max(forward, backward)};
 }
 
 std::vector<double> segment_shares(const config::ModelConfig& m, char kind, NodeKind pass, const PassShape& shape,

@@ -10,9 +10,13 @@ namespace {
 enum MlpParam : size_t { MLP_GATE_PROJ = 1, MLP_UP_PROJ, MLP_DOWN_PROJ };
 }  // namespace
 
+// The mixer computes on the activations' storage type (bf16 under train.precision bf16): gate, up, h, their
+// gradients and the weight half's stash are tensors of it; the block's xn, the output and the input gradient
+// are f32, which the products take and give beside them.
 void MlpBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
   const int64_t M = mb.rows(), D = cfg_.d_model, F = dims_.ffn;
-  Saved s{M, act(M * F), act(M * F), act(M * F), {}, {}, {}};
+  const backend::DType t = activation_storage();
+  Saved s{M, act(M * F, t), act(M * F, t), act(M * F, t), {}, {}, {}};
   const auto x = view(be_, xn, {M, D});
   be_.linear_fwd(x, weight(MLP_GATE_PROJ, {F, D}), s.gate.view({M, F}));
   be_.linear_fwd(x, weight(MLP_UP_PROJ, {F, D}), s.up.view({M, F}));
@@ -24,13 +28,13 @@ void MlpBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, fl
 void MlpBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout, float* dxn) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model, F = dims_.ffn;
-  s.dout = scratch(M * D);
-  be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
-  Tensor dh = scratch(M * F);
+  const backend::DType t = s.h.dtype();
+  s.dout = backend::converted(view(be_, dout, {M, D}), t, backend::MemCategory::MEM_BUFFERS);
+  Tensor dh = scratch(M * F, t);
   be_.linear_bwd_input(view(be_, dout, {M, D}), weight(MLP_DOWN_PROJ, {D, F}), dh.view({M, F}),
                        false);
-  s.dgate = scratch(M * F);
-  s.dup = scratch(M * F);
+  s.dgate = scratch(M * F, t);
+  s.dup = scratch(M * F, t);
   be_.swiglu_bwd(dh.view(), s.gate.view(), s.up.view(), s.dgate.view(), s.dup.view());
   s.gate = {}, s.up = {};  // the weight gradients read h, not these
   const auto dx = view(be_, dxn, {M, D});
@@ -45,12 +49,6 @@ void MlpBlock::mixer_backward_weight(int slot, const float* xn) {
   be_.linear_bwd_weight(s.dout.view({M, D}), s.h.view({M, F}), view(be_, g(MLP_DOWN_PROJ), {D, F}));
   be_.linear_bwd_weight(s.dgate.view({M, F}), x, view(be_, g(MLP_GATE_PROJ), {F, D}));
   be_.linear_bwd_weight(s.dup.view({M, F}), x, view(be_, g(MLP_UP_PROJ), {F, D}));
-}
-
-std::vector<Tensor*> MlpBlock::mixer_kept(int slot) {
-  auto it = saved_.find(slot);
-  if (it == saved_.end()) return {};
-  return {&it->second.gate, &it->second.up, &it->second.h};
 }
 
 void MlpBlock::mixer_release(int slot) { saved_.erase(slot); }

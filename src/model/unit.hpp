@@ -175,6 +175,9 @@ class Unit {
   float* g(size_t i) { return params_.grad(spec_.index, i); }
   Tensor act(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_ACTIVATIONS); }
   Tensor scratch(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_BUFFERS); }
+  // The same in storage type t: what a mixer computes on in the activations' storage type (activation_storage()).
+  Tensor act(int64_t n, backend::DType t) { return Tensor(be_, {n}, backend::MemCategory::MEM_ACTIVATIONS, t); }
+  Tensor scratch(int64_t n, backend::DType t) { return Tensor(be_, {n}, backend::MemCategory::MEM_BUFFERS, t); }
 
   const ir::UnitSpec& spec_;
   const config::ModelConfig& cfg_;
@@ -239,8 +242,8 @@ class Block : public Unit {
   // What the mixer adds to the loss sum for `slot` (the MoE balance loss), once its forward is done.
   virtual double mixer_loss(int /*slot*/) const { return 0.0; }
   std::vector<Tensor*> kept(int slot) final;
-  // The mixer's share of kept().
-  virtual std::vector<Tensor*> mixer_kept(int slot) = 0;
+  // The mixer's share of kept(): none for a mixer that computes on the activations' storage type (MLP).
+  virtual std::vector<Tensor*> mixer_kept(int /*slot*/) { return {}; }
 
  private:
   struct Saved {

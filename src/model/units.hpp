@@ -68,12 +68,11 @@ class MlpBlock final : public Block {
   void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
-  std::vector<Tensor*> mixer_kept(int slot) override;
 
  private:
   struct Saved {
     int64_t rows = 0;
-    Tensor gate, up, h;         // [rows, F]
+    Tensor gate, up, h;         // [rows, F], in the activations' storage type
     Tensor dout, dgate, dup;    // weight-gradient stash
   };
   std::map<int, Saved> saved_;

@@ -77,8 +77,8 @@ Measured measure(Unit& unit, bool embed, bool head, const MicroBatch& mb, int64_
 
 // The saved state and what the weight half reads are the runtime's to the byte in both storage
 // types. The transient peak within 35%: the analytic model counts a pass's largest tensors, not every
-// scratch, nor the copies a bf16 product makes of its operands, which are the backend's (the CPU
-// backend rounds them into f32 copies; a GPU's are bf16).
+// scratch (an MoE block's), nor the copies a GPU's bf16 product makes of its f32 operands (the CPU
+// backend's rounded and widened copies stand for registers and are not counted).
 TEST(UnitMemory, AnalyticModelMatchesTheBackendsAccountingInF32AndBf16) {
   config::ModelConfig cfg = testing::small_model("M*-E");
   cfg.ssd_chunk = 4;
