@@ -465,7 +465,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
   // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
-  // in the storage type (native: a mixer that computes on it, model/mlp_unit.cpp); the saved rest
+  // in the storage type (native: a mixer that computes on it, model/mlp_unit.cpp, attention_unit.cpp); the saved rest
   // (stats), f32; what BWD_I frees of each before the weight half; its stash for the weight half, f32
   // or native; the scratch at the peak of a backward above saved and stash (f32 or native), and of a
   // forward above all it saves (f32); and how many of a forward's and a backward's boundary tensors
@@ -498,12 +498,13 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       scratch = dxn;
       scratch_native = M * d.F;                 // dh
     } else if (kind == '*') {
-      kept += M * (2 * d.Q + 2 * d.KVD);        // q, k, v after RoPE, att
+      native = M * (2 * d.Q + 2 * d.KVD);       // q, k, v after RoPE, att
       stats += M * d.H;                         // lse
-      freed_kept = M * (d.Q + 2 * d.KVD);       // q, k, v
+      freed_native = M * (d.Q + 2 * d.KVD);     // q, k, v
       freed_stats += M * d.H;                   // lse
-      stash = M * (d.D + d.Q + 2 * d.KVD);      // dout, dq, dk, dv
-      scratch = dxn + M * d.Q;                  // + datt
+      stash_native = M * (d.D + d.Q + 2 * d.KVD);  // dout, dq, dk, dv
+      scratch = dxn;
+      scratch_native = M * d.Q;                 // datt
     } else if (kind == 'E') {
       const double MK = M * d.top_k;
       kept += 3 * MK * d.Fe;                    // gate, up, h

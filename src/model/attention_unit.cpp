@@ -11,13 +11,17 @@ namespace {
 enum AttentionParam : size_t { ATTN_Q_PROJ = 1, ATTN_K_PROJ, ATTN_V_PROJ, ATTN_O_PROJ };
 }  // namespace
 
+// The mixer computes on the activations' storage type (bf16 under train.precision bf16): q, k, v, the
+// attention output, their gradients and the weight half's stash are tensors of it, lse f32; the block's
+// xn, the output and the input gradient are f32, which the products take and give beside them.
 void AttentionBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
   const int64_t M = mb.rows(), D = cfg_.d_model, H = dims_.heads, KV = dims_.kv_heads;
   const int64_t B = mb.batch, T = mb.seq, hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
+  const backend::DType t = activation_storage();
   Saved s;
   s.batch = B;
   s.seq = T;
-  s.q = act(M * Q), s.k = act(M * KVD), s.v = act(M * KVD), s.att = act(M * Q);
+  s.q = act(M * Q, t), s.k = act(M * KVD, t), s.v = act(M * KVD, t), s.att = act(M * Q, t);
   s.lse = act(B * H * T);
   const auto x = view(be_, xn, {M, D});
   be_.linear_fwd(x, weight(ATTN_Q_PROJ, {Q, D}), s.q.view({M, Q}));
@@ -36,12 +40,12 @@ void AttentionBlock::mixer_backward_input(int slot, const float* /*xn*/, const f
   Saved& s = saved_.at(slot);
   const int64_t B = s.batch, T = s.seq, M = B * T, D = cfg_.d_model, H = dims_.heads;
   const int64_t KV = dims_.kv_heads, hd = cfg_.attn_head_dim(), Q = H * hd, KVD = KV * hd;
-  s.dout = scratch(M * D);
-  be_.copy(s.dout.data(), dout, static_cast<size_t>(M * D) * sizeof(float));
-  Tensor datt = scratch(M * Q);
+  const backend::DType t = s.att.dtype();
+  s.dout = backend::converted(view(be_, dout, {M, D}), t, backend::MemCategory::MEM_BUFFERS);
+  Tensor datt = scratch(M * Q, t);
   be_.linear_bwd_input(view(be_, dout, {M, D}), weight(ATTN_O_PROJ, {D, Q}), datt.view({M, Q}),
                        false);
-  s.dq = scratch(M * Q), s.dk = scratch(M * KVD), s.dv = scratch(M * KVD);
+  s.dq = scratch(M * Q, t), s.dk = scratch(M * KVD, t), s.dv = scratch(M * KVD, t);
   const backend::Shape qs{B, T, H, hd}, ks{B, T, KV, hd};
   be_.attention_bwd(datt.view(qs), s.q.view(qs), s.k.view(ks), s.v.view(ks), s.att.view(qs),
                     s.lse.view({B, H, T}), s.dq.view(qs), s.dk.view(ks), s.dv.view(ks));
@@ -63,14 +67,6 @@ void AttentionBlock::mixer_backward_weight(int slot, const float* xn) {
   be_.linear_bwd_weight(s.dq.view({M, Q}), x, view(be_, g(ATTN_Q_PROJ), {Q, D}));
   be_.linear_bwd_weight(s.dk.view({M, KVD}), x, view(be_, g(ATTN_K_PROJ), {KVD, D}));
   be_.linear_bwd_weight(s.dv.view({M, KVD}), x, view(be_, g(ATTN_V_PROJ), {KVD, D}));
-}
-
-// lse, a statistic, stays f32.
-std::vector<Tensor*> AttentionBlock::mixer_kept(int slot) {
-  auto it = saved_.find(slot);
-  if (it == saved_.end()) return {};
-  Saved& s = it->second;
-  return {&s.q, &s.k, &s.v, &s.att};
 }
 
 void AttentionBlock::mixer_release(int slot) { saved_.erase(slot); }

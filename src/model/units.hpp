@@ -158,13 +158,12 @@ class AttentionBlock final : public Block {
   void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
-  std::vector<Tensor*> mixer_kept(int slot) override;
 
  private:
   struct Saved {
     int64_t batch = 0, seq = 0;
-    Tensor q, k, v;    // after RoPE: [B,T,H,hd], [B,T,KV,hd], [B,T,KV,hd]
-    Tensor att, lse;   // [B,T,H,hd], [B,H,T]
+    Tensor q, k, v;    // after RoPE: [B,T,H,hd], [B,T,KV,hd], [B,T,KV,hd], in the activations' storage type
+    Tensor att, lse;   // [B,T,H,hd] likewise, [B,H,T] f32
     Tensor dout, dq, dk, dv;  // weight-gradient stash
   };
   std::map<int, Saved> saved_;
