@@ -465,7 +465,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
   // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
-  // in the storage type (native: a mixer that computes on it, model/mlp_unit.cpp, attention_unit.cpp); the saved rest
+  // in the storage type (native: a mixer that computes on it: the MLP, attention and Mamba-2 mixers); the saved rest
   // (stats), f32; what BWD_I frees of each before the weight half; its stash for the weight half, f32
   // or native; the scratch at the peak of a backward above saved and stash (f32 or native), and of a
   // forward above all it saves (f32); and how many of a forward's and a backward's boundary tensors
@@ -517,12 +517,13 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states
-      kept += M * (4 * d.di + 2 * d.C + 2 * d.G * d.N);     // z, x, y, normed; xbc_in, xbc_conv; B, C
-      stats += M * (2 * d.Hm + d.G) + states;               // dt_raw, dt; the gated norm's rstd
-      freed_kept = M * (3 * d.di + 2 * d.C + 2 * d.G * d.N);  // all but normed
-      freed_stats += M * (2 * d.Hm + d.G) + states;
-      stash = M * (d.D + d.R);                  // dout, dzxbcdt
-      scratch = dxn + M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C);  // the gradients of its inner scope
+      native = M * (4 * d.di + 2 * d.C + 2 * d.G * d.N + 2 * d.Hm);  // z, x, y, normed; xbc_in, xbc_conv; B, C; dt_raw, dt
+      stats += M * d.G + states;                                     // the gated norm's rstd, the chunk states
+      freed_native = native - M * d.di;         // all but normed
+      freed_stats += M * d.G + states;
+      stash_native = M * (d.D + d.R);           // dout, dzxbcdt
+      scratch = dxn;
+      scratch_native = M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C);  // the gradients of its inner scope
     }
   }
   constexpr double kFloat = 4;

@@ -100,6 +100,13 @@ void Unit::finish(ir::NodeKind pass, int slot, const PassArgs& a) {
   staged_.erase(it);
 }
 
+backend::ConstTensorView Unit::weight_as(size_t i, backend::Shape shape, backend::DType t, Tensor& held) {
+  const backend::ConstTensorView v = weight(i, shape);
+  if (v.dtype == t) return v;
+  held = backend::converted(v, t, backend::MemCategory::MEM_BUFFERS);
+  return held.view();
+}
+
 void Unit::widen(Tensor& t) { store_as(t, backend::DType::DTYPE_F32); }
 
 void Unit::convert_kept(int slot, backend::DType to) {

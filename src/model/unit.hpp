@@ -172,6 +172,9 @@ class Unit {
   backend::ConstTensorView weight(size_t i, backend::Shape shape, int64_t offset = 0) {
     return params_.compute_view(spec_.index, i, offset, shape);
   }
+  // Parameter i in storage type t, for an op whose data tensors share one type (a norm's weight, the
+  // conv's): weight(i) where it is of t (the compute copy under bf16), else converted into `held`.
+  backend::ConstTensorView weight_as(size_t i, backend::Shape shape, backend::DType t, Tensor& held);
   float* g(size_t i) { return params_.grad(spec_.index, i); }
   Tensor act(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_ACTIVATIONS); }
   Tensor scratch(int64_t n) { return Tensor(be_, n, backend::MemCategory::MEM_BUFFERS); }

@@ -178,9 +178,9 @@ class MambaBlock final : public Block {
   void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
-  std::vector<Tensor*> mixer_kept(int slot) override;
 
  private:
+  // In the activations' storage type but states and rstd (f32).
   struct Saved {
     int64_t batch = 0, seq = 0;
     Tensor z, xbc_in, dt_raw;   // slices of in_proj's output: [rows, d_inner], [rows, C], [rows, Hm]
