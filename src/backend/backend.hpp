@@ -351,6 +351,9 @@ class Tensor {
   ConstTensorView view() const;
   TensorView view(Shape s);
   ConstTensorView view(Shape s) const;
+  // Elements [offset, offset + s.numel()) seen as s: a run of rows, in any storage type.
+  TensorView part(int64_t offset, Shape s);
+  ConstTensorView part(int64_t offset, Shape s) const;
 
  private:
   void release();

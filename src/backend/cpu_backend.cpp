@@ -690,4 +690,13 @@ TensorView Tensor::view(Shape s) {
 
 ConstTensorView Tensor::view(Shape s) const { return const_cast<Tensor*>(this)->view(s); }
 
+TensorView Tensor::part(int64_t offset, Shape s) {
+  if (offset < 0 || offset + s.numel() > shape_.numel())
+    throw std::invalid_argument("Tensor::part: elements [" + std::to_string(offset) + ", " +
+                                std::to_string(offset + s.numel()) + ") of the tensor " + shape_.str());
+  return {backend_, dtype_, s, static_cast<unsigned char*>(data_) + static_cast<size_t>(offset) * dtype_size(dtype_)};
+}
+
+ConstTensorView Tensor::part(int64_t offset, Shape s) const { return const_cast<Tensor*>(this)->part(offset, s); }
+
 }  // namespace piper::backend

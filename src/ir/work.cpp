@@ -465,7 +465,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
   // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
-  // in the storage type (native: a mixer that computes on it: the MLP, attention and Mamba-2 mixers); the saved rest
+  // in the storage type (native: what every block's mixer computes on it); the saved rest
   // (stats), f32; what BWD_I frees of each before the weight half; its stash for the weight half, f32
   // or native; the scratch at the peak of a backward above saved and stash (f32 or native), and of a
   // forward above all it saves (f32); and how many of a forward's and a backward's boundary tensors
@@ -507,13 +507,15 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       scratch_native = M * d.Q;                 // datt
     } else if (kind == 'E') {
       const double MK = M * d.top_k;
-      kept += 3 * MK * d.Fe;                    // gate, up, h
+      native = 3 * MK * d.Fe;                   // gate, up, h
       // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out
       stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D;
-      freed_kept = 2 * MK * d.Fe;               // gate, up
+      freed_native = 2 * MK * d.Fe;             // gate, up
       freed_stats += 2 * M * d.E + MK * d.D;    // probs, dprobs; the experts' rows out
-      stash = M * d.E + MK * d.D + 2 * MK * d.Fe;  // dlogits, the rows' gradients, dgate, dup
-      scratch = dxn + 2 * MK * d.D + d.Fe * MK;  // + the rows' gradients on their way, dh
+      stash = M * d.E + MK * d.D;               // dlogits, the rows' gradients
+      stash_native = 2 * MK * d.Fe;             // dgate, dup
+      scratch = dxn + 2 * MK * d.D;             // + the rows' gradients on their way
+      scratch_native = d.Fe * MK;               // dh
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states

@@ -93,14 +93,12 @@ void Block::recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x
   narrow(slot);  // the backward reads what it would have read without the recomputation
 }
 
-// The normalised input (the mixer's products read it again for the weight gradients) and the
-// mixer's; rstd is a statistic and stays f32.
+// The normalised input (the mixer's products read it again for the weight gradients): the norm computes
+// it in f32. The mixers compute on the storage type and keep nothing to narrow; rstd is a statistic.
 std::vector<Tensor*> Block::kept(int slot) {
   auto it = saved_.find(slot);
   if (it == saved_.end()) return {};
-  std::vector<Tensor*> t = mixer_kept(slot);
-  t.push_back(&it->second.xn);
-  return t;
+  return {&it->second.xn};
 }
 
 void Block::release(int slot) {

@@ -125,39 +125,40 @@ void MoeBlock::for_each_expert(const Saved& s, Fn&& fn) const {
     if (rows[l] > 0) fn(static_cast<int64_t>(l), first, rows[l]);
 }
 
-// Each local expert's rows through its SwiGLU: one GEMM per expert group and matrix.
+// Each local expert's rows through its SwiGLU: one GEMM per expert group and matrix. The experts compute
+// on the activations' storage type (bf16 under train.precision bf16): gate, up, h, their gradients and
+// the weight half's stash are tensors of it; the rows in and out are f32, which the products take and give.
 void MoeBlock::experts_forward(Saved& s) {
   const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
-  s.gate = act(std::max<int64_t>(1, R * F)), s.up = act(std::max<int64_t>(1, R * F)), s.h = act(std::max<int64_t>(1, R * F));
+  const backend::DType t = activation_storage();
+  const int64_t n_all = std::max<int64_t>(1, R * F);
+  s.gate = act(n_all, t), s.up = act(n_all, t), s.h = act(n_all, t);
   const float* x = s.dispatch->expert_input();
   float* y = s.dispatch->expert_output();
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     const auto xl = view(be_, x + o * D, {n, D});
-    be_.linear_fwd(xl, expert_weight(MOE_GATE, li, F, D), view(be_, s.gate.data() + o * F, {n, F}));
-    be_.linear_fwd(xl, expert_weight(MOE_UP, li, F, D), view(be_, s.up.data() + o * F, {n, F}));
-    be_.swiglu_fwd(view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
-                   view(be_, s.h.data() + o * F, {n * F}));
-    be_.linear_fwd(view(be_, s.h.data() + o * F, {n, F}), expert_weight(MOE_DOWN, li, D, F),
-                   view(be_, y + o * D, {n, D}));
+    be_.linear_fwd(xl, expert_weight(MOE_GATE, li, F, D), s.gate.part(o * F, {n, F}));
+    be_.linear_fwd(xl, expert_weight(MOE_UP, li, F, D), s.up.part(o * F, {n, F}));
+    be_.swiglu_fwd(s.gate.part(o * F, {n * F}), s.up.part(o * F, {n * F}), s.h.part(o * F, {n * F}));
+    be_.linear_fwd(s.h.part(o * F, {n, F}), expert_weight(MOE_DOWN, li, D, F), view(be_, y + o * D, {n, D}));
   });
 }
 
 void MoeBlock::experts_backward(Saved& s) {
   const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
-  s.dgate = scratch(std::max<int64_t>(1, R * F)), s.dup = scratch(std::max<int64_t>(1, R * F));
+  const backend::DType t = s.h.dtype();
+  s.dgate = scratch(std::max<int64_t>(1, R * F), t), s.dup = scratch(std::max<int64_t>(1, R * F), t);
   const float* dy = s.dispatch->expert_grad_output();
   float* dx = s.dispatch->expert_grad_input();
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
-    Tensor dh = scratch(n * F);
+    Tensor dh = scratch(n * F, t);
     be_.linear_bwd_input(view(be_, dy + o * D, {n, D}), expert_weight(MOE_DOWN, li, D, F),
                          dh.view({n, F}), false);
-    float* dg = s.dgate.data() + o * F;
-    float* du = s.dup.data() + o * F;
-    be_.swiglu_bwd(dh.view(), view(be_, s.gate.data() + o * F, {n * F}), view(be_, s.up.data() + o * F, {n * F}),
-                   view(be_, dg, {n * F}), view(be_, du, {n * F}));
+    be_.swiglu_bwd(dh.view(), s.gate.part(o * F, {n * F}), s.up.part(o * F, {n * F}), s.dgate.part(o * F, {n * F}),
+                   s.dup.part(o * F, {n * F}));
     const auto dxl = view(be_, dx + o * D, {n, D});
-    be_.linear_bwd_input(view(be_, dg, {n, F}), expert_weight(MOE_GATE, li, F, D), dxl, false);
-    be_.linear_bwd_input(view(be_, du, {n, F}), expert_weight(MOE_UP, li, F, D), dxl, true);
+    be_.linear_bwd_input(s.dgate.part(o * F, {n, F}), expert_weight(MOE_GATE, li, F, D), dxl, false);
+    be_.linear_bwd_input(s.dup.part(o * F, {n, F}), expert_weight(MOE_UP, li, F, D), dxl, true);
   });
   s.gate = {}, s.up = {};
 }
@@ -183,10 +184,10 @@ void MoeBlock::mixer_backward_weight(int slot, const float* xn) {
   const float* dy = s.dispatch->expert_grad_output();
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     const auto xl = view(be_, x + o * D, {n, D});
-    be_.linear_bwd_weight(view(be_, dy + o * D, {n, D}), view(be_, s.h.data() + o * F, {n, F}),
+    be_.linear_bwd_weight(view(be_, dy + o * D, {n, D}), s.h.part(o * F, {n, F}),
                           view(be_, expert(g(MOE_DOWN), li, D, F), {D, F}));
-    be_.linear_bwd_weight(view(be_, s.dgate.data() + o * F, {n, F}), xl, view(be_, expert(g(MOE_GATE), li, F, D), {F, D}));
-    be_.linear_bwd_weight(view(be_, s.dup.data() + o * F, {n, F}), xl, view(be_, expert(g(MOE_UP), li, F, D), {F, D}));
+    be_.linear_bwd_weight(s.dgate.part(o * F, {n, F}), xl, view(be_, expert(g(MOE_GATE), li, F, D), {F, D}));
+    be_.linear_bwd_weight(s.dup.part(o * F, {n, F}), xl, view(be_, expert(g(MOE_UP), li, F, D), {F, D}));
   });
 }
 
@@ -212,14 +213,6 @@ double MoeBlock::mixer_loss(int slot) const {
 
 Unit::Routing MoeBlock::take_routing() {
   return std::exchange(routing_, Routing{0.0, std::vector<double>(static_cast<size_t>(cfg_.n_experts), 0.0)});
-}
-
-// The experts' activations; the router's tensors stay f32.
-std::vector<Tensor*> MoeBlock::mixer_kept(int slot) {
-  auto it = saved_.find(slot);
-  if (it == saved_.end()) return {};
-  Saved& s = it->second;
-  return {&s.gate, &s.up, &s.h};
 }
 
 void MoeBlock::mixer_release(int slot) { saved_.erase(slot); }

@@ -245,8 +245,6 @@ class Block : public Unit {
   // What the mixer adds to the loss sum for `slot` (the MoE balance loss), once its forward is done.
   virtual double mixer_loss(int /*slot*/) const { return 0.0; }
   std::vector<Tensor*> kept(int slot) final;
-  // The mixer's share of kept(): none for a mixer that computes on the activations' storage type (MLP).
-  virtual std::vector<Tensor*> mixer_kept(int /*slot*/) { return {}; }
 
  private:
   struct Saved {

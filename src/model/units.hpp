@@ -98,7 +98,6 @@ class MoeBlock final : public Block {
   void mixer_backward_segment(int k, int slot) override;
   void mixer_backward_weight(int slot, const float* xn) override;
   void mixer_release(int slot) override;
-  std::vector<Tensor*> mixer_kept(int slot) override;
   double mixer_loss(int slot) const override;
   // The router's gradient comes from the backward's dispatch step, so the weight half waits for it.
   int weight_segment() const override { return static_cast<int>(backward_steps_.size()) - 1; }
@@ -125,10 +124,10 @@ class MoeBlock final : public Block {
     float* dxn = nullptr;
     std::unique_ptr<Dispatcher> dispatch;
     Tensor probs, experts, weights, dprobs;  // [M,E], i32 [M,K], [M,K], [M,E]
-    Tensor gate, up, h;                      // the experts' [R,F] x3
+    Tensor gate, up, h;                      // the experts' [R,F] x3, in the activations' storage type
     double aux = 0;                          // sum over the microbatch's sequences of aux(s)
     Tensor dweights, dlogits;                // backward: [M,K], [M,E]
-    Tensor dgate, dup;                       // weight-gradient stash [R,F] x2
+    Tensor dgate, dup;                       // weight-gradient stash [R,F] x2, likewise
   };
   void run(Step step, Saved& s);
   void experts_forward(Saved& s);
