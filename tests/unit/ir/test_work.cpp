@@ -156,17 +156,20 @@ TEST(FlopsMemory, MatchesRuntimeTensors) {
   const double M = 512, D = 512, F = 1536, Q = 512, KVD = 256, H = 8;
   const UnitMemory mlp = unit_memory(m, '-', 512, 128);
   EXPECT_DOUBLE_EQ(mlp.saved, 4 * M * (D + 1 + 3 * F));                     // xn, rstd; gate, up, h
-  EXPECT_DOUBLE_EQ(mlp.kept_for_w, mlp.saved + 4 * M * (D + 2 * F));         // + dout, dgate, dup
+  // The input half frees rstd, gate and up, and stashes dout, dgate, dup.
+  EXPECT_DOUBLE_EQ(mlp.kept_for_w, mlp.saved - 4 * M * (1 + 2 * F) + 4 * M * (D + 2 * F));
   EXPECT_DOUBLE_EQ(mlp.transient, 4 * M * (2 * D + 3 * F));                  // dxn, stash, dh
   const UnitMemory att = unit_memory(m, '*', 512, 128);
   EXPECT_DOUBLE_EQ(att.saved, 4 * M * (D + 1 + 2 * Q + 2 * KVD + H));        // q, k, v, att, lse
-  EXPECT_DOUBLE_EQ(att.kept_for_w, att.saved + 4 * M * (D + Q + 2 * KVD));   // dout, dq, dk, dv
+  // The input half frees rstd, q, k, v and lse, and stashes dout, dq, dk, dv.
+  EXPECT_DOUBLE_EQ(att.kept_for_w, att.saved - 4 * M * (1 + Q + 2 * KVD + H) + 4 * M * (D + Q + 2 * KVD));
   // Mamba: chunk-entry states B nc Hm P N with nc = 128 / 32.
   const double di = 1024, C = 1024 + 2 * 4 * 32, GN = 128, Hm = 32, R = 2 * di + 2 * GN + Hm;
   const UnitMemory mam = unit_memory(m, 'M', 512, 128);
   const double states = 4 * 4 * Hm * 32 * 32;
   EXPECT_DOUBLE_EQ(mam.saved, 4 * (M * (D + 1 + 4 * di + 2 * C + 2 * GN + 2 * Hm + 4) + states));
-  EXPECT_DOUBLE_EQ(mam.kept_for_w, mam.saved + 4 * M * (D + R));
+  // The input half frees all but xn and the gated norm's output, and stashes dout and d(in_proj's output).
+  EXPECT_DOUBLE_EQ(mam.kept_for_w, 4 * M * (D + di) + 4 * M * (D + R));
   // Tensor parallelism splits all but the block's xn and rstd.
   const UnitMemory mlp2 = unit_memory(m, '-', 512, 128, 2);
   EXPECT_DOUBLE_EQ(mlp2.saved, 4 * M * (D + 1 + 3 * F / 2));

@@ -247,11 +247,11 @@ TEST(HardwareAnalytic, FillsEveryKindTpAndGroup) {
     const std::string what = std::string("kind ") + o.kind + " tp " + std::to_string(o.tp);
     EXPECT_GT(o.f.at(1024), 0) << what;
     EXPECT_GT(o.bw.at(1024), 0) << what;
-    EXPECT_GE(o.kept_for_w.b, o.saved.b) << what;
     EXPECT_GE(o.transient.b, 0) << what;
     if (o.kind != 'e') {  // (the embedding's forward holds its tp all-reduce, its backward none)
       EXPECT_GT(o.b.at(1024), o.f.at(1024)) << what;
       EXPECT_GT(o.saved.b, 0) << what;
+      EXPECT_GT(o.kept_for_w.b, 0) << what;  // what the weight half reads, and its stash
     }
   }
   EXPECT_GT(cm.op('M', 2).f.b, 0);
