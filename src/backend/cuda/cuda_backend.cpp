@@ -559,16 +559,6 @@ class CudaBackend final : public Backend {
     return *host_scalar_;
   }
 
-  // A new tensor of `to` holding v (the convert op's kernel), for the duration of a product.
-  Tensor converted_to(const ConstTensorView& v, DType to) {
-    Tensor t(*this, v.shape, MemCategory::MEM_BUFFERS, to);
-    if (to == DType::DTYPE_BF16)
-      kc::convert(static_cast<const float*>(v.ptr), static_cast<bf16*>(t.view().ptr), v.numel(), current());
-    else
-      kc::convert(static_cast<const bf16*>(v.ptr), static_cast<float*>(t.view().ptr), v.numel(), current());
-    return t;
-  }
-
   // Column-major C = op(A) op(B) + beta C of a product op, whatever mix of f32 and bf16 its tensors are:
   // A and B enter cuBLAS in one type, bf16 for bf16 products or where both are bf16, else f32 (a bf16
   // operand widened, exactly), converted into scratch where they differ; f32 accumulation; an f32 product
@@ -581,15 +571,16 @@ class CudaBackend final : public Backend {
     const DType in = bf16_in ? DType::DTYPE_BF16 : DType::DTYPE_F32;
     Tensor a, b, c;
     if (A.dtype != in) {
-      a = converted_to(A, in);
+      a = backend::converted(A, in, MemCategory::MEM_BUFFERS);
       A = a.view();
     }
     if (B.dtype != in) {
-      b = converted_to(B, in);
+      b = backend::converted(B, in, MemCategory::MEM_BUFFERS);
       B = b.view();
     }
     if (in == DType::DTYPE_F32 && C.dtype == DType::DTYPE_BF16) {
-      c = beta != 0.0f ? converted_to(C, DType::DTYPE_F32) : Tensor(*this, C.shape, MemCategory::MEM_BUFFERS);
+      c = beta != 0.0f ? backend::converted(C, DType::DTYPE_F32, MemCategory::MEM_BUFFERS)
+                       : Tensor(*this, C.shape, MemCategory::MEM_BUFFERS);
       gemm(op, ta, tb, m, n, k, A.ptr, lda, B.ptr, ldb, beta, c.view().ptr, ldc, in, DType::DTYPE_F32);
       kc::convert(c.data(), static_cast<bf16*>(C.ptr), C.numel(), current());
       return;
