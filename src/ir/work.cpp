@@ -466,11 +466,12 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   const double M = d.M;
   // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
   // in the storage type (native: what every block's mixer computes on it); the saved rest
-  // (stats), f32; what BWD_I frees of each before the weight half; its stash for the weight half, f32
+  // (stats), f32; what BWD_I frees of the native and the stats before the weight half (the narrowed xn
+  // stays: the weight half reads it); its stash for the weight half, f32
   // or native; the scratch at the peak of a backward above saved and stash (f32 or native), and of a
   // forward above all it saves (f32); and how many of a forward's and a backward's boundary tensors
   // (x, y; x, dy, dx: [M, D] each) a narrower storage stages in f32.
-  double kept = 0, native = 0, stats = 0, freed_kept = 0, freed_native = 0, freed_stats = 0;
+  double kept = 0, native = 0, stats = 0, freed_native = 0, freed_stats = 0;
   double stash = 0, stash_native = 0, scratch = 0, scratch_native = 0, fwd_scratch = 0;
   double fwd_io = 2, bwd_io = 3;
   if (kind == 'e') {
@@ -535,7 +536,7 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   const double forward = (kept + stats + fwd_scratch + (narrow ? fwd_io * M * d.D : 0)) * kFloat + native * kept_bytes;
   const double backward = (stash + scratch + (narrow ? bwd_io * M * d.D : 0)) * kFloat +
                           (stash_native + scratch_native) * kept_bytes + kept * (kFloat - kept_bytes);
-  const double kept_for_w = saved - (freed_kept + freed_native) * kept_bytes + (stash - freed_stats) * kFloat +
+  const double kept_for_w = saved - freed_native * kept_bytes + (stash - freed_stats) * kFloat +
                             stash_native * kept_bytes;
   return {saved, kept_for_w, std::max(forward, backward)};
 }
