@@ -119,7 +119,7 @@ struct Case {
 
 // Shapes shared by the cases: small, with remainders (rows not a multiple of any blocking).
 constexpr int64_t M = 13, Kd = 12, N = 9;                   // matrices
-constexpr int64_t B = 2, T = 10, H = 4, KV = 2, HD = 32;    // attention (32: the smallest head dim the CUDA kernel takes)
+constexpr int64_t B = 2, T = 10, H = 4, KV = 2, HD = 32;    // attention
 constexpr int64_t C = 6, KC = 4;                            // conv
 constexpr int64_t HM = 4, P = 3, G = 2, NS = 5, CHUNK = 4;  // ssd
 
@@ -246,43 +246,68 @@ Errors rope(Device& d, bool backward) {
   return {{out, normwise_err(d.get(ty), y)}, {out + " (in place)", normwise_err(d.get(tin), y)}};
 }
 
+// Attention at two shapes: the small one of the other cases (one tile of the CUDA kernels' query and
+// key blocks, 64 and 32 rows), and one of several tiles each way with a remainder, eight query heads
+// to a kv head and the widest head dim the kernels take (the tiles' rescaling, the backward's sums
+// over query tiles and heads, the 113 KiB shared-memory launch).
+struct AttnShape {
+  int64_t b, t, h, kv, hd;
+  // The suffix of an output's name: none for the small shape.
+  std::string label() const {
+    if (b == B && t == T && h == H && kv == KV && hd == HD) return "";
+    return " (T " + std::to_string(t) + ", " + std::to_string(h) + ":" + std::to_string(kv) + " heads, hd " +
+           std::to_string(hd) + ")";
+  }
+  Shape qs() const { return {b, t, h, hd}; }
+  Shape ks() const { return {b, t, kv, hd}; }
+  Shape ls() const { return {b, h, t}; }
+};
+const AttnShape kAttnShapes[] = {{B, T, H, KV, HD}, {1, 130, 8, 1, 128}};
+
 struct AttnData {
   Vec q, k, v, out, lse;
 };
-AttnData attention_data(uint64_t seed) {
-  AttnData a{random_f(B * T * H * HD, seed), random_f(B * T * KV * HD, seed + 1),
-             random_f(B * T * KV * HD, seed + 2), filled(B * T * H * HD, 0), filled(B * H * T, 0)};
-  k::attention_fwd<double>(a.q.data(), a.k.data(), a.v.data(), a.out.data(), a.lse.data(), B, T, H,
-                           KV, HD);
-  return a;
+AttnData attention_data(const AttnShape& a, uint64_t seed) {
+  AttnData r{random_f(a.qs().numel(), seed), random_f(a.ks().numel(), seed + 1), random_f(a.ks().numel(), seed + 2),
+             filled(a.qs().numel(), 0), filled(a.ls().numel(), 0)};
+  k::attention_fwd<double>(r.q.data(), r.k.data(), r.v.data(), r.out.data(), r.lse.data(), a.b, a.t, a.h, a.kv,
+                           a.hd);
+  return r;
 }
 
 Errors attention_fwd(Device& d) {
-  const AttnData a = attention_data(25);
-  const Shape qs{B, T, H, HD}, ks{B, T, KV, HD};
-  Tensor tq = d.put(a.q, qs), tk = d.put(a.k, ks), tv = d.put(a.v, ks);
-  Tensor to = d.put(filled(qs.numel(), kNaN), qs), tl = d.put_f32(filled(B * H * T, kNaN), {B, H, T});
-  d.be().attention_fwd(tq.view(), tk.view(), tv.view(), to.view(), tl.view());
-  return {{"out", normwise_err(d.get(to), a.out)}, {"lse", normwise_err(d.get(tl), a.lse)}};
+  Errors e;
+  for (const AttnShape& s : kAttnShapes) {
+    const AttnData a = attention_data(s, 25);
+    Tensor tq = d.put(a.q, s.qs()), tk = d.put(a.k, s.ks()), tv = d.put(a.v, s.ks());
+    Tensor to = d.put(filled(s.qs().numel(), kNaN), s.qs()), tl = d.put_f32(filled(s.ls().numel(), kNaN), s.ls());
+    d.be().attention_fwd(tq.view(), tk.view(), tv.view(), to.view(), tl.view());
+    e.emplace_back("out" + s.label(), normwise_err(d.get(to), a.out));
+    e.emplace_back("lse" + s.label(), normwise_err(d.get(tl), a.lse));
+  }
+  return e;
 }
 
 Errors attention_bwd(Device& d) {
-  AttnData a = attention_data(28);
-  a.out = rounded(a.out), a.lse = rounded(a.lse);
-  const Vec dout = random_f(B * T * H * HD, 31);
-  Vec dq = filled(a.q.size(), 0), dk = filled(a.k.size(), 0), dv = filled(a.v.size(), 0);
-  k::attention_bwd<double>(dout.data(), a.q.data(), a.k.data(), a.v.data(), a.out.data(),
-                           a.lse.data(), dq.data(), dk.data(), dv.data(), B, T, H, KV, HD);
-  const Shape qs{B, T, H, HD}, ks{B, T, KV, HD};
-  Tensor tdo = d.put(dout, qs), tq = d.put(a.q, qs), tk = d.put(a.k, ks), tv = d.put(a.v, ks);
-  Tensor to = d.put(a.out, qs), tl = d.put_f32(a.lse, {B, H, T});
-  Tensor tdq = d.put(filled(qs.numel(), kNaN), qs), tdk = d.put(filled(ks.numel(), kNaN), ks);
-  Tensor tdv = d.put(filled(ks.numel(), kNaN), ks);
-  d.be().attention_bwd(tdo.view(), tq.view(), tk.view(), tv.view(), to.view(), tl.view(), tdq.view(),
-                       tdk.view(), tdv.view());
-  return {{"dq", normwise_err(d.get(tdq), dq)},
-          {"dk", normwise_err(d.get(tdk), dk)},
-          {"dv", normwise_err(d.get(tdv), dv)}};
+  Errors e;
+  for (const AttnShape& s : kAttnShapes) {
+    AttnData a = attention_data(s, 28);
+    a.out = rounded(a.out), a.lse = rounded(a.lse);
+    const Vec dout = random_f(s.qs().numel(), 31);
+    Vec dq = filled(a.q.size(), 0), dk = filled(a.k.size(), 0), dv = filled(a.v.size(), 0);
+    k::attention_bwd<double>(dout.data(), a.q.data(), a.k.data(), a.v.data(), a.out.data(), a.lse.data(), dq.data(),
+                             dk.data(), dv.data(), s.b, s.t, s.h, s.kv, s.hd);
+    Tensor tdo = d.put(dout, s.qs()), tq = d.put(a.q, s.qs()), tk = d.put(a.k, s.ks()), tv = d.put(a.v, s.ks());
+    Tensor to = d.put(a.out, s.qs()), tl = d.put_f32(a.lse, s.ls());
+    Tensor tdq = d.put(filled(s.qs().numel(), kNaN), s.qs()), tdk = d.put(filled(s.ks().numel(), kNaN), s.ks());
+    Tensor tdv = d.put(filled(s.ks().numel(), kNaN), s.ks());
+    d.be().attention_bwd(tdo.view(), tq.view(), tk.view(), tv.view(), to.view(), tl.view(), tdq.view(), tdk.view(),
+                         tdv.view());
+    e.emplace_back("dq" + s.label(), normwise_err(d.get(tdq), dq));
+    e.emplace_back("dk" + s.label(), normwise_err(d.get(tdk), dk));
+    e.emplace_back("dv" + s.label(), normwise_err(d.get(tdv), dv));
+  }
+  return e;
 }
 
 Errors conv1d_fwd(Device& d) {
@@ -307,54 +332,72 @@ Errors conv1d_bwd(Device& d) {
           {"dbias (accumulated)", normwise_err(d.get(tdb), db)}};
 }
 
+// The scan at two shapes: the small one of the other cases, and one whose chunks (70, 70 and 10
+// steps) and head dim (70) cross the CUDA kernels' 64-row tiles.
 struct SsdData {
-  k::SsdShape s{B, T, HM, P, G, NS, CHUNK};
-  Shape xs{B, T, HM, P}, ts{B, T, HM}, bs{B, T, G, NS};
-  Vec x = random_f(B * T * HM * P, 40), dt = random_f(B * T * HM, 41, 0.05, 0.5);
-  Vec A_log = random_f(HM, 42, -1.0, 0.5), Bm = random_f(B * T * G * NS, 43);
-  Vec Cm = random_f(B * T * G * NS, 44), D = random_f(HM, 45);
+  explicit SsdData(const k::SsdShape& shape = {B, T, HM, P, G, NS, CHUNK}) : s(shape) {}
+  k::SsdShape s;
+  Shape xs{s.B, s.Tn, s.Hm, s.P}, ts{s.B, s.Tn, s.Hm}, bs{s.B, s.Tn, s.G, s.N};
+  Vec x = random_f(xs.numel(), 40), dt = random_f(ts.numel(), 41, 0.05, 0.5);
+  Vec A_log = random_f(s.Hm, 42, -1.0, 0.5), Bm = random_f(bs.numel(), 43);
+  Vec Cm = random_f(bs.numel(), 44), D = random_f(s.Hm, 45);
+  // The suffix of an output's name: none for the small shape.
+  std::string label() const {
+    if (s.Tn == T) return "";
+    return " (T " + std::to_string(s.Tn) + ", chunk " + std::to_string(s.chunk) + ", P " + std::to_string(s.P) + ")";
+  }
 };
+const k::SsdShape kSsdShapes[] = {{B, T, HM, P, G, NS, CHUNK}, {1, 150, 4, 70, 2, 20, 70}};
 
 Errors ssd_fwd(Device& d) {
-  const SsdData in;
-  Vec y = filled(in.xs.numel(), 0);
-  k::ssd_ref_fwd<double>(in.s, in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(),
-                         in.Cm.data(), in.D.data(), y.data());
-  Backend& be = d.be();
-  Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put_f32(in.A_log, {HM});
-  Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put_f32(in.D, {HM});
-  Tensor ty = d.put(filled(in.xs.numel(), kNaN), in.xs);
-  Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, CHUNK)}, MemCategory::MEM_BUFFERS);
-  be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(),
-             saved.view(), CHUNK);
-  return {{"y", normwise_err(d.get(ty), y)}};
+  Errors e;
+  for (const k::SsdShape& shape : kSsdShapes) {
+    const SsdData in(shape);
+    Vec y = filled(in.xs.numel(), 0);
+    k::ssd_ref_fwd<double>(in.s, in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(), in.Cm.data(), in.D.data(),
+                           y.data());
+    Backend& be = d.be();
+    Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put_f32(in.A_log, {in.s.Hm});
+    Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put_f32(in.D, {in.s.Hm});
+    Tensor ty = d.put(filled(in.xs.numel(), kNaN), in.xs);
+    Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, in.s.chunk)}, MemCategory::MEM_BUFFERS);
+    be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(), saved.view(),
+               in.s.chunk);
+    e.emplace_back("y" + in.label(), normwise_err(d.get(ty), y));
+  }
+  return e;
 }
 
 Errors ssd_bwd(Device& d) {
-  const SsdData in;
-  const Vec dy = random_f(in.xs.numel(), 46);
-  Vec dx = filled(in.xs.numel(), 0), ddt = filled(in.ts.numel(), 0), dA = random_f(HM, 47);
-  Vec dB = filled(in.bs.numel(), 0), dC = filled(in.bs.numel(), 0), dD = random_f(HM, 48);
-  Backend& be = d.be();
-  Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put_f32(in.A_log, {HM});
-  Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put_f32(in.D, {HM});
-  Tensor ty = d.put(filled(in.xs.numel(), kNaN), in.xs), tdy = d.put(dy, in.xs);
-  Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, CHUNK)}, MemCategory::MEM_BUFFERS);
-  be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(),
-             saved.view(), CHUNK);
-  Tensor tdx = d.put(filled(in.xs.numel(), kNaN), in.xs), tddt = d.put(filled(in.ts.numel(), kNaN), in.ts);
-  Tensor tdB = d.put(filled(in.bs.numel(), kNaN), in.bs), tdC = d.put(filled(in.bs.numel(), kNaN), in.bs);
-  Tensor tdA = d.put_f32(dA, {HM}), tdD = d.put_f32(dD, {HM});
-  k::ssd_ref_bwd<double>(in.s, dy.data(), in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(),
-                         in.Cm.data(), in.D.data(), dx.data(), ddt.data(), dA.data(), dB.data(),
-                         dC.data(), dD.data());
-  be.ssd_bwd(tdy.view(), tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(),
-             saved.view(), tdx.view(), tddt.view(), tdA.view(), tdB.view(), tdC.view(), tdD.view(),
-             CHUNK);
-  return {{"dx", normwise_err(d.get(tdx), dx)},       {"ddt", normwise_err(d.get(tddt), ddt)},
-          {"dBm", normwise_err(d.get(tdB), dB)},      {"dCm", normwise_err(d.get(tdC), dC)},
-          {"dA_log (accumulated)", normwise_err(d.get(tdA), dA)},
-          {"dD (accumulated)", normwise_err(d.get(tdD), dD)}};
+  Errors e;
+  for (const k::SsdShape& shape : kSsdShapes) {
+    const SsdData in(shape);
+    const int64_t hm = in.s.Hm, chunk = in.s.chunk;
+    const Vec dy = random_f(in.xs.numel(), 46);
+    Vec dx = filled(in.xs.numel(), 0), ddt = filled(in.ts.numel(), 0), dA = random_f(hm, 47);
+    Vec dB = filled(in.bs.numel(), 0), dC = filled(in.bs.numel(), 0), dD = random_f(hm, 48);
+    Backend& be = d.be();
+    Tensor tx = d.put(in.x, in.xs), tdt = d.put(in.dt, in.ts), ta = d.put_f32(in.A_log, {hm});
+    Tensor tb = d.put(in.Bm, in.bs), tc = d.put(in.Cm, in.bs), tD = d.put_f32(in.D, {hm});
+    Tensor ty = d.put(filled(in.xs.numel(), kNaN), in.xs), tdy = d.put(dy, in.xs);
+    Tensor saved(be, Shape{be.ssd_saved_numel(in.xs, in.bs, chunk)}, MemCategory::MEM_BUFFERS);
+    be.ssd_fwd(tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), ty.view(), saved.view(), chunk);
+    Tensor tdx = d.put(filled(in.xs.numel(), kNaN), in.xs), tddt = d.put(filled(in.ts.numel(), kNaN), in.ts);
+    Tensor tdB = d.put(filled(in.bs.numel(), kNaN), in.bs), tdC = d.put(filled(in.bs.numel(), kNaN), in.bs);
+    Tensor tdA = d.put_f32(dA, {hm}), tdD = d.put_f32(dD, {hm});
+    k::ssd_ref_bwd<double>(in.s, dy.data(), in.x.data(), in.dt.data(), in.A_log.data(), in.Bm.data(), in.Cm.data(),
+                           in.D.data(), dx.data(), ddt.data(), dA.data(), dB.data(), dC.data(), dD.data());
+    be.ssd_bwd(tdy.view(), tx.view(), tdt.view(), ta.view(), tb.view(), tc.view(), tD.view(), saved.view(),
+               tdx.view(), tddt.view(), tdA.view(), tdB.view(), tdC.view(), tdD.view(), chunk);
+    const std::string l = in.label();
+    e.emplace_back("dx" + l, normwise_err(d.get(tdx), dx));
+    e.emplace_back("ddt" + l, normwise_err(d.get(tddt), ddt));
+    e.emplace_back("dBm" + l, normwise_err(d.get(tdB), dB));
+    e.emplace_back("dCm" + l, normwise_err(d.get(tdC), dC));
+    e.emplace_back("dA_log (accumulated)" + l, normwise_err(d.get(tdA), dA));
+    e.emplace_back("dD (accumulated)" + l, normwise_err(d.get(tdD), dD));
+  }
+  return e;
 }
 
 constexpr int64_t kElems = 1000;  // elementwise ops
