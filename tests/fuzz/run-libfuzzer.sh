@@ -20,6 +20,9 @@ export ASAN_OPTIONS="detect_leaks=1:leak_check_at_exit=0${ASAN_OPTIONS:+:$ASAN_O
 # Suppressions: Open MPI's own leaks and HDF5's on damaged files, each entry explained in the file.
 export LSAN_OPTIONS="suppressions=$root/../sanitizers/lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+# No hwloc OpenCL plugin under MPI_Init: LeakSanitizer's tracer faults on the thread-local storage it brings
+# (tests/sanitizers/run.sh says why).
+export HWLOC_COMPONENTS="-opencl${HWLOC_COMPONENTS:+,$HWLOC_COMPONENTS}"
 
 failed=()
 for r in "${readers[@]}"; do
