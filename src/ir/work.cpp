@@ -464,6 +464,8 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     throw std::invalid_argument("unit_memory: kept_bytes must be 1 to 4, not " + std::to_string(kept_bytes));
   const Dims d = dims_of(m, kind, rows, seq_len, tp);
   const double M = d.M;
+  constexpr double kFloat = 4;
+  const bool narrow = kept_bytes < kFloat;
   // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
   // in the storage type (native: what every block's mixer computes on it); the saved rest
   // (stats), f32; what BWD_I frees of the native and the stats before the weight half (the narrowed xn
@@ -486,51 +488,64 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     scratch = M * d.D;                          // dxn
     fwd_io = 1, bwd_io = 2;                     // x; x, dx
   } else {
-    // What the input half frees before the weight half: all the weight gradients do not read (they
-    // read xn, the stash and the input of each output projection).
-    kept = M * d.D;                             // the block's xn and rstd (block_norm_saved)
+    // A block computes on the storage type (model/block.cpp): no f32 forms of its input, output and
+    // gradients. What the input half frees before the weight half: all the weight gradients do not read
+    // (they read xn, the stash and the input of each output projection).
+    fwd_io = 0, bwd_io = 0;
+    native = M * d.D;                           // the block's xn and rstd (block_norm_saved)
     stats = M;
     freed_stats = M;                            // rstd, once the norm's backward has read it
-    const double dxn = M * d.D;                 // the block's scratch throughout BWD_I
+    // The mixer's output and input gradient: in the storage type, or f32 where the tp group sums them
+    // or the mixer writes f32 (an MoE block's), rounded into the storage type once final.
+    const bool f32_mixer = tp > 1 || kind == 'E';
+    if (narrow && f32_mixer) {
+      fwd_scratch = M * d.D;                    // the output's f32 sum
+      scratch_native = M * d.D;                 // dxn rounded for the norm's backward
+    }
+    if (narrow && kind == 'E') {
+      fwd_scratch += M * d.D;                   // xn widened for the dispatcher
+      scratch += M * d.D;                      // dout widened for the combine's backward
+    }
+    const double dxn = f32_mixer || !narrow ? M * d.D : 0;  // the block's f32 scratch throughout BWD_I
+    if (dxn == 0) scratch_native = M * d.D;     // dxn in the storage type
     if (kind == '-') {
-      native = 3 * M * d.F;                     // gate, up, h
+      native += 3 * M * d.F;                    // gate, up, h
       freed_native = 2 * M * d.F;               // gate, up
       stash_native = M * (d.D + 2 * d.F);       // dout, dgate, dup
-      scratch = dxn;
-      scratch_native = M * d.F;                 // dh
+      scratch += dxn;
+      scratch_native += M * d.F;                // dh
     } else if (kind == '*') {
-      native = M * (2 * d.Q + 2 * d.KVD);       // q, k, v after RoPE, att
+      native += M * (2 * d.Q + 2 * d.KVD);      // q, k, v after RoPE, att
       stats += M * d.H;                         // lse
       freed_native = M * (d.Q + 2 * d.KVD);     // q, k, v
       freed_stats += M * d.H;                   // lse
       stash_native = M * (d.D + d.Q + 2 * d.KVD);  // dout, dq, dk, dv
-      scratch = dxn;
-      scratch_native = M * d.Q;                 // datt
+      scratch += dxn;
+      scratch_native += M * d.Q;                // datt
     } else if (kind == 'E') {
       const double MK = M * d.top_k;
-      native = 3 * MK * d.Fe;                   // gate, up, h
+      native += 3 * MK * d.Fe;                  // gate, up, h
       // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out
       stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D;
       freed_native = 2 * MK * d.Fe;             // gate, up
       freed_stats += 2 * M * d.E + MK * d.D;    // probs, dprobs; the experts' rows out
       stash = M * d.E + MK * d.D;               // dlogits, the rows' gradients
       stash_native = 2 * MK * d.Fe;             // dgate, dup
-      scratch = dxn + 2 * MK * d.D;             // + the rows' gradients on their way
-      scratch_native = d.Fe * MK;               // dh
+      scratch += dxn + 2 * MK * d.D;            // + the rows' gradients on their way
+      scratch_native += d.Fe * MK;              // dh
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states
-      native = M * (4 * d.di + 2 * d.C + 2 * d.G * d.N + 2 * d.Hm);  // z, x, y, normed; xbc_in, xbc_conv; B, C; dt_raw, dt
+      const double mixer = M * (4 * d.di + 2 * d.C + 2 * d.G * d.N + 2 * d.Hm);  // z, x, y, normed; xbc_in, xbc_conv; B, C; dt_raw, dt
+      native += mixer;
       stats += M * d.G + states;                                     // the gated norm's rstd, the chunk states
-      freed_native = native - M * d.di;         // all but normed
+      freed_native = mixer - M * d.di;          // all but normed
       freed_stats += M * d.G + states;
       stash_native = M * (d.D + d.R);           // dout, dzxbcdt
-      scratch = dxn;
-      scratch_native = M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C);  // the gradients of its inner scope
+      scratch += dxn;
+      scratch_native += M * (4 * d.di + 2 * d.Hm + 2 * d.G * d.N + 3 * d.C);  // the gradients of its inner scope
     }
   }
-  constexpr double kFloat = 4;
-  const bool narrow = kept_bytes < kFloat;
   const double saved = (kept + native) * kept_bytes + stats * kFloat;
   // A forward computes what it keeps narrowed in f32 before storing it; a backward widens it back.
   const double forward = (kept + stats + fwd_scratch + (narrow ? fwd_io * M * d.D : 0)) * kFloat + native * kept_bytes;

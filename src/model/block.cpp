@@ -22,6 +22,10 @@ LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInf
   first_expert = experts * ep.rank;
 }
 
+backend::DType Block::mixer_dtype(backend::DType storage) const {
+  return tp_.size > 1 || mixer_writes_f32() ? backend::DType::DTYPE_F32 : storage;
+}
+
 // tp 1: one segment per pass. tp > 1 (ir::pass_shape): the forward's
 // row-parallel output projection leaves partial sums that point 0 adds over
 // the group before the residual; the backward's column-parallel input
@@ -30,16 +34,24 @@ double Block::forward(int k, int slot, const PassIo& a) {
   const int64_t D = cfg_.d_model;
   if (k == 0) {
     const int64_t M = a.mb->rows();
-    Saved s{M, act(M * D), act(M), a.y, {}};
-    be_.rmsnorm_fwd(view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
-    mixer_forward(slot, *a.mb, s.xn.data(), a.y);
+    const backend::DType t = a.x.dtype, mt = mixer_dtype(t);
+    Saved s{M, act(M * D, t), act(M), a.y, {}, {}};
+    Tensor nw;
+    be_.rmsnorm_fwd(a.x, weight_as(0, {D}, t, nw), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
+    if (mt != a.y.dtype) {
+      s.sum = scratch(M * D, mt);
+      s.out = s.sum.view({M, D});
+    }
+    mixer_forward(slot, *a.mb, s.xn.view({M, D}), s.out);
     saved_[slot] = std::move(s);
   } else {
     mixer_forward_segment(k, slot);
   }
   if (!last(ir::NodeKind::FWD, k)) return 0.0;
-  const int64_t M = saved_.at(slot).rows;
-  be_.add_inplace(view(be_, a.y, {M, D}), view(be_, a.x, {M, D}));  // residual
+  Saved& s = saved_.at(slot);
+  if (!s.sum.empty()) be_.convert(s.sum.view({s.rows, D}), a.y);
+  s.sum = {}, s.out = {};
+  be_.add_inplace(a.y, a.x);  // residual
   return mixer_loss(slot);
 }
 
@@ -47,26 +59,32 @@ void Block::backward_input(int k, int slot, const PassIo& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
   if (k == 0) {
-    s.dxn = scratch(M * D);
-    mixer_backward_input(slot, s.xn.data(), a.dy, s.dxn.data());
+    s.dxn = scratch(M * D, mixer_dtype(a.dy.dtype));
+    mixer_backward_input(slot, s.xn.view({M, D}), a.dy, s.dxn.view({M, D}));
   } else {
     mixer_backward_segment(k, slot);
   }
   if (last(ir::NodeKind::BWD_I, k)) {
-    be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),
-                    view(be_, a.dx, {M, D}), view(be_, g(0), {D}));
-    be_.add_inplace(view(be_, a.dx, {M, D}), view(be_, a.dy, {M, D}));  // residual
-    s.dxn = {}, s.rstd = {};  // the weight gradients read xn
+    const backend::DType t = a.dx.dtype;
+    if (s.dxn.dtype() != t) s.dxn = backend::converted(s.dxn.view(), t, backend::MemCategory::MEM_BUFFERS);
+    Tensor nw;
+    be_.rmsnorm_bwd(s.dxn.view({M, D}), a.x, weight_as(0, {D}, t, nw), s.rstd.view({M}), a.dx,
+                    view(be_, g(0), {D}));
+    be_.add_inplace(a.dx, a.dy);  // residual
+    s.dxn = {}, s.rstd = {};      // the weight gradients read xn
   }
 }
 
 CommBuffer Block::point(ir::NodeKind pass, int /*k*/, int slot) {
   Saved& s = saved_.at(slot);
-  float* buf = pass == ir::NodeKind::FWD ? s.out : s.dxn.data();
+  void* buf = pass == ir::NodeKind::FWD ? s.out.ptr : s.dxn.view().ptr;
   return {buf, buf, s.rows * cfg_.d_model, {}, {}};
 }
 
-void Block::weight_grads(int slot, const PassIo& /*a*/) { mixer_backward_weight(slot, saved_.at(slot).xn.data()); }
+void Block::weight_grads(int slot, const PassIo& /*a*/) {
+  Saved& s = saved_.at(slot);
+  mixer_backward_weight(slot, s.xn.view({s.rows, cfg_.d_model}));
+}
 
 void Block::drop(int slot, ir::Recompute mode) {
   mixer_release(slot);
@@ -80,25 +98,17 @@ void Block::drop(int slot, ir::Recompute mode) {
 void Block::recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x, ir::Recompute mode) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
-  widen(s.xn);  // selective: kept from the forward
+  const backend::DType t = x.dtype;
   if (mode == ir::Recompute::RECOMPUTE_FULL) {
-    s.xn = act(M * D);
+    s.xn = act(M * D, t);
     s.rstd = act(M);
-    Tensor widened;  // the forward widened the same input in the same way
-    be_.rmsnorm_fwd(view(be_, f32_of(x, widened), {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}),
-                    s.rstd.view({M}), kNormEps);
+    Tensor nw;
+    be_.rmsnorm_fwd(backend::ConstTensorView{x.device, t, {M, D}, x.ptr}, weight_as(0, {D}, t, nw),
+                    s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
   }
-  Tensor out = scratch(M * D);  // the output is not needed again: the backward reads only the saved state
-  mixer_forward(slot, mb, s.xn.data(), out.data());
-  narrow(slot);  // the backward reads what it would have read without the recomputation
-}
-
-// The normalised input (the mixer's products read it again for the weight gradients): the norm computes
-// it in f32. The mixers compute on the storage type and keep nothing to narrow; rstd is a statistic.
-std::vector<Tensor*> Block::kept(int slot) {
-  auto it = saved_.find(slot);
-  if (it == saved_.end()) return {};
-  return {&it->second.xn};
+  // The output is not needed again: the backward reads only the saved state.
+  Tensor out = scratch(M * D, mixer_dtype(t));
+  mixer_forward(slot, mb, s.xn.view({M, D}), out.view({M, D}));
 }
 
 void Block::release(int slot) {

@@ -16,12 +16,12 @@ double EmbedUnit::forward(int k, int slot, const PassIo& a) {
   if (k > 0) return 0.0;  // after the sum: Unit::run stores it in the output's type
   const MicroBatch& mb = *a.mb;
   const int64_t M = mb.rows(), D = cfg_.d_model;
-  be_.embedding_fwd(view(be_, mb.inputs, {M}), weight(0, {dims_.vocab, D}), view(be_, a.y, {M, D}),
+  be_.embedding_fwd(view(be_, mb.inputs, {M}), weight(0, {dims_.vocab, D}), a.y,
                     dims_.vocab_offset);
   Saved& s = saved_[slot];
   s.ids = mb.inputs;
   s.rows = M;
-  s.out = a.y;
+  s.out = a.y.f32();
   return 0.0;
 }
 
@@ -33,7 +33,7 @@ CommBuffer EmbedUnit::point(ir::NodeKind /*pass*/, int /*k*/, int slot) {
 void EmbedUnit::weight_grads(int slot, const PassIo& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
-  be_.embedding_bwd(view(be_, s.ids, {M}), view(be_, a.dy, {M, D}), view(be_, g(0), {dims_.vocab, D}),
+  be_.embedding_bwd(view(be_, s.ids, {M}), a.dy, view(be_, g(0), {dims_.vocab, D}),
                     dims_.vocab_offset);
 }
 
@@ -47,7 +47,7 @@ double HeadUnit::forward(int k, int slot, const PassIo& a) {
   if (k == 0) {
     const int64_t M = mb.rows();
     Saved s{M, act(M * D), act(M), {}, mb.targets == nullptr, {}, {}, {}, {}, {}};
-    be_.rmsnorm_fwd(view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
+    be_.rmsnorm_fwd(a.x, view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
     Tensor logits = act(M * V);
     be_.linear_fwd(s.xn.view({M, D}), weight(1, {V, D}), logits.view({M, V}));
     double loss = 0.0;
@@ -88,8 +88,8 @@ void HeadUnit::backward_input(int k, int slot, const PassIo& a) {
     be_.linear_bwd_input(s.dlogits.view({M, V}), weight(1, {V, D}), s.dxn.view({M, D}), false);
   }
   if (last(ir::NodeKind::BWD_I, k)) {  // tp > 1: each rank's vocabulary rows gave a partial sum
-    be_.rmsnorm_bwd(s.dxn.view({M, D}), view(be_, a.x, {M, D}), view(be_, w(0), {D}), s.rstd.view({M}),
-                    view(be_, a.dx, {M, D}), view(be_, g(0), {D}));
+    be_.rmsnorm_bwd(s.dxn.view({M, D}), a.x, view(be_, w(0), {D}), s.rstd.view({M}),
+                    a.dx, view(be_, g(0), {D}));
     s.dxn = {}, s.rstd = {};  // the weight gradient reads xn and dlogits
   }
 }

@@ -28,9 +28,9 @@ enum MambaParam : size_t {
 // and its slices (z, the conv's input, dt_raw), the conv's output, the scan's x, B, C, dt and output, the
 // gated norm's output, their gradients and the weight half's stash are tensors of it, with the conv's
 // and the gated norm's weights in it too; A_log, D and dt_bias, the chunk states and the norm's rstd are
-// f32, as the parameter gradients. The block's xn, the output and the input gradient are f32, which the
-// products take and give beside them.
-void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
+// f32, as the parameter gradients. The block's xn is of the storage type too; the output and the input
+// gradient are in Block::mixer_dtype (f32 where the tp group sums them).
+void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) {
   const int64_t B = mb.batch, T = mb.seq, M = mb.rows(), D = cfg_.d_model, di = dims_.d_inner;
   const int64_t Hm = dims_.mamba_heads, G = dims_.groups, N = cfg_.d_state, P = cfg_.head_dim;
   const int64_t GN = G * N, C = dims_.conv_channels, R = dims_.in_proj_rows, K = cfg_.d_conv;
@@ -39,7 +39,7 @@ void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, 
   s.batch = B, s.seq = T;
   {
     Tensor zxbcdt = scratch(M * R, t);
-    be_.linear_fwd(view(be_, xn, {M, D}), weight(MAMBA_IN_PROJ, {R, D}), zxbcdt.view({M, R}));
+    be_.linear_fwd(xn, weight(MAMBA_IN_PROJ, {R, D}), zxbcdt.view({M, R}));
     s.z = act(M * di, t), s.xbc_in = act(M * C, t), s.dt_raw = act(M * Hm, t);
     be_.gather_cols(zxbcdt.view({M, R}), 0, s.z.view({M, di}));
     be_.gather_cols(zxbcdt.view({M, R}), di, s.xbc_in.view({M, C}));
@@ -74,22 +74,23 @@ void MambaBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, 
     be_.gated_rmsnorm_fwd(s.y.view({M, di}), s.z.view({M, di}), weight_as(MAMBA_NORM_WEIGHT, {di}, t, nw),
                           s.normed.view({M, di}), s.rstd.view({M, G}), kNormEps);
   }
-  be_.linear_fwd(s.normed.view({M, di}), weight(MAMBA_OUT_PROJ, {D, di}), view(be_, out, {M, D}));
+  be_.linear_fwd(s.normed.view({M, di}), weight(MAMBA_OUT_PROJ, {D, di}), out);
   saved_[slot] = std::move(s);
 }
 
-void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout, float* dxn) {
+void MambaBlock::mixer_backward_input(int slot, backend::ConstTensorView /*xn*/, backend::ConstTensorView dout,
+                                          backend::TensorView dxn) {
   Saved& s = saved_.at(slot);
   const int64_t B = s.batch, T = s.seq, M = B * T, D = cfg_.d_model, di = dims_.d_inner;
   const int64_t Hm = dims_.mamba_heads, G = dims_.groups, N = cfg_.d_state, P = cfg_.head_dim;
   const int64_t GN = G * N, C = dims_.conv_channels, R = dims_.in_proj_rows, K = cfg_.d_conv;
   const backend::DType t = s.normed.dtype();
-  s.dout = backend::converted(view(be_, dout, {M, D}), t, backend::MemCategory::MEM_BUFFERS);
+  s.dout = backend::converted(dout, t, backend::MemCategory::MEM_BUFFERS);
   s.dzxbcdt = scratch(M * R, t);
   const auto dzxbcdt = s.dzxbcdt.view({M, R});
   {
     Tensor dnormed = scratch(M * di, t), dy = scratch(M * di, t), dz = scratch(M * di, t), nw;
-    be_.linear_bwd_input(view(be_, dout, {M, D}), weight(MAMBA_OUT_PROJ, {D, di}),
+    be_.linear_bwd_input(dout, weight(MAMBA_OUT_PROJ, {D, di}),
                          dnormed.view({M, di}), false);
     be_.gated_rmsnorm_bwd(dnormed.view({M, di}), s.y.view({M, di}), s.z.view({M, di}),
                           weight_as(MAMBA_NORM_WEIGHT, {di}, t, nw), s.rstd.view({M, G}), dy.view({M, di}),
@@ -119,14 +120,14 @@ void MambaBlock::mixer_backward_input(int slot, const float* /*xn*/, const float
   // The weight gradients read the gated norm's output (normed) and the stash, nothing else of the forward's.
   s.z = {}, s.xbc_in = {}, s.dt_raw = {}, s.xbc_conv = {}, s.x = {}, s.B = {}, s.C = {}, s.dt = {};
   s.y = {}, s.states = {}, s.rstd = {};
-  be_.linear_bwd_input(dzxbcdt, weight(MAMBA_IN_PROJ, {R, D}), view(be_, dxn, {M, D}), false);
+  be_.linear_bwd_input(dzxbcdt, weight(MAMBA_IN_PROJ, {R, D}), dxn, false);
 }
 
-void MambaBlock::mixer_backward_weight(int slot, const float* xn) {
+void MambaBlock::mixer_backward_weight(int slot, backend::ConstTensorView xn) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.batch * s.seq, D = cfg_.d_model, di = dims_.d_inner, R = dims_.in_proj_rows;
   be_.linear_bwd_weight(s.dout.view({M, D}), s.normed.view({M, di}), view(be_, g(MAMBA_OUT_PROJ), {D, di}));
-  be_.linear_bwd_weight(s.dzxbcdt.view({M, R}), view(be_, xn, {M, D}), view(be_, g(MAMBA_IN_PROJ), {R, D}));
+  be_.linear_bwd_weight(s.dzxbcdt.view({M, R}), xn, view(be_, g(MAMBA_IN_PROJ), {R, D}));
 }
 
 void MambaBlock::mixer_release(int slot) { saved_.erase(slot); }

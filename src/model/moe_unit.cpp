@@ -48,10 +48,10 @@ MoeBlock::MoeBlock(const ir::UnitSpec& spec, const config::ModelConfig& cfg, Par
   routing_.tokens.assign(static_cast<size_t>(cfg.n_experts), 0.0);
 }
 
-void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) {
+void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) {
   Saved s;
   s.rows = mb.rows(), s.seq = mb.seq, s.loss_scale = mb.loss_scale;
-  s.xn = xn, s.out = out;
+  s.xn = xn, s.out = out.f32();
   s.dispatch = std::make_unique<Dispatcher>(be_, cfg_.n_experts, cfg_.d_model, ep_.size, activation_storage());
   Saved& kept = saved_[slot] = std::move(s);
   for (Step step : forward_steps_[0]) run(step, kept);
@@ -62,13 +62,20 @@ void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, const float* xn, fl
   }
 }
 
+const float* MoeBlock::f32_rows(backend::ConstTensorView v, Tensor& held) {
+  if (v.dtype == backend::DType::DTYPE_F32) return v.f32();
+  held = backend::converted(v, backend::DType::DTYPE_F32, backend::MemCategory::MEM_BUFFERS);
+  return held.data();
+}
+
 void MoeBlock::mixer_forward_segment(int k, int slot) {
   for (Step step : forward_steps_.at(static_cast<size_t>(k))) run(step, saved_.at(slot));
 }
 
-void MoeBlock::mixer_backward_input(int slot, const float* /*xn*/, const float* dout, float* dxn) {
+void MoeBlock::mixer_backward_input(int slot, backend::ConstTensorView /*xn*/, backend::ConstTensorView dout,
+                                    backend::TensorView dxn) {
   Saved& s = saved_.at(slot);
-  s.dout = dout, s.dxn = dxn;
+  s.dout = dout, s.dxn = dxn.f32();
   for (Step step : backward_steps_[0]) run(step, s);
 }
 
@@ -82,14 +89,15 @@ void MoeBlock::run(Step step, Saved& s) {
   switch (step) {
     case Step::ROUTE: {
       Tensor logits = scratch(M * E);
-      be_.linear_fwd(view(be_, s.xn, {M, D}), weight(MOE_ROUTER, {E, D}), logits.view({M, E}));
+      be_.linear_fwd(s.xn, weight(MOE_ROUTER, {E, D}), logits.view({M, E}));
       s.probs = act(M * E), s.weights = act(M * K), s.dprobs = act(M * E);
       s.experts = Tensor(be_, backend::Shape{M, K}, backend::MemCategory::MEM_ACTIVATIONS, backend::DType::DTYPE_I32);
       be_.moe_route_fwd(logits.view({M, E}), s.probs.view({M, E}), s.experts.view(), s.weights.view({M, K}));
       // d(loss)/d(probs) of coef x the mean over the global batch's sequences of aux(s).
       const float scale = static_cast<float>(cfg_.moe_aux_coef * static_cast<double>(s.seq) * s.loss_scale);
       s.aux = be_.moe_balance(s.probs.view({M, E}), s.experts.view(), s.seq, s.dprobs.view({M, E}), scale);
-      d.route(s.experts.view(), s.xn);
+      Tensor widened;  // the dispatcher permutes f32 rows
+      d.route(s.experts.view(), f32_rows(s.xn, widened));
       break;
     }
     case Step::SIZE: d.size(); break;
@@ -99,10 +107,12 @@ void MoeBlock::run(Step step, Saved& s) {
       d.unsort();
       break;
     case Step::COMBINE: d.combine(s.weights.view({M, K}), s.out); break;
-    case Step::COMBINE_BWD:
+    case Step::COMBINE_BWD: {
       s.dweights = scratch(M * K);
-      d.combine_backward(s.dout, s.weights.view({M, K}), s.dweights.view({M, K}));
+      Tensor widened;
+      d.combine_backward(f32_rows(s.dout, widened), s.weights.view({M, K}), s.dweights.view({M, K}));
       break;
+    }
     case Step::EXPERTS_BWD:
       d.sort_grad();
       experts_backward(s);
@@ -176,10 +186,10 @@ void MoeBlock::router_backward(Saved& s) {
   s.dweights = {}, s.dprobs = {}, s.probs = {};
 }
 
-void MoeBlock::mixer_backward_weight(int slot, const float* xn) {
+void MoeBlock::mixer_backward_weight(int slot, backend::ConstTensorView xn) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model, E = cfg_.n_experts, F = dims_.moe_ffn;
-  be_.linear_bwd_weight(s.dlogits.view({M, E}), view(be_, xn, {M, D}), view(be_, g(MOE_ROUTER), {E, D}));
+  be_.linear_bwd_weight(s.dlogits.view({M, E}), xn, view(be_, g(MOE_ROUTER), {E, D}));
   const float* x = s.dispatch->expert_input();
   const float* dy = s.dispatch->expert_grad_output();
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {

@@ -64,32 +64,34 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
   return loss;
 }
 
-const float* Unit::f32_of(backend::ConstTensorView v, Tensor& held) {
-  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v.f32();
-  held = backend::converted(v, backend::DType::DTYPE_F32, backend::MemCategory::MEM_BUFFERS);
-  return held.data();
-}
-
 namespace {
 
-// Where a pass writes the f32 form of output `v`: v itself when f32 or empty (nullptr), else `staging`.
-float* f32_for(backend::Backend& be, backend::TensorView v, Tensor& staging) {
-  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v.f32();
+// The f32 form of input `v`: v itself when f32 or empty, else a widened copy that `held` keeps.
+backend::ConstTensorView f32_in(backend::ConstTensorView v, Tensor& held) {
+  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v;
+  held = backend::converted(v, backend::DType::DTYPE_F32, backend::MemCategory::MEM_BUFFERS);
+  return held.view();
+}
+
+// Where a pass writes the f32 form of output `v`: v itself when f32 or empty, else `staging`.
+backend::TensorView f32_out(backend::Backend& be, backend::TensorView v, Tensor& staging) {
+  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v;
   if (staging.empty()) staging = Tensor(be, v.shape, backend::MemCategory::MEM_BUFFERS);
-  return staging.data();
+  return staging.view();
 }
 
 }  // namespace
 
 const PassIo& Unit::stage(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
   Staged& s = staged_[{pass_slot(pass), slot}];
+  const bool as_given = computes_on_storage();
   if (k == 0) {
     s.io.mb = a.mb;
-    s.io.x = f32_of(a.x, s.x);
-    s.io.dy = f32_of(a.dy, s.dy);
-    s.io.y = f32_for(be_, a.y, s.y);
+    s.io.x = as_given ? a.x : f32_in(a.x, s.x);
+    s.io.dy = as_given ? a.dy : f32_in(a.dy, s.dy);
+    s.io.y = as_given ? a.y : f32_out(be_, a.y, s.y);
   }
-  if (last(pass, k)) s.io.dx = f32_for(be_, a.dx, s.dx);
+  if (last(pass, k)) s.io.dx = as_given ? a.dx : f32_out(be_, a.dx, s.dx);
   return s.io;
 }
 
@@ -106,8 +108,6 @@ backend::ConstTensorView Unit::weight_as(size_t i, backend::Shape shape, backend
   held = backend::converted(v, t, backend::MemCategory::MEM_BUFFERS);
   return held.view();
 }
-
-void Unit::widen(Tensor& t) { store_as(t, backend::DType::DTYPE_F32); }
 
 void Unit::convert_kept(int slot, backend::DType to) {
   if (kept_dtype_ == backend::DType::DTYPE_F32) return;  // nothing was narrowed

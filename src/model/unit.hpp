@@ -53,10 +53,11 @@ struct LocalDims {
   LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInfo& ep);
 };
 
-// What a segment of a pass reads and writes, in the storage type the runtime keeps them in between
-// units (f32, or bf16 under train.precision bf16: Model::storage_dtype). A unit computes in f32: Unit::run
-// widens x and dy for the pass, and stores y and dx in their views' type once the pass has written them.
-// Each segment of one pass gets the same arguments.
+// What a segment of a pass reads and writes, [rows, D] each, in the storage type the runtime keeps them in
+// between units (f32, or bf16 under train.precision bf16: Model::storage_dtype). A block computes on them
+// as they are; the embedding and the head compute on f32: Unit::run widens x and dy for their passes and
+// stores y and dx in their views' type once the pass has written them. Each segment of one pass gets the
+// same arguments.
 struct PassArgs {
   const MicroBatch* mb = nullptr;  // FWD: the tokens
   backend::ConstTensorView x;      // the input activation [rows, D] (not the embedding's)
@@ -65,13 +66,12 @@ struct PassArgs {
   backend::TensorView dx;          // BWD_I, BWD: the input gradient (not the embedding's), after the last segment
 };
 
-// The f32 form of PassArgs a unit's passes compute on: y written from the first segment, dx by the last.
+// PassArgs as a unit's passes compute on them (Unit::computes_on_storage): the arguments themselves, or their
+// f32 forms; y written from the first segment, dx by the last.
 struct PassIo {
   const MicroBatch* mb = nullptr;
-  const float* x = nullptr;
-  const float* dy = nullptr;
-  float* y = nullptr;
-  float* dx = nullptr;
+  backend::ConstTensorView x, dy;
+  backend::TensorView y, dx;
 };
 
 // The buffer a communication point moves over its group: an all-reduce
@@ -152,20 +152,19 @@ class Unit {
   // The segment of a fused BWD after which the weight gradients can run (the first, unless the
   // mixer's backward spans segments).
   virtual int weight_segment() const { return 0; }
-  // The activations of `slot` that wait from the forward for the backward in the kept storage type:
-  // narrowed when the forward (and a split backward's input half) ends, widened to f32 again when
-  // the backward begins. Statistics (rstd, lse, the scan's states), the router's tensors and the
-  // small per-head tensors stay f32 and are not listed.
+  // The activations of `slot` a unit computing on f32 (the head) keeps from the forward for the backward
+  // in the kept storage type: narrowed when the forward (and a split backward's input half) ends, widened
+  // to f32 again when the backward begins. A block computes on the storage type and narrows nothing.
+  // Statistics (rstd, lse, the scan's states), the router's tensors and the small per-head tensors stay
+  // f32 and are not listed.
   virtual std::vector<Tensor*> kept(int /*slot*/) { return {}; }
-  // t as f32 again (nothing to do for an f32 or empty tensor), for a pass that reads it before the backward.
-  void widen(Tensor& t);
-  // The f32 data of `v`: its own when f32 or empty (nullptr), else a widened copy that `held` keeps.
-  const float* f32_of(backend::ConstTensorView v, Tensor& held);
+  // Whether the passes compute on PassArgs in their storage type (the blocks) or on their f32 forms.
+  virtual bool computes_on_storage() const { return false; }
   // kept(slot) in the kept storage type, as a forward leaves them (a recomputation too).
   void narrow(int slot) { convert_kept(slot, kept_dtype_); }
   backend::DType activation_storage() const { return kept_dtype_; }
 
-  // Parameter i in f32, as the norms, the conv, the scan and the step sizes read it (ParamStore::value).
+  // Parameter i in f32, as the head's norm, the scan and the step sizes read it (ParamStore::value).
   const float* w(size_t i) { return params_.value(spec_.index, i); }
   // Parameter i as the products and the embedding's lookup read it (ParamStore::compute_view: bf16 under
   // train.precision bf16), elements from `offset` seen as `shape`.
@@ -215,7 +214,11 @@ class Unit {
 double play_pass(Unit& unit, ir::NodeKind pass, int slot, const PassArgs& a, double* compute_ms = nullptr);
 
 // A residual pre-norm block: y = x + mixer(rmsnorm(x, norm.weight)).
-// Parameter 0 is norm.weight; the mixer's follow in spec order.
+// Parameter 0 is norm.weight; the mixer's follow in spec order. The block computes on the activations'
+// storage type: under bf16 its norm reads x and writes xn in bf16 (with its weight from the compute copy),
+// the mixer reads xn and writes its output in bf16, and the residual adds in bf16, as Megatron's bf16
+// training without fp32 residual connections; the backward likewise. Only a sum over the tp group (and an
+// MoE mixer's combine) needs its output and input gradient in f32 (mixer_dtype), rounded once summed.
 class Block : public Unit {
  public:
   using Unit::Unit;
@@ -226,14 +229,18 @@ class Block : public Unit {
   void recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x, ir::Recompute mode) final;
 
  protected:
+  bool computes_on_storage() const final { return true; }
   double forward(int k, int slot, const PassIo& a) final;
   void backward_input(int k, int slot, const PassIo& a) final;
   void weight_grads(int slot, const PassIo& a) final;
-  // xn, out: [rows, D]. Saves under `slot`.
-  virtual void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) = 0;
-  // dout [rows, D] -> dxn [rows, D] (overwritten); keeps the weight-gradient stash.
-  virtual void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) = 0;
-  virtual void mixer_backward_weight(int slot, const float* xn) = 0;
+  // xn [rows, D] in the storage type; out [rows, D] in mixer_dtype(). Saves under `slot`.
+  virtual void mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn,
+                             backend::TensorView out) = 0;
+  // dout [rows, D] in the storage type -> dxn [rows, D] in mixer_dtype() (overwritten); keeps the
+  // weight-gradient stash.
+  virtual void mixer_backward_input(int slot, backend::ConstTensorView xn, backend::ConstTensorView dout,
+                                    backend::TensorView dxn) = 0;
+  virtual void mixer_backward_weight(int slot, backend::ConstTensorView xn) = 0;
   virtual void mixer_release(int slot) = 0;
   // A mixer with communication inside (an MoE block's all-to-alls) runs the
   // rest of its forward and input-gradient backward as segments k > 0 of the
@@ -244,14 +251,20 @@ class Block : public Unit {
   virtual void mixer_backward_segment(int /*k*/, int /*slot*/) {}
   // What the mixer adds to the loss sum for `slot` (the MoE balance loss), once its forward is done.
   virtual double mixer_loss(int /*slot*/) const { return 0.0; }
-  std::vector<Tensor*> kept(int slot) final;
+  // Whether the mixer writes its output and input gradient in f32 whatever the storage type (an MoE
+  // block's combine and dispatch backward accumulate its rows in f32).
+  virtual bool mixer_writes_f32() const { return false; }
+  // The type of the mixer's output and input gradient beside activations of `storage`: the storage type,
+  // or f32 where the tp group sums them (the collectives sum f32) or the mixer writes f32.
+  backend::DType mixer_dtype(backend::DType storage) const;
 
  private:
   struct Saved {
     int64_t rows = 0;
-    Tensor xn, rstd;       // dropped under full recomputation until recompute()
-    float* out = nullptr;  // the forward's output, summed over the tp group at point 0
-    Tensor dxn;            // backward: the mixer's input gradient, summed over the tp group at point 0
+    Tensor xn, rstd;          // in the storage type, f32; dropped under full recomputation until recompute()
+    backend::TensorView out;  // the mixer's output: the block's y, or `sum` where its type is not y's
+    Tensor sum;               // the mixer's output in mixer_dtype() when not y's, stored into y once final
+    Tensor dxn;               // backward: the mixer's input gradient in mixer_dtype(), summed over tp at point 0
   };
   std::map<int, Saved> saved_;
 };

@@ -64,9 +64,10 @@ class MlpBlock final : public Block {
   using Block::Block;
 
  protected:
-  void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) override;
-  void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
-  void mixer_backward_weight(int slot, const float* xn) override;
+  void mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) override;
+  void mixer_backward_input(int slot, backend::ConstTensorView xn, backend::ConstTensorView dout,
+                            backend::TensorView dxn) override;
+  void mixer_backward_weight(int slot, backend::ConstTensorView xn) override;
   void mixer_release(int slot) override;
 
  private:
@@ -92,15 +93,18 @@ class MoeBlock final : public Block {
   Routing take_routing() override;
 
  protected:
-  void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) override;
+  void mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) override;
   void mixer_forward_segment(int k, int slot) override;
-  void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
+  void mixer_backward_input(int slot, backend::ConstTensorView xn, backend::ConstTensorView dout,
+                            backend::TensorView dxn) override;
   void mixer_backward_segment(int k, int slot) override;
-  void mixer_backward_weight(int slot, const float* xn) override;
+  void mixer_backward_weight(int slot, backend::ConstTensorView xn) override;
   void mixer_release(int slot) override;
   double mixer_loss(int slot) const override;
   // The router's gradient comes from the backward's dispatch step, so the weight half waits for it.
   int weight_segment() const override { return static_cast<int>(backward_steps_.size()) - 1; }
+  // The combine and the dispatch backward accumulate the rows in f32.
+  bool mixer_writes_f32() const override { return true; }
 
  private:
   // The steps of the passes, segment by segment (the points between segments follow ir::pass_shape).
@@ -118,10 +122,10 @@ class MoeBlock final : public Block {
   struct Saved {
     int64_t rows = 0, seq = 0;
     float loss_scale = 0;
-    const float* xn = nullptr;
-    float* out = nullptr;
-    const float* dout = nullptr;
-    float* dxn = nullptr;
+    backend::ConstTensorView xn;  // the block's, in the storage type
+    float* out = nullptr;         // f32 (mixer_writes_f32)
+    backend::ConstTensorView dout;
+    float* dxn = nullptr;         // f32
     std::unique_ptr<Dispatcher> dispatch;
     Tensor probs, experts, weights, dprobs;  // [M,E], i32 [M,K], [M,K], [M,E]
     Tensor gate, up, h;                      // the experts' [R,F] x3, in the activations' storage type
@@ -130,6 +134,8 @@ class MoeBlock final : public Block {
     Tensor dgate, dup;                       // weight-gradient stash [R,F] x2, likewise
   };
   void run(Step step, Saved& s);
+  // The f32 data of [M, D] rows `v`: its own, or widened into `held` (the dispatcher and the combine move f32 rows).
+  static const float* f32_rows(backend::ConstTensorView v, Tensor& held);
   void experts_forward(Saved& s);
   void experts_backward(Saved& s);
   void router_backward(Saved& s);
@@ -153,9 +159,10 @@ class AttentionBlock final : public Block {
   using Block::Block;
 
  protected:
-  void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) override;
-  void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
-  void mixer_backward_weight(int slot, const float* xn) override;
+  void mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) override;
+  void mixer_backward_input(int slot, backend::ConstTensorView xn, backend::ConstTensorView dout,
+                            backend::TensorView dxn) override;
+  void mixer_backward_weight(int slot, backend::ConstTensorView xn) override;
   void mixer_release(int slot) override;
 
  private:
@@ -173,9 +180,10 @@ class MambaBlock final : public Block {
   using Block::Block;
 
  protected:
-  void mixer_forward(int slot, const MicroBatch& mb, const float* xn, float* out) override;
-  void mixer_backward_input(int slot, const float* xn, const float* dout, float* dxn) override;
-  void mixer_backward_weight(int slot, const float* xn) override;
+  void mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) override;
+  void mixer_backward_input(int slot, backend::ConstTensorView xn, backend::ConstTensorView dout,
+                            backend::TensorView dxn) override;
+  void mixer_backward_weight(int slot, backend::ConstTensorView xn) override;
   void mixer_release(int slot) override;
 
  private:
