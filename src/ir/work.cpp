@@ -466,32 +466,35 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
   const double M = d.M;
   constexpr double kFloat = 4;
   const bool narrow = kept_bytes < kFloat;
-  // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept), or computed
-  // in the storage type (native: what every block's mixer computes on it); the saved rest
-  // (stats), f32; what BWD_I frees of the native and the stats before the weight half (the narrowed xn
-  // stays: the weight half reads it); its stash for the weight half, f32
+  // Elements: what the forward keeps, at kept_bytes — computed in f32 and narrowed (kept: the head's
+  // dlogits), or computed in the storage type (native: all the rest); the saved rest (stats), f32; what
+  // BWD_I frees of the native and the stats before the weight half; its stash for the weight half, f32
   // or native; the scratch at the peak of a backward above saved and stash (f32 or native), and of a
-  // forward above all it saves (f32); and how many of a forward's and a backward's boundary tensors
-  // (x, y; x, dy, dx: [M, D] each) a narrower storage stages in f32.
+  // forward above all it saves (f32).
   double kept = 0, native = 0, stats = 0, freed_native = 0, freed_stats = 0;
   double stash = 0, stash_native = 0, scratch = 0, scratch_native = 0, fwd_scratch = 0;
-  double fwd_io = 2, bwd_io = 3;
+  // Every unit computes on the storage type (model/*.cpp) but for what a pass sums over the tp group,
+  // which is f32 and rounded into the storage type once summed.
+  const bool summed = narrow && tp > 1;
   if (kind == 'e') {
     // The token ids are a std::vector, outside the backend's accounting; the backward adds dy's rows
     // into the table's gradient as they are.
-    fwd_io = 1, bwd_io = 1;                     // y; dy
+    if (summed) fwd_scratch = M * d.D;          // the lookup's f32 sum
   } else if (kind == 'h') {
-    kept = M * d.D + M * d.V;                   // xn, dlogits [M, V/tp]
+    native = M * d.D;                           // xn
+    kept = M * d.V;                             // dlogits [M, V/tp], computed in f32
     stats = M;                                  // rstd
     freed_stats = M;                            // rstd, once the norm's backward has read it
     fwd_scratch = M * d.V;                      // the logits
-    scratch = M * d.D;                          // dxn
-    fwd_io = 1, bwd_io = 2;                     // x; x, dx
+    if (summed || !narrow)
+      scratch = M * d.D;                        // dxn, f32
+    else
+      scratch_native = M * d.D;                 // dxn
+    if (summed) scratch_native = M * d.D;       // dxn rounded for the norm's backward
   } else {
-    // A block computes on the storage type (model/block.cpp): no f32 forms of its input, output and
-    // gradients. What the input half frees before the weight half: all the weight gradients do not read
-    // (they read xn, the stash and the input of each output projection).
-    fwd_io = 0, bwd_io = 0;
+    // A block computes on the storage type (model/block.cpp). What the input half frees before the
+    // weight half: all the weight gradients do not read (they read xn, the stash and the input of each
+    // output projection).
     native = M * d.D;                           // the block's xn and rstd (block_norm_saved)
     stats = M;
     freed_stats = M;                            // rstd, once the norm's backward has read it
@@ -547,10 +550,11 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
     }
   }
   const double saved = (kept + native) * kept_bytes + stats * kFloat;
-  // A forward computes what it keeps narrowed in f32 before storing it; a backward widens it back.
-  const double forward = (kept + stats + fwd_scratch + (narrow ? fwd_io * M * d.D : 0)) * kFloat + native * kept_bytes;
-  const double backward = (stash + scratch + (narrow ? bwd_io * M * d.D : 0)) * kFloat +
-                          (stash_native + scratch_native) * kept_bytes + kept * (kFloat - kept_bytes);
+  // A forward computes what it keeps narrowed (the head's dlogits) in f32 before storing it; a backward
+  // widens it back.
+  const double forward = (kept + stats + fwd_scratch) * kFloat + native * kept_bytes;
+  const double backward = (stash + scratch) * kFloat + (stash_native + scratch_native) * kept_bytes +
+                          kept * (kFloat - kept_bytes);
   const double kept_for_w = saved - freed_native * kept_bytes + (stash - freed_stats) * kFloat +
                             stash_native * kept_bytes;
   return {saved, kept_for_w, std::max(forward, backward)};

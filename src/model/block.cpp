@@ -23,14 +23,14 @@ LocalDims::LocalDims(const config::ModelConfig& c, const TpInfo& tp, const EpInf
 }
 
 backend::DType Block::mixer_dtype(backend::DType storage) const {
-  return tp_.size > 1 || mixer_writes_f32() ? backend::DType::DTYPE_F32 : storage;
+  return mixer_writes_f32() ? backend::DType::DTYPE_F32 : partial_dtype(storage);
 }
 
 // tp 1: one segment per pass. tp > 1 (ir::pass_shape): the forward's
 // row-parallel output projection leaves partial sums that point 0 adds over
 // the group before the residual; the backward's column-parallel input
 // projections leave a partial dxn that point 0 adds before the norm.
-double Block::forward(int k, int slot, const PassIo& a) {
+double Block::forward(int k, int slot, const PassArgs& a) {
   const int64_t D = cfg_.d_model;
   if (k == 0) {
     const int64_t M = a.mb->rows();
@@ -55,7 +55,7 @@ double Block::forward(int k, int slot, const PassIo& a) {
   return mixer_loss(slot);
 }
 
-void Block::backward_input(int k, int slot, const PassIo& a) {
+void Block::backward_input(int k, int slot, const PassArgs& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
   if (k == 0) {
@@ -81,7 +81,7 @@ CommBuffer Block::point(ir::NodeKind pass, int /*k*/, int slot) {
   return {buf, buf, s.rows * cfg_.d_model, {}, {}};
 }
 
-void Block::weight_grads(int slot, const PassIo& /*a*/) {
+void Block::weight_grads(int slot, const PassArgs& /*a*/) {
   Saved& s = saved_.at(slot);
   mixer_backward_weight(slot, s.xn.view({s.rows, cfg_.d_model}));
 }

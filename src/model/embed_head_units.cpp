@@ -10,44 +10,58 @@ using backend::view;
 
 // Params: 0 embed.weight [V, D]. Vocab-parallel with tp > 1: this rank's rows
 // of the table at vocab_offset, zeros for the other ranks' tokens, summed over
-// the group at point 0 (in f32, before segment 1); the backward adds into this
-// rank's rows only.
-double EmbedUnit::forward(int k, int slot, const PassIo& a) {
-  if (k > 0) return 0.0;  // after the sum: Unit::run stores it in the output's type
+// the group at point 0 (in f32, before segment 1, which stores the sum into a
+// bf16 output); the backward adds into this rank's rows only.
+double EmbedUnit::forward(int k, int slot, const PassArgs& a) {
+  if (k > 0) {  // after the sum
+    Saved& s = saved_.at(slot);
+    if (!s.sum.empty()) be_.convert(s.sum.view(a.y.shape), a.y);
+    s.sum = {}, s.out = {};
+    return 0.0;
+  }
   const MicroBatch& mb = *a.mb;
   const int64_t M = mb.rows(), D = cfg_.d_model;
-  be_.embedding_fwd(view(be_, mb.inputs, {M}), weight(0, {dims_.vocab, D}), a.y,
-                    dims_.vocab_offset);
   Saved& s = saved_[slot];
   s.ids = mb.inputs;
   s.rows = M;
-  s.out = a.y.f32();
+  s.out = a.y;
+  if (partial_dtype(a.y.dtype) != a.y.dtype) {
+    s.sum = scratch(M * D, partial_dtype(a.y.dtype));
+    s.out = s.sum.view({M, D});
+  }
+  // A bf16 lookup reads a bf16 table: the compute copy (converted into `held` only where none is bound).
+  Tensor held;
+  const backend::Shape table{dims_.vocab, D};
+  be_.embedding_fwd(view(be_, mb.inputs, {M}),
+                    s.out.dtype == backend::DType::DTYPE_F32 ? weight(0, table) : weight_as(0, table, s.out.dtype, held),
+                    s.out, dims_.vocab_offset);
   return 0.0;
 }
 
 CommBuffer EmbedUnit::point(ir::NodeKind /*pass*/, int /*k*/, int slot) {
   Saved& s = saved_.at(slot);
-  return {s.out, s.out, s.rows * cfg_.d_model, {}, {}};
+  return {s.out.ptr, s.out.ptr, s.rows * cfg_.d_model, {}, {}};
 }
 
-void EmbedUnit::weight_grads(int slot, const PassIo& a) {
+void EmbedUnit::weight_grads(int slot, const PassArgs& a) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model;
-  be_.embedding_bwd(view(be_, s.ids, {M}), a.dy, view(be_, g(0), {dims_.vocab, D}),
-                    dims_.vocab_offset);
+  be_.embedding_bwd(view(be_, s.ids, {M}), a.dy, view(be_, g(0), {dims_.vocab, D}), dims_.vocab_offset);
 }
 
 // Params: 0 final_norm.weight [D], 1 lm_head.weight [V, D].
 // tp 1: one segment. tp > 1, Megatron's vocab-parallel loss (ir::pass_shape):
 // norm and local logits | the row maxima summed into a table | exponential sums and the
 // target logit | summed | loss and dlogits. Full logits are never gathered.
-double HeadUnit::forward(int k, int slot, const PassIo& a) {
+double HeadUnit::forward(int k, int slot, const PassArgs& a) {
   const MicroBatch& mb = *a.mb;
   const int64_t D = cfg_.d_model, V = dims_.vocab;
   if (k == 0) {
     const int64_t M = mb.rows();
-    Saved s{M, act(M * D), act(M), {}, mb.targets == nullptr, {}, {}, {}, {}, {}};
-    be_.rmsnorm_fwd(a.x, view(be_, w(0), {D}), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
+    const backend::DType t = a.x.dtype;
+    Saved s{M, act(M * D, t), act(M), {}, mb.targets == nullptr, {}, {}, {}, {}, {}};
+    Tensor nw;
+    be_.rmsnorm_fwd(a.x, weight_as(0, {D}, t, nw), s.xn.view({M, D}), s.rstd.view({M}), kNormEps);
     Tensor logits = act(M * V);
     be_.linear_fwd(s.xn.view({M, D}), weight(1, {V, D}), logits.view({M, V}));
     double loss = 0.0;
@@ -79,33 +93,36 @@ CommBuffer HeadUnit::point(ir::NodeKind pass, int k, int slot) {
   return {s.sums.data(), s.sums.data(), s.sums.numel(), {}, {}};
 }
 
-void HeadUnit::backward_input(int k, int slot, const PassIo& a) {
+void HeadUnit::backward_input(int k, int slot, const PassArgs& a) {
   Saved& s = saved_.at(slot);
   if (s.inference) throw std::logic_error("backward of an inference forward of the head");
   const int64_t M = s.rows, D = cfg_.d_model, V = dims_.vocab;
   if (k == 0) {
-    s.dxn = scratch(M * D);
+    s.dxn = scratch(M * D, partial_dtype(a.dx.dtype));
     be_.linear_bwd_input(s.dlogits.view({M, V}), weight(1, {V, D}), s.dxn.view({M, D}), false);
   }
   if (last(ir::NodeKind::BWD_I, k)) {  // tp > 1: each rank's vocabulary rows gave a partial sum
-    be_.rmsnorm_bwd(s.dxn.view({M, D}), a.x, view(be_, w(0), {D}), s.rstd.view({M}),
-                    a.dx, view(be_, g(0), {D}));
+    const backend::DType t = a.dx.dtype;
+    if (s.dxn.dtype() != t) s.dxn = backend::converted(s.dxn.view(), t, backend::MemCategory::MEM_BUFFERS);
+    Tensor nw;
+    be_.rmsnorm_bwd(s.dxn.view({M, D}), a.x, weight_as(0, {D}, t, nw), s.rstd.view({M}), a.dx,
+                    view(be_, g(0), {D}));
     s.dxn = {}, s.rstd = {};  // the weight gradient reads xn and dlogits
   }
 }
 
-void HeadUnit::weight_grads(int slot, const PassIo& /*a*/) {
+void HeadUnit::weight_grads(int slot, const PassArgs& /*a*/) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model, V = dims_.vocab;
   be_.linear_bwd_weight(s.dlogits.view({M, V}), s.xn.view({M, D}), view(be_, g(1), {V, D}));
 }
 
-// The normalised input and d(loss)/d(logits), which only products read again; nothing of an
-// inference forward, whose logits are read as they are.
+// d(loss)/d(logits), which the cross-entropy writes in f32 and only products read again; nothing of
+// an inference forward, whose logits are read as they are. The normalised input is of the storage type.
 std::vector<Tensor*> HeadUnit::kept(int slot) {
   auto it = saved_.find(slot);
   if (it == saved_.end() || it->second.inference) return {};
-  return {&it->second.xn, &it->second.dlogits};
+  return {&it->second.dlogits};
 }
 
 // Segment 0 of the vocab-parallel loss: each row's max over this rank's logits, in column tp rank of

@@ -196,6 +196,12 @@ void ParamStore::bind_compute_values(int unit, backend::ConstTensorView full) {
   s.bound = full;
 }
 
+backend::Tensor ParamStore::rounded_values(int unit, backend::DType t) {
+  if (t == backend::DType::DTYPE_F32) return {};
+  return backend::converted(backend::view(be_, values(unit), {padded_numel(unit)}), t,
+                            backend::MemCategory::MEM_PARAMS);
+}
+
 void ParamStore::unbind_compute_values(int unit) {
   Slot& s = slot(unit);
   s.widened.clear();

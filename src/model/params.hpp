@@ -85,6 +85,9 @@ class ParamStore {
   // owned): ZeRO-3's gathered ones, or the executor's compute copy under train.precision bf16.
   void bind_compute_values(int unit, backend::ConstTensorView full);
   void unbind_compute_values(int unit);
+  // The master values [padded_numel] rounded to storage type t (category PARAMS): the compute copy a unit
+  // binds under train.precision bf16. Empty for f32, whose units compute with the masters themselves.
+  backend::Tensor rounded_values(int unit, backend::DType t);
 
   // Full gradients [padded_numel], accumulated by backward. With ZeRO >= 2
   // allocated (zeroed) on first use in a step and released after the

@@ -39,67 +39,27 @@ double Unit::run(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
                            std::to_string(shape(pass).segments) + " segment(s), asked for segment " +
                            std::to_string(k));
   if (k == 0 && pass != ir::NodeKind::FWD) convert_kept(slot, backend::DType::DTYPE_F32);
-  const PassIo& io = stage(pass, k, slot, a);
   double loss = 0.0;
   switch (pass) {
     case ir::NodeKind::FWD:
-      loss = forward(k, slot, io);
+      loss = forward(k, slot, a);
       if (last(pass, k)) narrow(slot);
       break;
     case ir::NodeKind::BWD_I:
-      backward_input(k, slot, io);
+      backward_input(k, slot, a);
       if (last(pass, k)) narrow(slot);  // until the weight half
       break;
     case ir::NodeKind::BWD_W:
-      weight_grads(slot, io);
+      weight_grads(slot, a);
       release(slot);
       break;
     default:  // BWD: the weight gradients as soon as they can run, so that the later segments stay small
-      backward_input(k, slot, io);
-      if (k == weight_segment()) weight_grads(slot, io);
+      backward_input(k, slot, a);
+      if (k == weight_segment()) weight_grads(slot, a);
       if (last(pass, k)) release(slot);
       break;
   }
-  if (last(pass, k)) finish(pass, slot, a);
   return loss;
-}
-
-namespace {
-
-// The f32 form of input `v`: v itself when f32 or empty, else a widened copy that `held` keeps.
-backend::ConstTensorView f32_in(backend::ConstTensorView v, Tensor& held) {
-  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v;
-  held = backend::converted(v, backend::DType::DTYPE_F32, backend::MemCategory::MEM_BUFFERS);
-  return held.view();
-}
-
-// Where a pass writes the f32 form of output `v`: v itself when f32 or empty, else `staging`.
-backend::TensorView f32_out(backend::Backend& be, backend::TensorView v, Tensor& staging) {
-  if (!v.ptr || v.dtype == backend::DType::DTYPE_F32) return v;
-  if (staging.empty()) staging = Tensor(be, v.shape, backend::MemCategory::MEM_BUFFERS);
-  return staging.view();
-}
-
-}  // namespace
-
-const PassIo& Unit::stage(ir::NodeKind pass, int k, int slot, const PassArgs& a) {
-  Staged& s = staged_[{pass_slot(pass), slot}];
-  const bool as_given = computes_on_storage();
-  if (k == 0) {
-    s.io.mb = a.mb;
-    s.io.x = as_given ? a.x : f32_in(a.x, s.x);
-    s.io.dy = as_given ? a.dy : f32_in(a.dy, s.dy);
-    s.io.y = as_given ? a.y : f32_out(be_, a.y, s.y);
-  }
-  if (last(pass, k)) s.io.dx = as_given ? a.dx : f32_out(be_, a.dx, s.dx);
-  return s.io;
-}
-
-void Unit::finish(ir::NodeKind pass, int slot, const PassArgs& a) {
-  auto it = staged_.find({pass_slot(pass), slot});
-  if (!it->second.y.empty()) be_.convert(it->second.y.view(), a.y);
-  if (!it->second.dx.empty()) be_.convert(it->second.dx.view(), a.dx);
-  staged_.erase(it);
 }
 
 backend::ConstTensorView Unit::weight_as(size_t i, backend::Shape shape, backend::DType t, Tensor& held) {

@@ -54,24 +54,14 @@ struct LocalDims {
 };
 
 // What a segment of a pass reads and writes, [rows, D] each, in the storage type the runtime keeps them in
-// between units (f32, or bf16 under train.precision bf16: Model::storage_dtype). A block computes on them
-// as they are; the embedding and the head compute on f32: Unit::run widens x and dy for their passes and
-// stores y and dx in their views' type once the pass has written them. Each segment of one pass gets the
-// same arguments.
+// between units (f32, or bf16 under train.precision bf16: Model::storage_dtype), which every unit computes
+// on. Each segment of one pass gets the same arguments.
 struct PassArgs {
   const MicroBatch* mb = nullptr;  // FWD: the tokens
   backend::ConstTensorView x;      // the input activation [rows, D] (not the embedding's)
   backend::ConstTensorView dy;     // backward: gradient of the output [rows, D] (not the head's)
   backend::TensorView y;           // FWD: the output [rows, D] (not the head's), final after the last segment
   backend::TensorView dx;          // BWD_I, BWD: the input gradient (not the embedding's), after the last segment
-};
-
-// PassArgs as a unit's passes compute on them (Unit::computes_on_storage): the arguments themselves, or their
-// f32 forms; y written from the first segment, dx by the last.
-struct PassIo {
-  const MicroBatch* mb = nullptr;
-  backend::ConstTensorView x, dy;
-  backend::TensorView y, dx;
 };
 
 // The buffer a communication point moves over its group: an all-reduce
@@ -144,27 +134,30 @@ class Unit {
   void keep_activations_in(backend::DType t) { kept_dtype_ = t; }
 
  protected:
-  virtual double forward(int k, int slot, const PassIo& a) = 0;
-  virtual void backward_input(int k, int slot, const PassIo& a) = 0;
+  virtual double forward(int k, int slot, const PassArgs& a) = 0;
+  virtual void backward_input(int k, int slot, const PassArgs& a) = 0;
   // Accumulates the matrix weight gradients; the slot stays until release.
-  virtual void weight_grads(int slot, const PassIo& a) = 0;
+  virtual void weight_grads(int slot, const PassArgs& a) = 0;
   bool last(ir::NodeKind pass, int k) const { return k + 1 == shape(pass).segments; }
   // The segment of a fused BWD after which the weight gradients can run (the first, unless the
   // mixer's backward spans segments).
   virtual int weight_segment() const { return 0; }
-  // The activations of `slot` a unit computing on f32 (the head) keeps from the forward for the backward
-  // in the kept storage type: narrowed when the forward (and a split backward's input half) ends, widened
-  // to f32 again when the backward begins. A block computes on the storage type and narrows nothing.
-  // Statistics (rstd, lse, the scan's states), the router's tensors and the small per-head tensors stay
-  // f32 and are not listed.
+  // What a unit computes in f32 and keeps from the forward for the backward in the kept storage type
+  // (the head's d(loss)/d(logits)): narrowed when the forward (and a split backward's input half) ends,
+  // widened to f32 again when the backward begins. What a unit computes on the storage type needs no
+  // narrowing; statistics (rstd, lse, the scan's states), the router's tensors and the small per-head
+  // tensors stay f32 and are not listed.
   virtual std::vector<Tensor*> kept(int /*slot*/) { return {}; }
-  // Whether the passes compute on PassArgs in their storage type (the blocks) or on their f32 forms.
-  virtual bool computes_on_storage() const { return false; }
   // kept(slot) in the kept storage type, as a forward leaves them (a recomputation too).
   void narrow(int slot) { convert_kept(slot, kept_dtype_); }
   backend::DType activation_storage() const { return kept_dtype_; }
+  // The type of what a pass sums over the tp group before it is final (a partial output or input gradient)
+  // beside activations of `storage`: f32 under tp > 1 (the collectives sum f32), else `storage` itself.
+  backend::DType partial_dtype(backend::DType storage) const {
+    return tp_.size > 1 ? backend::DType::DTYPE_F32 : storage;
+  }
 
-  // Parameter i in f32, as the head's norm, the scan and the step sizes read it (ParamStore::value).
+  // Parameter i in f32, as the scan and the step sizes read it (ParamStore::value).
   const float* w(size_t i) { return params_.value(spec_.index, i); }
   // Parameter i as the products and the embedding's lookup read it (ParamStore::compute_view: bf16 under
   // train.precision bf16), elements from `offset` seen as `shape`.
@@ -192,15 +185,6 @@ class Unit {
 
  private:
   void convert_kept(int slot, backend::DType to);
-  // The f32 arguments of segment k of a pass, widened (and y staged) at its first segment, dx staged at
-  // its last; finish() stores y and dx in their views' type and frees the staging.
-  struct Staged {
-    Tensor x, dy, y, dx;
-    PassIo io;
-  };
-  const PassIo& stage(ir::NodeKind pass, int k, int slot, const PassArgs& a);
-  void finish(ir::NodeKind pass, int slot, const PassArgs& a);
-  std::map<std::pair<int, int>, Staged> staged_;  // (pass, slot)
   // The kept activation t in storage type `to` (nothing to do when empty or of that type already).
   void store_as(Tensor& t, backend::DType to);
   backend::DType kept_dtype_ = backend::DType::DTYPE_F32;
@@ -229,10 +213,9 @@ class Block : public Unit {
   void recompute(int slot, const MicroBatch& mb, backend::ConstTensorView x, ir::Recompute mode) final;
 
  protected:
-  bool computes_on_storage() const final { return true; }
-  double forward(int k, int slot, const PassIo& a) final;
-  void backward_input(int k, int slot, const PassIo& a) final;
-  void weight_grads(int slot, const PassIo& a) final;
+  double forward(int k, int slot, const PassArgs& a) final;
+  void backward_input(int k, int slot, const PassArgs& a) final;
+  void weight_grads(int slot, const PassArgs& a) final;
   // xn [rows, D] in the storage type; out [rows, D] in mixer_dtype(). Saves under `slot`.
   virtual void mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn,
                              backend::TensorView out) = 0;

@@ -14,15 +14,16 @@ class EmbedUnit final : public Unit {
   void release(int slot) override { saved_.erase(slot); }
 
  protected:
-  double forward(int k, int slot, const PassIo& a) override;
-  void backward_input(int /*k*/, int /*slot*/, const PassIo& /*a*/) override {}  // no input gradient
-  void weight_grads(int slot, const PassIo& a) override;
+  double forward(int k, int slot, const PassArgs& a) override;
+  void backward_input(int /*k*/, int /*slot*/, const PassArgs& /*a*/) override {}  // no input gradient
+  void weight_grads(int slot, const PassArgs& a) override;
 
  private:
   struct Saved {
     const int32_t* ids = nullptr;  // the microbatch's token ids on the device, alive for the step
     int64_t rows = 0;
-    float* out = nullptr;  // tp > 1: the partial lookup, summed over the group at point 0
+    backend::TensorView out;  // tp > 1: the partial lookup, summed over the group at point 0 (f32)
+    Tensor sum;               // tp > 1 beside bf16 rows: the lookup in f32, stored into y once summed
   };
   std::map<int, Saved> saved_;
 };
@@ -35,23 +36,23 @@ class HeadUnit final : public Unit {
   const float* logits(int slot) const override;
 
  protected:
-  double forward(int k, int slot, const PassIo& a) override;
-  void backward_input(int k, int slot, const PassIo& a) override;
-  void weight_grads(int slot, const PassIo& a) override;
+  double forward(int k, int slot, const PassArgs& a) override;
+  void backward_input(int k, int slot, const PassArgs& a) override;
+  void weight_grads(int slot, const PassArgs& a) override;
   std::vector<Tensor*> kept(int slot) override;
 
  private:
   struct Saved {
     int64_t rows = 0;
-    Tensor xn, rstd;
-    Tensor dlogits;  // [rows, V]: d(loss)/d(logits), or the logits of an inference forward
+    Tensor xn, rstd;  // in the storage type, f32
+    Tensor dlogits;   // [rows, V]: d(loss)/d(logits), or the logits of an inference forward
     bool inference = false;
     // The vocab-parallel loss between its points: logits [rows, V/tp] until
     // the exponential sums, every rank's row maxima [rows, tp], their max
     // [rows], and [sum of exp | target logit] per row [2, rows].
     Tensor logits;
     Tensor all_max, row_max, sums;
-    Tensor dxn;  // backward: the partial input gradient of the norm, summed at point 0
+    Tensor dxn;  // backward: the norm's input gradient (partial_dtype: f32 when summed at point 0)
   };
   void vocab_parallel_maxima(Saved& s);
   void vocab_parallel_sums(Saved& s, const int32_t* targets);

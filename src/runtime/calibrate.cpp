@@ -215,6 +215,16 @@ std::unique_ptr<model::Unit> training_unit(const config::Config& cfg, const ir::
   return unit;
 }
 
+// Pass p of `unit` (unit u of ps) as training plays it: with its compute copy `copy` bound where it has
+// one (train.precision bf16; ParamStore::rounded_values), as the executor binds it for each instruction.
+double play_bound(model::Unit& unit, model::ParamStore& ps, int u, const Tensor& copy, ir::NodeKind p,
+                  const model::PassArgs& a, double* ms) {
+  if (!copy.empty()) ps.bind_compute_values(u, copy.view());
+  const double r = model::play_pass(unit, p, 0, a, ms);
+  if (!copy.empty()) ps.unbind_compute_values(u);
+  return r;
+}
+
 // What the measured units run on, in the storage type units pass between them: upstream
 // activations and output gradients for `samples` sequences, normal(0, 1) from `seed`, output
 // buffers of the same size, and one microbatch of `samples` sequences of tokens.
@@ -295,6 +305,7 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
   for (int u : units) {
     const ir::UnitSpec& spec = g.units[static_cast<size_t>(u)];
     std::unique_ptr<model::Unit> unit = training_unit(cfg, spec, ps, be, tp);
+    const Tensor copy = ps.rounded_values(u, training_precision(cfg).storage);
     const bool embed = spec.kind == ir::UnitKind::UNIT_EMBED, head = spec.kind == ir::UnitKind::UNIT_HEAD;
     KindSamples ks;
     ks.kind = ir::unit_symbol(spec.kind);
@@ -307,7 +318,7 @@ std::vector<KindSamples> measure_units(const config::Config& cfg, const ir::Mode
       // blocking between its segments; only the segments are timed (the
       // simulator times the collectives from their nodes).
       auto pass = [&](ir::NodeKind p, double* ms) {
-        model::play_pass(*unit, p, 0, in.args(be, mb, cfg.model.d_model, p, embed, head), ms);
+        play_bound(*unit, ps, u, copy, p, in.args(be, mb, cfg.model.d_model, p, embed, head), ms);
       };
       // The embedding has no input-gradient half: its BWD_W is its whole backward.
       const ir::NodeKind bi = embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I;
@@ -568,13 +579,18 @@ std::vector<double> measure_host_sharing(const config::Config& cfg, const ir::Mo
   model::ParamStore ps(g, units, be, {});
   ps.init(cfg.train.seed);
   std::vector<std::unique_ptr<model::Unit>> made;
-  for (int u : units) made.push_back(training_unit(cfg, g.units[static_cast<size_t>(u)], ps, be));
+  std::vector<Tensor> copies;
+  for (int u : units) {
+    made.push_back(training_unit(cfg, g.units[static_cast<size_t>(u)], ps, be));
+    copies.push_back(ps.rounded_values(u, training_precision(cfg).storage));
+  }
   UnitInputs in(cfg, tok, per_mb, 11);
   const Batch& batch = in.batch;
   const model::MicroBatch mb = batch.mbs.front();
   const size_t last = made.size() - 1;
   auto pass = [&](size_t i, ir::NodeKind p) {
-    model::play_pass(*made[i], p, 0, in.args(be, mb, cfg.model.d_model, p, i == 0, i == last));
+    play_bound(*made[i], ps, units[i], copies[i], p, in.args(be, mb, cfg.model.d_model, p, i == 0, i == last),
+               nullptr);
   };
   auto once = [&] {
     const auto t0 = Clock::now();

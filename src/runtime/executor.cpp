@@ -304,11 +304,7 @@ backend::ConstTensorView Executor::compute_copy(int u) {
   const backend::DType t = model_.storage_dtype();
   if (t == backend::DType::DTYPE_F32) return {};
   auto it = compute_copies_.find(u);
-  if (it == compute_copies_.end()) {
-    model::ParamStore& ps = model_.params();
-    const auto master = backend::view(model_.backend(), ps.values(u), {ps.padded_numel(u)});
-    it = compute_copies_.emplace(u, backend::converted(master, t, MemCategory::MEM_PARAMS)).first;
-  }
+  if (it == compute_copies_.end()) it = compute_copies_.emplace(u, model_.params().rounded_values(u, t)).first;
   return it->second.view();
 }
 

@@ -162,9 +162,8 @@ void RankRuntime::with_compute_values(const std::function<void()>& use) {
     backend::Tensor values;
     if (ps.sharding().zero(u) >= 3) values = gathered_values(u);
     if (storage != backend::DType::DTYPE_F32)
-      values = backend::converted(values.empty() ? backend::view(device_, ps.values(u), {ps.padded_numel(u)})
-                                                 : backend::ConstTensorView(values.view()),
-                                  storage, backend::MemCategory::MEM_PARAMS);
+      values = values.empty() ? ps.rounded_values(u, storage)
+                              : backend::converted(values.view(), storage, backend::MemCategory::MEM_PARAMS);
     if (values.empty()) continue;
     ps.bind_compute_values(u, values.view());
     bound.emplace_back(u, std::move(values));

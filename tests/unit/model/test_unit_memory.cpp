@@ -40,8 +40,16 @@ Tensor filled(int64_t rows, int64_t D, DType t, uint32_t seed) {
   return t == DType::DTYPE_F32 ? std::move(f32) : backend::converted(f32.view(), t, backend::MemCategory::MEM_BUFFERS);
 }
 
-Measured measure(Unit& unit, bool embed, bool head, const MicroBatch& mb, int64_t D, DType t) {
+// Each pass with the unit's compute copy bound (under bf16), as the executor binds it for each instruction.
+Measured measure(Unit& unit, ParamStore& ps, const Tensor& copy, bool embed, bool head, const MicroBatch& mb,
+                 int64_t D, DType t) {
   backend::Backend& be = backend::cpu();
+  const int u = unit.spec().index;
+  auto play = [&](ir::NodeKind p, const PassArgs& a) {
+    if (!copy.empty()) ps.bind_compute_values(u, copy.view());
+    play_pass(unit, p, 0, a);
+    if (!copy.empty()) ps.unbind_compute_values(u);
+  };
   const int64_t rows = mb.rows();
   Tensor x = filled(rows, D, t, 1), dy = filled(rows, D, t, 2), y = filled(rows, D, t, 3), dx = filled(rows, D, t, 4);
   auto args = [&](ir::NodeKind p) {
@@ -59,14 +67,13 @@ Measured measure(Unit& unit, bool embed, bool head, const MicroBatch& mb, int64_
   Measured m;
   const double l0 = level();
   be.reset_peak();
-  play_pass(unit, ir::NodeKind::FWD, 0, args(ir::NodeKind::FWD));
+  play(ir::NodeKind::FWD, args(ir::NodeKind::FWD));
   const double l1 = level(), pf = peak() - l0;
   be.reset_peak();
-  play_pass(unit, embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I, 0,
-            args(embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I));
+  play(embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I, args(embed ? ir::NodeKind::BWD_W : ir::NodeKind::BWD_I));
   const double l2 = level(), pbi = peak() - l1;
   be.reset_peak();
-  if (!embed) play_pass(unit, ir::NodeKind::BWD_W, 0, args(ir::NodeKind::BWD_W));
+  if (!embed) play(ir::NodeKind::BWD_W, args(ir::NodeKind::BWD_W));
   const double pbw = peak() - l2;
   m.saved = l1 - l0;
   m.kept_for_w = l2 - l0;
@@ -98,7 +105,8 @@ TEST(UnitMemory, AnalyticModelMatchesTheBackendsAccountingInF32AndBf16) {
       const ir::UnitSpec& spec = graph.units[u];
       const char kind = ir::unit_symbol(spec.kind);
       const bool embed = spec.kind == ir::UnitKind::UNIT_EMBED, head = spec.kind == ir::UnitKind::UNIT_HEAD;
-      const Measured got = measure(model.unit(static_cast<int>(u)), embed, head, mb, D, t);
+      const Tensor copy = model.params().rounded_values(static_cast<int>(u), t);
+      const Measured got = measure(model.unit(static_cast<int>(u)), model.params(), copy, embed, head, mb, D, t);
       const ir::UnitMemory want = ir::unit_memory(cfg, kind, rows, T, 1, kept_bytes);
       std::printf("[ memory ] %s %c: saved %.0f / %.0f, kept_for_w %.0f / %.0f, transient %.0f / %.0f bytes "
                   "(measured / analytic)\n",
