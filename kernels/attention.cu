@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace piper::kernels::cuda {
 namespace {
@@ -362,24 +363,29 @@ void check_args(const char* op, int64_t B, int64_t Tn, int64_t H, int64_t KV, in
   };
   if (KV <= 0 || H % KV != 0)
     fail("H = " + std::to_string(H) + " is not a multiple of KV = " + std::to_string(KV));
-  if (hd != 16 && hd != 32 && hd != 64 && hd != 80 && hd != 96 && hd != 128)
-    fail("head dim " + std::to_string(hd) + " is not supported (16, 32, 64, 80, 96 or 128)");
+  bool known = false;
+  std::string dims;
+  for (int64_t d : kAttentionHeadDims) {
+    known |= d == hd;
+    dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  }
+  if (!known) fail("head dim " + std::to_string(hd) + " is not supported (" + dims + ")");
   if (Tn > (int64_t(1) << 30)) fail("Tn = " + std::to_string(Tn) + " exceeds 2^30");
   if (B > 65535 || H > 65535)
     fail("B = " + std::to_string(B) + ", H = " + std::to_string(H) + ": each must be at most 65535");
 }
 
-// Calls f(std::integral_constant<int, hd>) for a supported head dim (check_args ran first).
+// Calls f(std::integral_constant<int, hd>) for a head dim of kAttentionHeadDims (check_args ran
+// first).
+template <class F, size_t... I>
+void with_head_dim(int64_t hd, F&& f, std::index_sequence<I...>) {
+  (void)((hd == kAttentionHeadDims[I] &&
+          (f(std::integral_constant<int, static_cast<int>(kAttentionHeadDims[I])>{}), true)) ||
+         ...);
+}
 template <class F>
 void with_head_dim(int64_t hd, F&& f) {
-  switch (hd) {
-    case 16: return f(std::integral_constant<int, 16>{});
-    case 32: return f(std::integral_constant<int, 32>{});
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 80: return f(std::integral_constant<int, 80>{});
-    case 96: return f(std::integral_constant<int, 96>{});
-    default: return f(std::integral_constant<int, 128>{});
-  }
+  with_head_dim(hd, f, std::make_index_sequence<kAttentionHeadDims.size()>{});
 }
 
 // Allows `kernel` the dynamic shared memory it is launched with (past the default 48 KiB).

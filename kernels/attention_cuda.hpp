@@ -1,14 +1,18 @@
 // attention_cuda.hpp — causal GQA softmax attention on CUDA (the twin of attention.hpp)
-// Conventions: see cuda_common.cuh. Head dims 16, 32, 64, 80, 96 and 128; any other throws
+// Conventions: see cuda_common.cuh. The head dims of kAttentionHeadDims; any other throws
 // std::invalid_argument (as do H % KV != 0, and Tn, H or B past the launch limits).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 
 namespace piper::kernels::cuda {
+
+// The head dims the kernels are compiled for (one tile shape each).
+inline constexpr std::array<int64_t, 6> kAttentionHeadDims{16, 32, 64, 80, 96, 128};
 
 // q[B,Tn,H,hd], k[B,Tn,KV,hd], v[B,Tn,KV,hd] -> out[B,Tn,H,hd], lse[B,H,Tn] (f32)
 // q head h attends kv head h / (H/KV); scores scaled by 1/sqrt(hd); lse[b,h,t] is the natural

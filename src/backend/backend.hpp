@@ -275,6 +275,8 @@ class Backend {
 
   // Storage types the op table computes on (i32 index tensors always).
   virtual bool supports(DType storage) const = 0;
+  // The head dims attention_fwd/attention_bwd take; empty where they take any even one.
+  virtual std::vector<int64_t> attention_head_dims() const = 0;
   // The precision of f32 matrix products from now on (linear_*; MATMUL_FP32 to begin with).
   virtual void set_matmul_precision(MatmulPrecision p) = 0;
   // Elements of the state ssd_fwd saves for ssd_bwd.

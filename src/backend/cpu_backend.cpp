@@ -288,6 +288,7 @@ class CpuBackend final : public Backend {
   void synchronize(int) override {}
 
   bool supports(DType) const override { return true; }  // bf16 through Widened
+  std::vector<int64_t> attention_head_dims() const override { return {}; }
   // No TF32 units: TF32 products stay f32; bf16 products round their inputs (the GPU's arithmetic).
   void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
   bool bf16_products() const { return matmul_ == MatmulPrecision::MATMUL_BF16; }

@@ -38,6 +38,8 @@ struct ModelConfig {
   double moe_aux_coef = 0.01;        // weight of the sequence-wise balance loss
 
   int64_t n_blocks() const { return static_cast<int64_t>(pattern.size()); }
+  bool has_attention() const { return pattern.find('*') != std::string::npos; }
+  bool has_mamba() const { return pattern.find('M') != std::string::npos; }
   int64_t attn_head_dim() const { return d_model / n_heads; }       // hd
   int64_t d_inner() const { return expand * d_model; }
   int64_t mamba_heads() const { return d_inner() / head_dim; }      // Hm

@@ -211,7 +211,7 @@ void check_model(const ModelConfig& m, Checker& ck) {
 
   // Weight matrices, in checked arithmetic (the sizes above keep d_inner, the
   // in_proj rows and d_model x d_model far inside 64 bits).
-  const bool attn = m.pattern.find('*') != std::string::npos, mamba = m.pattern.find('M') != std::string::npos;
+  const bool attn = m.has_attention(), mamba = m.has_mamba();
   sizes_ok &= ck.product_within("model.vocab_size", {"model.d_model"}, "the embedding (and head) matrix",
                                 {{"vocab_size", m.vocab_size}, {"d_model", m.d_model}}, kMaxMatrix, kMaxMatrixText);
   if (m.pattern.find('-') != std::string::npos)
@@ -430,7 +430,7 @@ void check_parallel(const Applied& a, int world_size, Checker& ck) {
         ck.fail(ck.head("parallel.tp") + ": " + what + " (" + key + " = " +
                 std::to_string(n) + ") must divide by tp; use a tp that divides " + std::to_string(n));
     };
-    const bool attn = m.pattern.find('*') != std::string::npos, mamba = m.pattern.find('M') != std::string::npos;
+    const bool attn = m.has_attention(), mamba = m.has_mamba();
     need("the vocabulary (vocab-parallel embedding and head)", m.vocab_size, "model.vocab_size");
     if (attn) need("the attention heads", m.n_heads, "model.n_heads");
     if (attn) need("the key/value heads", m.n_kv_heads, "model.n_kv_heads");

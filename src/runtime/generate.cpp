@@ -72,12 +72,12 @@ Generated generate(const GenerateOptions& o, const MpiEnv& env) {
     for (const std::string& n : config::device_names()) names += (names.empty() ? "" : ", ") + n;
     throw UserError("--device " + o.device + ": not a device; use one of " + names);
   }
+  const config::Config cfg = one_rank(meta.config_yaml, path, o.device);
   try {
-    (void)backend_of(*device);
+    (void)backend_of(cfg);
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("--device: ") + e.what());
   }
-  const config::Config cfg = one_rank(meta.config_yaml, path, o.device);
   ir::validate(cfg, 1);
   const ir::Plan plan = ir::compile(cfg, 1);
   const std::unique_ptr<comm::Communicator> world = comm::make_mpi_world();

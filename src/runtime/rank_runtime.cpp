@@ -9,7 +9,9 @@
 
 namespace piper::runtime {
 
-backend::Backend& backend_of(config::Device device) {
+namespace {
+
+backend::Backend& backend_named(config::Device device) {
   switch (device) {
     case config::Device::DEVICE_CPU:
       return backend::cpu();
@@ -23,6 +25,37 @@ backend::Backend& backend_of(config::Device device) {
   throw std::runtime_error(std::string("device ") + config::device_name(device) + ": " + why +
                            "; run on a machine with an NVIDIA GPU, or with device " +
                            config::device_name(config::Device::DEVICE_CPU));
+}
+
+}  // namespace
+
+std::optional<std::string> model_uncomputable(const config::ModelConfig& model, const std::vector<int64_t>& head_dims,
+                                              const char* device) {
+  const int64_t hd = model.attn_head_dim();
+  if (!model.has_attention() || head_dims.empty() ||
+      std::find(head_dims.begin(), head_dims.end(), hd) != head_dims.end())
+    return std::nullopt;
+  std::string dims, heads;
+  for (int64_t d : head_dims) {
+    dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    if (model.d_model % d == 0 && (model.d_model / d) % model.n_kv_heads == 0)
+      heads += (heads.empty() ? "" : ", ") + std::to_string(model.d_model / d);
+  }
+  std::string msg = "model.n_heads: the attention head dim model.d_model/model.n_heads = " +
+                    std::to_string(model.d_model) + "/" + std::to_string(model.n_heads) + " = " + std::to_string(hd) +
+                    " is not one device " + device + "'s attention kernels take (" + dims + "); ";
+  if (heads.empty())
+    return msg + "change model.d_model to a multiple of one of them, or run on another device";
+  return msg + "use n_heads " + heads + " (a multiple of model.n_kv_heads = " + std::to_string(model.n_kv_heads) +
+         "), or run on another device";
+}
+
+backend::Backend& backend_of(const config::Config& cfg) {
+  const config::Device device = config::device_of(cfg.train);
+  backend::Backend& b = backend_named(device);
+  if (std::optional<std::string> why = model_uncomputable(cfg.model, b.attention_head_dims(), config::device_name(device)))
+    throw std::runtime_error(*why);
+  return b;
 }
 
 comm::DeviceComm device_comm_of(config::DeviceComm how) {
@@ -97,7 +130,7 @@ RankRuntime::RankRuntime(const config::Config& cfg, ir::Plan&& plan, ir::Program
       plan_(std::move(plan)),
       rank_(world.rank()),
       grid_(plan_.strategy.dims()),
-      device_(backend_of(config::device_of(cfg.train))),
+      device_(backend_of(cfg)),
       host_world_(world),
       device_world_(comm::for_device(world, device_, device_comm_of(config::device_comm_of(cfg.train)))),
       world_(device_world_ ? *device_world_ : world),

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -36,9 +38,14 @@ struct DataPosition {
   int64_t data_position = 0;  // samples consumed: the first sample of the next step
 };
 
-// The backend train.device names: the CPU's, the detached CPU's, or the rank's GPU; throws
-// std::runtime_error saying why where this machine has none.
-backend::Backend& backend_of(config::Device device);
+// The backend cfg's train.device names: the CPU's, the detached CPU's, or the rank's GPU; throws
+// std::runtime_error saying why where this machine has none, or where that backend cannot compute
+// cfg's model (model_uncomputable).
+backend::Backend& backend_of(const config::Config& cfg);
+// Why `model` cannot compute on `device`, whose attention takes the head dims `head_dims` (empty:
+// any), naming the keys to change; nullopt where it can.
+std::optional<std::string> model_uncomputable(const config::ModelConfig& model, const std::vector<int64_t>& head_dims,
+                                              const char* device);
 // The communicator choice train.device_comm names, for comm::for_device.
 comm::DeviceComm device_comm_of(config::DeviceComm how);
 

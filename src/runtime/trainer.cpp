@@ -699,7 +699,7 @@ void train(const config::Config& cfg, const TrainOptions& opts, MpiEnv& env) try
                     std::to_string(processes) + " process(es), and at least one must train; keep at most " +
                     std::to_string(processes - 1) + " in reserve");
   try {
-    (void)backend_of(config::device_of(cfg.train));  // a device this machine lacks ends the job before anything starts
+    (void)backend_of(cfg);  // a device this machine lacks, or one the model cannot compute on, ends the job first
   } catch (const std::runtime_error& e) {
     throw UserError(std::string("train.device: ") + e.what());
   }

@@ -234,6 +234,9 @@ class CudaBackend final : public Backend {
   }
 
   bool supports(DType storage) const override { return storage != DType::DTYPE_I32; }
+  std::vector<int64_t> attention_head_dims() const override {
+    return {kc::kAttentionHeadDims.begin(), kc::kAttentionHeadDims.end()};
+  }
   void set_matmul_precision(MatmulPrecision p) override { matmul_ = p; }
   int64_t ssd_saved_numel(const Shape& x, const Shape& Bm, int64_t chunk) const override {
     return kc::ssd_saved_numel(ct::ssd_shape_of(x, Bm, chunk));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <unistd.h>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -211,6 +212,33 @@ TEST_F(RankRuntimeTest, EvaluationIsTheStepsForwardAndChangesNoTrainingState) {
     EXPECT_EQ(routing(*evaluated), routing(*trained)) << pattern << ": the evaluation's routing is not the step's";
     EXPECT_EQ(state_differences(*evaluated, *trained), 0) << pattern;
   }
+}
+
+// A device whose attention kernels take only some head dims refuses a model with another one,
+// naming the keys and the head counts that would do; the CPU's (any head dim) takes every model.
+TEST(ModelUncomputable, NamesTheHeadDimAndTheHeadCountsThatFit) {
+  config::ModelConfig m = testing::small_model("M*-");
+  m.d_model = 384;
+  m.n_heads = 8;  // head dim 48
+  m.n_kv_heads = 2;
+  const std::vector<int64_t> dims{16, 32, 64, 80, 96, 128};
+  const std::optional<std::string> why = model_uncomputable(m, dims, "cuda");
+  ASSERT_TRUE(why.has_value());
+  for (const char* want : {"model.n_heads", "384/8 = 48", "device cuda", "(16, 32, 64, 80, 96, 128)",
+                           "use n_heads 24, 12, 6, 4 "})
+    EXPECT_NE(why->find(want), std::string::npos) << "missing '" << want << "' in: " << *why;
+  EXPECT_EQ(model_uncomputable(m, {}, "cpu"), std::nullopt);
+  m.n_heads = 6;  // head dim 64
+  EXPECT_EQ(model_uncomputable(m, dims, "cuda"), std::nullopt);
+  m.pattern = "M-";  // no attention: any head dim
+  m.n_heads = 8;
+  EXPECT_EQ(model_uncomputable(m, dims, "cuda"), std::nullopt);
+  m.pattern = "*";
+  m.d_model = 40;  // no supported head dim divides 40 into a multiple of 2 heads
+  m.n_heads = 2;
+  const std::optional<std::string> none = model_uncomputable(m, dims, "cuda");
+  ASSERT_TRUE(none.has_value());
+  EXPECT_NE(none->find("change model.d_model"), std::string::npos) << *none;
 }
 
 }  // namespace
