@@ -16,12 +16,15 @@ namespace {
 
 // mx = the max of a row x[V], sum = the sum of exp(x - mx), for every thread of the block. Each
 // thread keeps a running max and a sum rescaled when that max grows (one pass over the row),
-// then the block merges them.
+// then the block merges them. A NaN anywhere in the row makes the sum NaN, as on the CPU (the
+// running max would skip one met before any number).
 template <class T>
 __device__ void row_max_sum(const T* x, int64_t V, float* scratch, float& mx, float& sum) {
   float m = -INFINITY, s = 0.0f;
+  int nan_seen = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
     const float xv = to_f32(x[v]);
+    nan_seen |= isnan(xv);
     if (xv > m) {
       s = s * expf(m - xv) + 1.0f;  // the first value: 0 * 0 + 1
       m = xv;
@@ -31,6 +34,7 @@ __device__ void row_max_sum(const T* x, int64_t V, float* scratch, float& mx, fl
   }
   mx = block_max(m, scratch);
   sum = block_sum(m > -INFINITY ? s * expf(m - mx) : 0.0f, scratch);
+  if (__syncthreads_or(nan_seen)) sum = NAN;
 }
 
 // row_loss[m] = logsumexp(logits[m]) - logits[m, t]; dlogits[m] (optional) = (softmax - onehot) * scale

@@ -2,7 +2,7 @@
 // twins of cross_entropy.hpp and of tensor_ops.hpp's row_max)
 // Conventions: see cuda_common.cuh. logits, dlogits, exps: T; row_max, sums: f32; the loss sums
 // are written to one double in device memory (overwritten). A target outside [0, V) gives a NaN
-// loss for its row and no one-hot term (the backend checks the targets' range).
+// loss for its row and no one-hot term (the op contract refuses such targets before the call).
 #pragma once
 
 #include <cuda_bf16.h>

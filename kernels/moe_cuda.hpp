@@ -2,8 +2,10 @@
 // Conventions: see cuda_common.cuh and moe.hpp (the same contracts). The router (logits, probs,
 // experts' weights, their gradients, the balance loss's dprobs) and the combine weights and
 // dweights are f32; token rows (src, dst, y, out, dout, dy, dxp, dx) are T; experts, counts,
-// rows and pos int32, in range (the backend checks them). Sums over a row's E values, K slots or
-// D columns accumulate in double in a fixed order, k ascending, as on the CPU.
+// rows and pos int32, in range (the backend checks them). Sums over a row's K slots accumulate in
+// double, k ascending, as on the CPU; sums over D columns (moe_combine_dw) and over a sequence's
+// rows (moe_balance) accumulate in double in a fixed order of their own (a warp's or a block's
+// tree), not the CPU's: the same from run to run, equal to the CPU's to rounding.
 #pragma once
 
 #include <cuda_bf16.h>

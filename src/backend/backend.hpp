@@ -246,7 +246,8 @@ class Backend {
   // Device memory, 64-byte aligned, uninitialised. Freed blocks may be kept
   // for reuse; memory() counts only blocks in use.
   virtual void* allocate(size_t bytes, MemCategory category) = 0;
-  virtual void deallocate(void* p, size_t bytes, MemCategory category) = 0;
+  // Never throws: it runs in destructors, while an exception unwinds too.
+  virtual void deallocate(void* p, size_t bytes, MemCategory category) noexcept = 0;
   // Returns cached free blocks to the system.
   virtual void release_cached() = 0;
   // Copies within device memory, and between host memory and the device.
@@ -294,9 +295,10 @@ Backend& cpu();
 // the same numbers as cpu(): running the runtime on it shows that nothing above the backend reads
 // or writes device memory directly (docs/backend.md).
 Backend& cpu_detached();
-// The process-wide CUDA backend on the process's current CUDA device, made at the first call;
-// nullptr where there is none, and then `why` (when given) says why: a build without PIPER_CUDA,
-// no CUDA device or driver.
+// The process-wide CUDA backend, made at the first call on the node's GPU local rank % GPUs (the
+// local rank from OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or LOCAL_RANK, else 0); nullptr where
+// there is none, and then `why` (when given) says why: a build without PIPER_CUDA, no CUDA device
+// or driver, or a device that refused the backend's streams, events or cuBLAS handle.
 Backend* cuda(std::string* why = nullptr);
 // Every backend this process can compute on, the CPU first: what the op runner tests.
 std::vector<Backend*> registered_backends();

@@ -391,6 +391,7 @@ RowDims cross_entropy(Check& c, V logits, V targets, O dlogits) {
   c.rank("logits", logits, 2);
   const int64_t M = logits.shape[0], Vn = logits.shape[1];
   c.ids("targets", targets, M), c.shape("dlogits", dlogits, logits.shape);
+  c.indices("targets", targets, Vn, "the vocabulary of logits " + logits.shape.str());
   return {M, Vn};
 }
 

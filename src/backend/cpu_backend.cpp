@@ -237,7 +237,7 @@ class CpuBackend final : public Backend {
     stats_.add(c, static_cast<int64_t>(bytes));
     return at_.device(p);
   }
-  void deallocate(void* p, size_t bytes, MemCategory c) override {
+  void deallocate(void* p, size_t bytes, MemCategory c) noexcept override {
     if (!p) return;
     const size_t rounded = rounded_size(bytes);
     cache_[rounded].push_back(at_.local(p));

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <climits>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -95,17 +94,6 @@ class CudaBackend final : public Backend {
     PIPER_CUDA_CHECK(cudaMalloc(&scalar_, sizeof(double)));
     PIPER_CUDA_CHECK(cudaMallocHost(&host_scalar_, sizeof(double)));
   }
-  ~CudaBackend() override {
-    cudaDeviceSynchronize();
-    release_cached();
-    release_host_cache();
-    cublasDestroy(blas_);
-    cudaFree(scalar_);
-    cudaFreeHost(host_scalar_);
-    for (auto& e : ring_) cudaEventDestroy(e);
-    for (auto& e : free_events_) cudaEventDestroy(e);
-    for (auto& s : streams_) cudaStreamDestroy(s);
-  }
 
   DeviceKind kind() const override { return DeviceKind::DEVICE_CUDA; }
   bool host_addressable() const override { return false; }
@@ -135,18 +123,30 @@ class CudaBackend final : public Backend {
     stats_.add(c, static_cast<int64_t>(bytes));
     return p;
   }
-  void deallocate(void* p, size_t bytes, MemCategory c) override {
+  // After a CUDA error (a kernel's fault is sticky: every later call reports it) the block is
+  // dropped, not cached: the error is reported by the call that met it first, not from here.
+  void deallocate(void* p, size_t bytes, MemCategory c) noexcept override {
     if (!p) return;
+    stats_.add(c, -static_cast<int64_t>(bytes));
     const size_t rounded = rounded_size(bytes);
     Cached blk{p, {}};
     for (cudaStream_t s : streams_) {
-      cudaEvent_t e = take_event();
-      PIPER_CUDA_CHECK(cudaEventRecord(e, s));
+      cudaEvent_t e = nullptr;
+      if (!free_events_.empty()) {
+        e = free_events_.back();
+        free_events_.pop_back();
+      } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        e = nullptr;
+      }
+      if (!e || cudaEventRecord(e, s) != cudaSuccess) {
+        if (e) cudaEventDestroy(e);
+        for (cudaEvent_t f : blk.freed) cudaEventDestroy(f);
+        return;
+      }
       blk.freed.push_back(e);
     }
     cache_[rounded].push_back(std::move(blk));
     cached_bytes_ += rounded;
-    stats_.add(c, -static_cast<int64_t>(bytes));
   }
   void release_cached() override {
     for (auto& [size, blocks] : cache_)
@@ -604,9 +604,11 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0) return;
     const float alpha = 1.0f;
     check_cublas(cublasSetStream(blas_, current()), "cublasSetStream");
+    // k = 0 makes C = beta C; cuBLAS still wants every leading dimension at least 1.
+    const auto ld = [&](int64_t v) { return gemm_extent(std::max<int64_t>(v, 1), op); };
     check_cublas(cublasGemmEx(blas_, ta, tb, gemm_extent(m, op), gemm_extent(n, op), gemm_extent(k, op), &alpha,
-                              A, cuda_type(in), gemm_extent(lda, op), B, cuda_type(in), gemm_extent(ldb, op),
-                              &beta, C, cuda_type(out), gemm_extent(ldc, op), compute_type(in),
+                              A, cuda_type(in), ld(lda), B, cuda_type(in), ld(ldb),
+                              &beta, C, cuda_type(out), ld(ldc), compute_type(in),
                               CUBLAS_GEMM_DEFAULT),
                  op);
   }
@@ -630,17 +632,6 @@ class CudaBackend final : public Backend {
                                std::to_string(total_b) + " free on the device)");
     }
     return p;
-  }
-
-  cudaEvent_t take_event() {
-    if (!free_events_.empty()) {
-      cudaEvent_t e = free_events_.back();
-      free_events_.pop_back();
-      return e;
-    }
-    cudaEvent_t e = nullptr;
-    PIPER_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return e;
   }
 
   void check_stream(const char* what, int stream) const {
@@ -677,9 +668,16 @@ int local_rank() {
 
 Backend* cuda(std::string* why) {
   static std::once_flag once;
-  static std::unique_ptr<CudaBackend> backend;
+  // Never destroyed: the CUDA runtime tears itself down at exit before a static's destructor would
+  // run (it starts after the static is made), and a cuBLAS handle destroyed then can crash. The
+  // process's exit returns the device memory.
+  static CudaBackend* backend = nullptr;
   static std::string reason;
   std::call_once(once, [] {
+    // Hardware queues for the backend's streams and the communicator's lanes, so a kernel of one
+    // waits behind another only where the streams say so (CUDA's default is 8; a user's setting
+    // stands). Read when the runtime starts, below.
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
@@ -692,10 +690,16 @@ Backend* cuda(std::string* why) {
       reason = "no CUDA device: cudaGetDeviceCount found 0";
       return;
     }
-    backend = std::make_unique<CudaBackend>(local_rank() % count);
+    const int device = local_rank() % count;
+    try {
+      backend = new CudaBackend(device);
+    } catch (const std::exception& failed) {
+      reason = "the CUDA backend did not start on device " + std::to_string(device) + " of " +
+               std::to_string(count) + ": " + failed.what();
+    }
   });
   if (!backend && why) *why = reason;
-  return backend.get();
+  return backend;
 }
 
 }  // namespace piper::backend

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -56,11 +58,19 @@ enum Lane : size_t { kCollective = 0, kUp = 1, kDown = 2 };
 constexpr size_t kLanes = 3;
 const char* lane_name(size_t lane) { return lane == kCollective ? "collectives" : lane == kUp ? "up" : "down"; }
 
-// What the world and its splits share: the rank's identity for messages, options, and a pool of events.
+struct LaneState;
+
+// What the world and its splits share: the rank's identity for messages, options, a pool of events,
+// and every lane they have.
 struct Context {
   CommOptions options;
   int world_rank = -1;
   std::vector<cudaEvent_t> free_events;
+  // The lanes of the world and of every live split. A lane's queued operations reach NCCL only when
+  // someone moves them on, so a wait on any of them, or on the host communicator, moves all of them:
+  // what this rank's wait needs from its peer may be behind what the peer waits for from this rank
+  // on another communicator (MPI's shared progress engine does the same).
+  std::vector<LaneState*> lanes;
 
   ~Context() {
     for (cudaEvent_t e : free_events) cudaEventDestroy(e);
@@ -190,6 +200,11 @@ void progress(LaneState& lane, Context& ctx) {
   }
 }
 
+// Moves every lane of the world and its splits on (Context::lanes).
+void progress_all(Context& ctx) {
+  for (LaneState* l : ctx.lanes) progress(*l, ctx);
+}
+
 // Polls `r` until it is done, within the timeout; past it, a CommError names the operation (`what()`).
 template <class What>
 void poll_until_done(RequestImpl& r, const Context& ctx, What what, Clock::time_point posted) {
@@ -220,16 +235,39 @@ class NcclRequest final : public RequestImpl {
   Clock::time_point posted_ = Clock::now();
 };
 
+// An operation of the host communicator (a double sum, the barrier): polling it moves the lanes on too.
+class HostRequest final : public RequestImpl {
+ public:
+  HostRequest(NcclCommunicator& comm, Request inner, OpInfo info)
+      : comm_(comm), inner_(std::move(inner)), info_(std::move(info)) {}
+  bool test() override;
+  void wait() override;
+  void abandon() noexcept override { Request unwound = std::move(inner_); }  // abandons it, unwinding
+
+ private:
+  NcclCommunicator& comm_;
+  Request inner_;
+  OpInfo info_;
+  Clock::time_point posted_ = Clock::now();
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   // Takes the lanes; `owned` is the host group of a split (null for the world over the caller's host).
   NcclCommunicator(std::shared_ptr<Context> ctx, Communicator& host, std::unique_ptr<Communicator> owned,
                    backend::Backend& device, std::array<LaneState, kLanes> lanes)
       : ctx_(std::move(ctx)), owned_(std::move(owned)), host_(owned_ ? owned_.get() : &host), device_(device),
-        lanes_(lanes) {}
+        lanes_(lanes) {
+    for (LaneState& l : lanes_) ctx_->lanes.push_back(&l);
+  }
   ~NcclCommunicator() override {
+    std::erase_if(ctx_->lanes, [&](LaneState* l) { return l >= &lanes_.front() && l <= &lanes_.back(); });
+    // While an exception unwinds the job is failing: its peers may be gone, so nothing waits for them.
+    const bool failing = std::uncaught_exceptions() > 0;
     for (size_t i = 0; i < kLanes; ++i) {
       LaneState& l = lanes_[i];
+      if (l.comm && failing) l.abort("piper comm: the " + std::string(lane_name(i)) + " lane of " + name() +
+                                     " was aborted as the job failed");
       if (l.comm) {
         // Posted work finishes first; a lane that cannot finish within the timeout is aborted.
         try {
@@ -274,9 +312,14 @@ class NcclCommunicator final : public Communicator {
                       [=](ncclComm_t c, cudaStream_t s) { return ncclAllGather(in, out, n_per_rank, type, c, s); });
   }
   Request ialltoall(const void* in, void* out, size_t n_per_rank, backend::DType t) override {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
     const ncclDataType_t type = nccl_type(t);
     return collective(OpKind::OP_ALLTOALL, n_per_rank * static_cast<size_t>(size()) * backend::dtype_size(t),
                       [=](ncclComm_t c, cudaStream_t s) { return ncclAlltoAll(in, out, n_per_rank, type, c, s); });
+#else  // ncclAlltoAll is NCCL 2.28's: before it, the grouped sends and receives of an all-to-all-v
+    const std::vector<int64_t> counts(static_cast<size_t>(size()), static_cast<int64_t>(n_per_rank));
+    return ialltoallv(in, counts, out, counts, t);
+#endif
   }
   // Sends and receives to and from every rank in one NCCL group on the collectives' lane.
   Request ialltoallv(const void* in, const std::vector<int64_t>& send_counts, void* out,
@@ -308,22 +351,29 @@ class NcclCommunicator final : public Communicator {
       return rc == ncclSuccess || rc == ncclInProgress ? end : rc;
     });
   }
-  Request iallreduce_double(double* buf, size_t n) override { return host_->iallreduce_double(buf, n); }
-  void barrier() override { host_->barrier(); }
+  // Over the host communicator; waiting on them moves the lanes on too.
+  Request iallreduce_double(double* buf, size_t n) override {
+    return hosted(host_->iallreduce_double(buf, n), info(OpKind::OP_ALLREDUCE, n * sizeof(double)));
+  }
+  // A sum of one double: no rank's ends before every rank's has begun.
+  void barrier() override {
+    double none = 0.0;
+    hosted(host_->iallreduce_double(&none, 1), info(OpKind::OP_BARRIER, 0)).wait();
+  }
 
-  // For NcclRequest.
+  // For NcclRequest and HostRequest.
   LaneState& lane(size_t i) { return lanes_[i]; }
   const Context& context() const { return *ctx_; }
+  void progress_lanes() { progress_all(*ctx_); }
   void throw_if_aborted(size_t lane, const OpInfo& info) const {
     const LaneState& l = lanes_[lane];
     if (l.aborted)
       throw CommError("piper comm: " + info.describe() + " on " + ctx_->where() + ": the " + lane_name(lane) +
                       " lane of " + name() + " is aborted after an earlier failure: " + l.why_aborted);
   }
-  // Moves every lane's posted operations on (a rank waiting on one lane may be what its peer needs to
-  // post on another); then an error NCCL reports for `lane` throws.
+  // Moves every lane's posted operations on (Context::lanes); then an error NCCL reports for `lane` throws.
   void advance(size_t lane, const OpInfo& info) {
-    for (LaneState& l : lanes_) progress(l, *ctx_);
+    progress_all(*ctx_);
     throw_if_aborted(lane, info);
     LaneState& l = lanes_[lane];
     ncclResult_t rc = ncclSuccess;
@@ -378,6 +428,10 @@ class NcclCommunicator final : public Communicator {
     l.pending.push_back(Pending{std::move(call), ready(), done, inf});
     progress(l, *ctx_);
     return Request(std::make_unique<NcclRequest>(*this, lane, std::move(inf), std::move(done)));
+  }
+
+  Request hosted(Request inner, OpInfo inf) {
+    return Request(std::make_unique<HostRequest>(*this, std::move(inner), std::move(inf)));
   }
 
   Request collective(OpKind kind, size_t bytes, NcclCall call) {
@@ -445,14 +499,16 @@ class NcclCommunicator final : public Communicator {
     if (it == other.end()) {
       mine.push_back(p);
     } else {
-      Posted q = *it;
-      other.erase(it);
+      const Posted q = *it;
       const Posted& send = kind == OpKind::OP_SEND ? p : q;
       const Posted& recv = kind == OpKind::OP_SEND ? q : p;
-      if (send.bytes > recv.bytes)
+      if (send.bytes > recv.bytes) {
+        ctx_->release(p.ready);  // the other half stays posted
         throw CommError("piper comm: " + inf.describe() + " on " + ctx_->where() + ": a message of " +
                         std::to_string(send.bytes) + " bytes to itself, received into " + std::to_string(recv.bytes) +
                         " (the receive must be at least as large)");
+      }
+      other.erase(it);
       if (!self_stream_) cuda_ok(cudaStreamCreateWithFlags(&self_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
       cuda_ok(cudaStreamWaitEvent(self_stream_, send.ready, 0), "cudaStreamWaitEvent");
       cuda_ok(cudaStreamWaitEvent(self_stream_, recv.ready, 0), "cudaStreamWaitEvent");
@@ -476,7 +532,12 @@ class NcclCommunicator final : public Communicator {
     SelfRequest(NcclCommunicator& comm, OpInfo info, std::shared_ptr<std::shared_ptr<Completion>> slot)
         : comm_(comm), info_(std::move(info)), slot_(std::move(slot)) {}
     bool test() override {
-      return *slot_ && cudaEventQuery((*slot_)->done) == cudaSuccess;
+      comm_.progress_lanes();
+      if (!*slot_) return false;
+      const cudaError_t e = cudaEventQuery((*slot_)->done);
+      if (e == cudaErrorNotReady) return false;
+      cuda_ok(e, "cudaEventQuery");
+      return true;
     }
     void wait() override {
       poll_until_done(*this, comm_.context(), [&] {
@@ -515,16 +576,30 @@ class NcclCommunicator final : public Communicator {
 };
 
 bool NcclRequest::test() {
+  // Done is done, even on a lane aborted since.
+  const auto finished = [&] {
+    if (!done_->recorded) return false;  // posted, not yet on the stream
+    const cudaError_t e = cudaEventQuery(done_->done);
+    if (e == cudaErrorNotReady) return false;
+    cuda_ok(e, "cudaEventQuery");
+    return true;
+  };
+  if (finished()) return true;
   comm_.advance(lane_, info_);
-  if (!done_->recorded) return false;  // posted, not yet on the stream
-  const cudaError_t e = cudaEventQuery(done_->done);
-  if (e == cudaErrorNotReady) return false;
-  cuda_ok(e, "cudaEventQuery");
-  return true;
+  return finished();
 }
 
 void NcclRequest::wait() {
   poll_until_done(*this, comm_.context(), [&] { return "NCCL " + info_.describe(); }, posted_);
+}
+
+bool HostRequest::test() {
+  comm_.progress_lanes();
+  return inner_.test();
+}
+
+void HostRequest::wait() {
+  poll_until_done(*this, comm_.context(), [&] { return info_.describe() + " (over the host communicator)"; }, posted_);
 }
 
 // The operation may never finish (its peer is gone or stuck): abort its lane, so nothing waits for it.
@@ -556,13 +631,25 @@ std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& d
     return nullptr;
   };
   const auto p = static_cast<size_t>(host.size());
-  // Which ranks share a GPU: every rank learns the same answer.
-  const std::vector<float> key = gpu_key();
-  std::vector<float> keys(2 * p);
-  host.allgather(key.data(), keys.data(), 2, backend::DType::DTYPE_F32);
+  // Which ranks share a GPU: every rank learns the same answer. A rank that cannot name its GPU
+  // says so in its third value, so no rank goes on to wait for it.
+  std::vector<float> key(3, 0.0f), keys(3 * p);
+  std::string key_error;
+  try {
+    const std::vector<float> k = gpu_key();
+    key = {k[0], k[1], 1.0f};
+  } catch (const CommError& e) {
+    key_error = e.what();
+  }
+  host.allgather(key.data(), keys.data(), 3, backend::DType::DTYPE_F32);
+  if (!key_error.empty()) throw CommError(key_error + " on " + rank_and_host(host.world_rank(host.rank())));
+  for (size_t i = 0; i < p; ++i)
+    if (keys[3 * i + 2] != 1.0f)
+      throw CommError("piper comm: rank " + std::to_string(host.world_rank(static_cast<int>(i))) +
+                      " could not name its GPU (its own error says why), so NCCL did not start on " + host.name());
   for (size_t i = 0; i < p; ++i)
     for (size_t j = i + 1; j < p; ++j)
-      if (std::memcmp(&keys[2 * i], &keys[2 * j], 2 * sizeof(float)) == 0)
+      if (std::memcmp(&keys[3 * i], &keys[3 * j], 2 * sizeof(float)) == 0)
         return refuse("ranks " + std::to_string(i) + " and " + std::to_string(j) + " of " + host.name() +
                       " share one GPU, which NCCL refuses");
 
@@ -572,14 +659,18 @@ std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& d
   // Rank 0's unique id reaches every rank over the host communicator (as floats: the bytes travel as they are).
   static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "ncclUniqueId travels as floats");
   constexpr size_t kIdFloats = sizeof(ncclUniqueId) / sizeof(float);
+  // After it, rank 0's result: every rank learns when there is no id.
   ncclUniqueId id{};
-  if (host.rank() == 0) {
-    const ncclResult_t rc = ncclGetUniqueId(&id);
-    if (rc != ncclSuccess) throw CommError("piper comm: ncclGetUniqueId on " + ctx->where() + ": " + nccl_text(rc, nullptr));
-  }
-  std::vector<float> mine(kIdFloats), all(kIdFloats * p);
+  ncclResult_t made = ncclSuccess;
+  if (host.rank() == 0) made = ncclGetUniqueId(&id);
+  std::vector<float> mine(kIdFloats + 1), all((kIdFloats + 1) * p);
   std::memcpy(mine.data(), &id, sizeof id);
-  host.allgather(mine.data(), all.data(), kIdFloats, backend::DType::DTYPE_F32);
+  mine[kIdFloats] = static_cast<float>(made);
+  host.allgather(mine.data(), all.data(), kIdFloats + 1, backend::DType::DTYPE_F32);
+  if (all[kIdFloats] != static_cast<float>(ncclSuccess))
+    throw CommError("piper comm: ncclGetUniqueId failed on rank " + std::to_string(host.world_rank(0)) + " of " +
+                    host.name() + ": " + ncclGetErrorString(static_cast<ncclResult_t>(all[kIdFloats])) +
+                    "; NCCL did not start on " + ctx->where());
   std::memcpy(&id, all.data(), sizeof id);
 
   std::array<LaneState, kLanes> lanes{};

@@ -7,6 +7,7 @@
 // ops is compared with the kernel's own.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -883,6 +884,35 @@ INSTANTIATE_TEST_SUITE_P(Backends, OnBackend,
                                            "cuda_tf32", "cuda_bf16mm", "cuda_bf16w"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
+// A NaN logit makes its row's loss and d(loss)/d(logits) NaN on every backend, wherever in the row
+// it lies: first (before any number a running max could start from), in the middle, or last.
+class LossOnBackend : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LossOnBackend, ANanLogitMakesTheLossNaN) {
+  Backend* be = &cpu();
+  if (GetParam() == "cuda") {
+    std::string why;
+    be = cuda(&why);
+    if (!be) GTEST_SKIP() << "GPU test not run: " << why;
+  }
+  Device d(*be, DType::DTYPE_F32, DType::DTYPE_F32);
+  constexpr int64_t kV = 1000;  // more logits than a block has threads
+  for (const int64_t at : {int64_t(0), kV / 2 + 1, kV - 1}) {
+    Vec logits = random_f(kV, 71, -4, 4);
+    logits[size_t(at)] = kNaN;
+    Tensor tl = d.put(logits, {1, kV}), tt = d.put_ids({3}), tdl = d.put(filled(kV, 0.0), {1, kV});
+    const double loss = be->cross_entropy(tl.view(), tt.view(), tdl.view(), 1.0f);
+    EXPECT_TRUE(std::isnan(loss)) << be->name() << ": NaN at logit " << at << " gave loss " << loss;
+    const Vec dl = d.get(tdl);
+    const auto numbers = std::count_if(dl.begin(), dl.end(), [](double v) { return !std::isnan(v); });
+    EXPECT_EQ(numbers, 0) << be->name() << ": NaN at logit " << at << " left " << numbers
+                          << " of d(loss)/d(logits) a number";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, LossOnBackend, ::testing::Values("cpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+
 // Every backend the process has is one the op runner names: the CPU first, then the CUDA
 // backend where there is one.
 TEST(BackendOps, RegisteredBackendsAreTheCpuThenTheGpu) {
@@ -993,7 +1023,7 @@ TEST(BackendOps, TheTableIsInTheStorageTypeOrBf16AndProductsMixTypes) {
 
 // The MoE ops refuse an index outside its range, a top-k above the expert count, a sequence
 // length that does not divide the rows and a pos that is not a permutation, naming the op.
-TEST(BackendOps, MoeIndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
+TEST(BackendOps, IndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
   Backend& be = cpu();
   Device d(be, DType::DTYPE_F32, DType::DTYPE_F32);
   auto refused = [](const std::function<void()>& call, const std::string& want) {
@@ -1031,6 +1061,10 @@ TEST(BackendOps, MoeIndicesOutsideTheirRangeAreRefusedWithTheOpNamed) {
   Tensor far = d.put_ids({0, 1, 2, 3, 4, 5, 6, 8}, {4, 2}), dx = d.put(filled(12, 0.0), {4, 3});
   refused([&] { be.moe_dispatch_bwd(y.view(), far.view(), dx.view()); },
           "op moe_dispatch_bwd: tensor pos holds 8 at element 7, outside [0, 8) (the rows of dxp [8,3])");
+  Tensor targets = d.put_ids({0, 2, 3, 1}), dlogits(be, Shape{4, 3}, MemCategory::MEM_BUFFERS);
+  refused([&] { be.cross_entropy(logits.view(), targets.view(), dlogits.view(), 1.0f); },
+          "op cross_entropy: tensor targets holds 3 at element 2, outside [0, 3) (the vocabulary of "
+          "logits [4,3])");
 }
 
 // Kernel workspaces are backend allocations: the scan's scratch shows in the buffer category

@@ -325,6 +325,47 @@ void expect_device_comm_matches_the_host(Communicator& dev, backend::Backend& be
   }
 }
 
+// Messages queued behind one still connecting move on whatever the rank waits on next: rank 0 sends
+// two messages to rank 1 on a group split from `dev`, then waits on a sum over `dev` and on the
+// barrier before it waits for its sends; rank 1 waits for both messages first. A communicator
+// that moved only the lanes of the request waited on would leave the second message unposted and
+// both ranks would wait until the timeout.
+void expect_queued_messages_move_on_any_wait(Communicator& dev, backend::Backend& be) {
+  const int r = world().rank(), p = world().size();
+  std::vector<int> all(static_cast<size_t>(p));
+  std::iota(all.begin(), all.end(), 0);
+  std::unique_ptr<Communicator> group = dev.split(all, "every rank");
+  ASSERT_NE(group, nullptr);
+  const size_t n = 4096;
+  backend::Tensor first = on_device(be, std::vector<float>(n, r == 0 ? 1.f : -1.f));
+  backend::Tensor second = on_device(be, std::vector<float>(n, r == 0 ? 2.f : -1.f));
+  backend::Tensor sum = on_device(be, std::vector<float>(8, 1.f));
+  if (r == 0) {
+    Request a = group->isend(first.data(), n, kF32, 1, 21), b = group->isend(second.data(), n, kF32, 1, 22);
+    dev.allreduce(sum.data(), 8);
+    dev.barrier();
+    a.wait();
+    b.wait();
+  } else if (r == 1) {
+    group->recv(first.data(), n, kF32, 0, 21);
+    group->recv(second.data(), n, kF32, 0, 22);
+    dev.allreduce(sum.data(), 8);
+    dev.barrier();
+    EXPECT_EQ(to_host(be, first, n), std::vector<float>(n, 1.f));
+    EXPECT_EQ(to_host(be, second, n), std::vector<float>(n, 2.f));
+  } else {
+    dev.allreduce(sum.data(), 8);
+    dev.barrier();
+  }
+  EXPECT_EQ(to_host(be, sum, 8), std::vector<float>(8, static_cast<float>(p)));
+}
+
+TEST(CommMpi, StagedQueuedMessagesMoveOnAnyWait) {
+  StagedCommunicator dev(world(), backend::cpu_detached());
+  expect_queued_messages_move_on_any_wait(dev, backend::cpu_detached());
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
 TEST(CommMpi, StagedDeviceBuffersMatchTheHostOperations) {
   StagedCommunicator dev(world(), backend::cpu_detached());
   expect_device_comm_matches_the_host(dev, backend::cpu_detached());
@@ -341,6 +382,19 @@ TEST(CommMpi, NcclDeviceBuffersMatchTheHostOperations) {
   std::unique_ptr<Communicator> dev = make_nccl(world(), *gpu, &why);  // collective: the same answer everywhere
   if (!dev) GTEST_SKIP() << "GPU test not run: " << why;
   expect_device_comm_matches_the_host(*dev, *gpu);
+  EXPECT_TRUE(all_ok(!HasFailure()));
+}
+
+// The same through NCCL (a GPU test), where NCCL's connection on the first message queues the second.
+TEST(CommMpi, NcclQueuedMessagesMoveOnAnyWait) {
+  std::string why;
+  backend::Backend* gpu = backend::cuda(&why);
+  double gpus = gpu ? 1 : 0;
+  world().allreduce_double(&gpus, 1);
+  if (gpus < world().size()) GTEST_SKIP() << "GPU test not run: " << (gpu ? "a rank has no CUDA device" : why);
+  std::unique_ptr<Communicator> dev = make_nccl(world(), *gpu, &why);
+  if (!dev) GTEST_SKIP() << "GPU test not run: " << why;
+  expect_queued_messages_move_on_any_wait(*dev, *gpu);
   EXPECT_TRUE(all_ok(!HasFailure()));
 }
 
