@@ -103,7 +103,8 @@ class Communicator {
 
   // Non-blocking messages of n elements of storage type t (backend::dtype_size bytes each); peer is a
   // group rank. A receive may be longer than the message it matches; its elements past the message
-  // are then unspecified (a staged receive lands all of them).
+  // are then unspecified (a staged receive lands all of them). NCCL's may not: NCCL pairs a send
+  // and a receive of the same count and type only, so on the NCCL communicator they are equal.
   virtual Request isend(const void* buf, size_t n, backend::DType t, int peer, int tag) = 0;
   virtual Request irecv(void* buf, size_t n, backend::DType t, int peer, int tag) = 0;
   // Reductions: n counts floats.
