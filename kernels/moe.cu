@@ -185,15 +185,15 @@ __global__ void gather_rows_kernel(const T* src, const int32_t* rows, T* dst, in
     dst[i] = src[int64_t(rows[i / D]) * D + i % D];
 }
 
-template <class T>
-__global__ void moe_combine_kernel(const T* y, const int32_t* pos, const float* weights, T* out,
+template <class T, class U>
+__global__ void moe_combine_kernel(const T* y, const int32_t* pos, const float* weights, U* out,
                                    int64_t M, int64_t K, int64_t D) {
   for (int64_t i = thread_index(); i < M * D; i += thread_count()) {
     const int64_t m = i / D, d = i % D;
     double acc = 0.0;
     for (int64_t k = 0; k < K; ++k)
       acc += double(weights[m * K + k]) * double(to_f32(y[int64_t(pos[m * K + k]) * D + d]));
-    out[i] = from_f32<T>(static_cast<float>(acc));
+    out[i] = from_f32<U>(static_cast<float>(acc));
   }
 }
 
@@ -224,14 +224,14 @@ __global__ void moe_combine_dw_kernel(const T* dout, const T* y, const int32_t* 
   }
 }
 
-template <class T>
-__global__ void moe_dispatch_bwd_kernel(const T* dxp, const int32_t* pos, T* dx, int64_t M,
+template <class T, class U>
+__global__ void moe_dispatch_bwd_kernel(const T* dxp, const int32_t* pos, U* dx, int64_t M,
                                         int64_t K, int64_t D) {
   for (int64_t i = thread_index(); i < M * D; i += thread_count()) {
     const int64_t m = i / D, d = i % D;
     double acc = to_f32(dx[i]);
     for (int64_t k = 0; k < K; ++k) acc += double(to_f32(dxp[int64_t(pos[m * K + k]) * D + d]));
-    dx[i] = from_f32<T>(static_cast<float>(acc));
+    dx[i] = from_f32<U>(static_cast<float>(acc));
   }
 }
 
@@ -314,11 +314,11 @@ void gather_rows(const T* src, const int32_t* rows, T* dst, int64_t P, int64_t D
   PIPER_CUDA_LAUNCHED("gather_rows");
 }
 
-template <class T>
-void moe_combine(const T* y, const int32_t* pos, const float* weights, T* out, int64_t M,
+template <class T, class U>
+void moe_combine(const T* y, const int32_t* pos, const float* weights, U* out, int64_t M,
                  int64_t K, int64_t D, cudaStream_t s) {
   if (M * D == 0) return;
-  moe_combine_kernel<T><<<blocks_for(M * D), kThreads, 0, s>>>(y, pos, weights, out, M, K, D);
+  moe_combine_kernel<T, U><<<blocks_for(M * D), kThreads, 0, s>>>(y, pos, weights, out, M, K, D);
   PIPER_CUDA_LAUNCHED("moe_combine");
 }
 
@@ -334,24 +334,31 @@ void moe_combine_bwd(const T* dout, const T* y, const int32_t* pos, const float*
   PIPER_CUDA_LAUNCHED("moe_combine_bwd (dweights)");
 }
 
-template <class T>
-void moe_dispatch_bwd(const T* dxp, const int32_t* pos, T* dx, int64_t M, int64_t K, int64_t D,
+template <class T, class U>
+void moe_dispatch_bwd(const T* dxp, const int32_t* pos, U* dx, int64_t M, int64_t K, int64_t D,
                       cudaStream_t s) {
   if (M * D == 0) return;
-  moe_dispatch_bwd_kernel<T><<<blocks_for(M * D), kThreads, 0, s>>>(dxp, pos, dx, M, K, D);
+  moe_dispatch_bwd_kernel<T, U><<<blocks_for(M * D), kThreads, 0, s>>>(dxp, pos, dx, M, K, D);
   PIPER_CUDA_LAUNCHED("moe_dispatch_bwd");
 }
 
 #define PIPER_INSTANTIATE(T)                                                                      \
   template void gather_rows<T>(const T*, const int32_t*, T*, int64_t, int64_t, cudaStream_t);     \
-  template void moe_combine<T>(const T*, const int32_t*, const float*, T*, int64_t, int64_t,      \
-                               int64_t, cudaStream_t);                                            \
   template void moe_combine_bwd<T>(const T*, const T*, const int32_t*, const float*, T*, float*, \
-                                   int64_t, int64_t, int64_t, cudaStream_t);                      \
-  template void moe_dispatch_bwd<T>(const T*, const int32_t*, T*, int64_t, int64_t, int64_t,      \
-                                    cudaStream_t);
+                                   int64_t, int64_t, int64_t, cudaStream_t);
 PIPER_INSTANTIATE(float)
 PIPER_INSTANTIATE(__nv_bfloat16)
 #undef PIPER_INSTANTIATE
+// The rows' type, then the output's.
+#define PIPER_INSTANTIATE_MIXED(T, U)                                                             \
+  template void moe_combine<T, U>(const T*, const int32_t*, const float*, U*, int64_t, int64_t,   \
+                                  int64_t, cudaStream_t);                                         \
+  template void moe_dispatch_bwd<T, U>(const T*, const int32_t*, U*, int64_t, int64_t, int64_t,   \
+                                       cudaStream_t);
+PIPER_INSTANTIATE_MIXED(float, float)
+PIPER_INSTANTIATE_MIXED(__nv_bfloat16, __nv_bfloat16)
+PIPER_INSTANTIATE_MIXED(__nv_bfloat16, float)
+PIPER_INSTANTIATE_MIXED(float, __nv_bfloat16)
+#undef PIPER_INSTANTIATE_MIXED
 
 }  // namespace piper::kernels::cuda

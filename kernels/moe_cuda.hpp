@@ -44,18 +44,19 @@ void moe_permute_index(const int32_t* experts, int32_t* counts, int32_t* rows, i
 // dst[P,D]: dst[p] = src[rows[p]]
 template <class T>
 void gather_rows(const T* src, const int32_t* rows, T* dst, int64_t P, int64_t D, cudaStream_t s);
-// out[M,D] (overwritten) = sum over k of weights[m,k] * y[pos[m,k]]  (y[P,D])
-template <class T>
-void moe_combine(const T* y, const int32_t* pos, const float* weights, T* out, int64_t M,
+// out[M,D] (overwritten) = sum over k of weights[m,k] * y[pos[m,k]]  (y[P,D]); out of either
+// float type (an MoE block's rows in bf16 combine into its f32 output)
+template <class T, class U>
+void moe_combine(const T* y, const int32_t* pos, const float* weights, U* out, int64_t M,
                  int64_t K, int64_t D, cudaStream_t s);
 // dy[P,D] (overwritten): dy[pos[m,k]] = weights[m,k] * dout[m] (pos a permutation of the P rows);
 // dweights[M,K] (overwritten) = dot(dout[m], y[pos[m,k]])
 template <class T>
 void moe_combine_bwd(const T* dout, const T* y, const int32_t* pos, const float* weights, T* dy,
                      float* dweights, int64_t M, int64_t K, int64_t D, cudaStream_t s);
-// dx[M,D] += sum over k of dxp[pos[m,k]]  (dxp[P,D])
-template <class T>
-void moe_dispatch_bwd(const T* dxp, const int32_t* pos, T* dx, int64_t M, int64_t K, int64_t D,
+// dx[M,D] += sum over k of dxp[pos[m,k]]  (dxp[P,D]); dx of either float type
+template <class T, class U>
+void moe_dispatch_bwd(const T* dxp, const int32_t* pos, U* dx, int64_t M, int64_t K, int64_t D,
                       cudaStream_t s);
 
 }  // namespace piper::kernels::cuda

@@ -187,11 +187,13 @@ struct Event {
   /* dst[P,D]: dst[p] = src[rows[p]] (src[N,D], any N; rows i32[P])                         */   \
   X(gather_rows, void, (V src, V rows, O dst))                                                   \
   /* out[M,D] (overwritten) = sum over k of weights[m,k] * y[pos[m,k]] (y[P,D], pos i32[M,K]) */ \
+  /* out of any float type: bf16 rows combine into an f32 output, summed in double          */   \
   X(moe_combine, void, (V y, V pos, V weights, O out))                                           \
   /* dy[P,D] (overwritten): dy[pos[m,k]] = weights[m,k] * dout[m];                          */   \
   /* dweights[M,K] (overwritten) = dot(dout[m], y[pos[m,k]])                                */   \
   X(moe_combine_bwd, void, (V dout, V y, V pos, V weights, O dy, O dweights))                    \
   /* dispatch backward: dx[M,D] += sum over k of dxp[pos[m,k]] (accumulated; dxp[P,D])      */   \
+  /* dx of any float type, as moe_combine's out                                             */   \
   X(moe_dispatch_bwd, void, (V dxp, V pos, O dx))                                                \
   /* dt[M,Hm] = softplus(dt_raw + dt_bias[Hm]) */                                                \
   X(dt_softplus_fwd, void, (V dt_raw, V dt_bias, O dt))                                          \

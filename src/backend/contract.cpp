@@ -339,7 +339,7 @@ RowDims gather_rows(Check& c, V src, V rows, O dst) {
 PermutedDims moe_combine(Check& c, V y, V pos, V weights, O out) {
   const PermutedDims d = permuted_dims(c, "y", y, pos);
   c.indices("pos", pos, d.M * d.K, "the rows of y " + y.shape.str());
-  c.shape("weights", weights, {d.M, d.K}, F32), c.shape("out", out, {d.M, d.D});
+  c.shape("weights", weights, {d.M, d.K}, F32), c.shape("out", out, {d.M, d.D}, Kind::KIND_FLOAT);
   return d;
 }
 
@@ -354,7 +354,7 @@ PermutedDims moe_combine_bwd(Check& c, V dout, V y, V pos, V weights, O dy, O dw
 PermutedDims moe_dispatch_bwd(Check& c, V dxp, V pos, O dx) {
   const PermutedDims d = permuted_dims(c, "dxp", dxp, pos);
   c.indices("pos", pos, d.M * d.K, "the rows of dxp " + dxp.shape.str());
-  c.shape("dx", dx, {d.M, d.D});
+  c.shape("dx", dx, {d.M, d.D}, Kind::KIND_FLOAT);
   return d;
 }
 

@@ -505,10 +505,6 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       fwd_scratch = M * d.D;                    // the output's f32 sum
       scratch_native = M * d.D;                 // dxn rounded for the norm's backward
     }
-    if (narrow && kind == 'E') {
-      fwd_scratch += M * d.D;                   // xn widened for the dispatcher
-      scratch += M * d.D;                      // dout widened for the combine's backward
-    }
     const double dxn = f32_mixer || !narrow ? M * d.D : 0;  // the block's f32 scratch throughout BWD_I
     if (dxn == 0) scratch_native = M * d.D;     // dxn in the storage type
     if (kind == '-') {
@@ -527,15 +523,15 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       scratch_native += M * d.Q;                // datt
     } else if (kind == 'E') {
       const double MK = M * d.top_k;
-      native += 3 * MK * d.Fe;                  // gate, up, h
-      // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows in and out
-      stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK + 2 * MK * d.D;
-      freed_native = 2 * MK * d.Fe;             // gate, up
-      freed_stats += 2 * M * d.E + MK * d.D;    // probs, dprobs; the experts' rows out
-      stash = M * d.E + MK * d.D;               // dlogits, the rows' gradients
-      stash_native = 2 * MK * d.Fe;             // dgate, dup
-      scratch += dxn + 2 * MK * d.D;            // + the rows' gradients on their way
-      scratch_native += d.Fe * MK;              // dh
+      native += 3 * MK * d.Fe + 2 * MK * d.D;   // gate, up, h; the experts' rows in and out
+      // probs, dprobs, experts, weights; the dispatcher's indices
+      stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK;
+      freed_native = 2 * MK * d.Fe + MK * d.D;  // gate, up; the experts' rows out
+      freed_stats += 2 * M * d.E;               // probs, dprobs
+      stash = M * d.E;                          // dlogits
+      stash_native = 2 * MK * d.Fe + MK * d.D;  // dgate, dup; the rows' gradients
+      scratch += dxn + MK * d.D;                // + the experts' input gradients (f32)
+      scratch_native += d.Fe * MK + MK * d.D;   // dh; the rows' gradients on their way
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states

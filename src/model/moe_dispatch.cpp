@@ -10,7 +10,6 @@ namespace piper::model {
 
 using backend::MemCategory;
 using backend::Tensor;
-using backend::view;
 
 namespace {
 
@@ -25,32 +24,17 @@ backend::ConstTensorView indices(const Tensor& t, int64_t n) {
 }  // namespace
 
 
-Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType wire)
-    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size), wire_(wire) {
+Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType rows)
+    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size), rows_(rows) {
   if (n_experts < 1 || ep_size < 1 || n_experts % ep_size != 0)
     throw std::invalid_argument("MoE dispatcher: " + std::to_string(n_experts) + " experts do not split over ep " +
                                 std::to_string(ep_size));
 }
 
-// Storage for n rows (at least one element: a buffer handed to MPI is never null).
-Tensor Dispatcher::rows_tensor(int64_t n) {
-  return Tensor(be_, std::max<int64_t>(1, n * d_), MemCategory::MEM_ACTIVATIONS);
-}
+Tensor Dispatcher::rows_tensor(int64_t n) { return rows_tensor(n, rows_); }
 
-Tensor Dispatcher::wire_rows(int64_t n) {
-  return Tensor(be_, backend::Shape{std::max<int64_t>(1, n * d_)}, MemCategory::MEM_ACTIVATIONS, wire_);
-}
-
-void* Dispatcher::on_wire(Tensor& t) {
-  if (wire_ == backend::DType::DTYPE_F32) return t.data();
-  sent_ = backend::converted(t.view(), wire_, MemCategory::MEM_BUFFERS);
-  return sent_.view().ptr;
-}
-
-void Dispatcher::landed(Tensor& t) {
-  sent_ = {};
-  if (t.dtype() != backend::DType::DTYPE_F32)
-    t = backend::converted(t.view(), backend::DType::DTYPE_F32, MemCategory::MEM_ACTIVATIONS);
+Tensor Dispatcher::rows_tensor(int64_t n, backend::DType t) {
+  return Tensor(be_, backend::Shape{std::max<int64_t>(1, n * d_)}, MemCategory::MEM_ACTIVATIONS, t);
 }
 
 Tensor Dispatcher::index_tensor(const std::vector<int32_t>& host) {
@@ -61,10 +45,10 @@ Tensor Dispatcher::index_tensor(const std::vector<int32_t>& host) {
 }
 
 // dst[i] = src[index[i]] for every row of index.
-void Dispatcher::gather(const float* src, int64_t src_rows, const Tensor& index, Tensor& dst) {
+void Dispatcher::gather(const Tensor& src, int64_t src_rows, const Tensor& index, Tensor& dst) {
   const int64_t n = rows();
-  dst = rows_tensor(n);
-  be_.gather_rows(view(be_, src, {src_rows, d_}), indices(index, n), view(be_, dst.data(), {n, d_}));
+  dst = rows_tensor(n, src.dtype());
+  be_.gather_rows(src.part(0, {src_rows, d_}), indices(index, n), dst.part(0, {n, d_}));
 }
 
 std::vector<int64_t> Dispatcher::rows_to() const {
@@ -92,7 +76,7 @@ int64_t Dispatcher::rows() const {
 
 // ---- forward ----
 
-void Dispatcher::route(backend::ConstTensorView experts, const float* x) {
+void Dispatcher::route(backend::ConstTensorView experts, backend::ConstTensorView x) {
   tokens_ = experts.shape[0];
   slots_ = tokens_ * experts.shape[1];
   Tensor counts(be_, backend::Shape{n_experts_}, MemCategory::MEM_BUFFERS, backend::DType::DTYPE_I32);
@@ -104,8 +88,7 @@ void Dispatcher::route(backend::ConstTensorView experts, const float* x) {
   be_.to_host(host.data(), counts.view().ptr, host.size() * sizeof(int32_t));
   counts_.assign(host.begin(), host.end());
   xp_ = rows_tensor(slots_);
-  be_.gather_rows(view(be_, x, {tokens_, d_}), indices(std::as_const(order_), slots_),
-                  view(be_, xp_.data(), {slots_, d_}));
+  be_.gather_rows(x, indices(std::as_const(order_), slots_), xp_.part(0, {slots_, d_}));
   if (ep_ == 1) expert_rows_ = counts_;
 }
 
@@ -133,8 +116,8 @@ CommBuffer Dispatcher::dispatch() { return to_experts(xp_, xr_); }
 // The rows' way there and back, forward and backward alike: the permuted rows to the experts'
 // ranks; received, sorted expert-major; the experts' results back to received order; back home.
 CommBuffer Dispatcher::to_experts(Tensor& permuted, Tensor& received) {
-  received = wire_rows(rows());
-  return {on_wire(permuted), received.view().ptr, slots_ * d_, elements(rows_to()), elements(rows_from()), wire_};
+  received = rows_tensor(rows());
+  return {permuted.view().ptr, received.view().ptr, slots_ * d_, elements(rows_to()), elements(rows_from()), rows_};
 }
 
 void Dispatcher::expert_major(Tensor& permuted, Tensor& received, Tensor& sorted) {
@@ -142,8 +125,7 @@ void Dispatcher::expert_major(Tensor& permuted, Tensor& received, Tensor& sorted
     sorted = std::move(permuted);
     return;
   }
-  landed(received);
-  gather(received.data(), rows(), sort_, sorted);
+  gather(received, rows(), sort_, sorted);
   received = {}, permuted = {};
 }
 
@@ -152,13 +134,13 @@ void Dispatcher::received_order(Tensor& sorted, Tensor& received, Tensor& permut
     permuted = std::move(sorted);
     return;
   }
-  gather(sorted.data(), rows(), unsort_, received);
+  gather(sorted, rows(), unsort_, received);
   sorted = {};
 }
 
 CommBuffer Dispatcher::from_experts(Tensor& received, Tensor& permuted) {
-  permuted = wire_rows(slots_);
-  return {on_wire(received), permuted.view().ptr, rows() * d_, elements(rows_from()), elements(rows_to()), wire_};
+  permuted = rows_tensor(slots_);
+  return {received.view().ptr, permuted.view().ptr, rows() * d_, elements(rows_from()), elements(rows_to()), rows_};
 }
 
 // Received rows come rank by rank, each rank's expert by expert; the experts want them expert by expert.
@@ -183,25 +165,24 @@ void Dispatcher::sort() {
   ys_ = rows_tensor(rows());
 }
 
-const float* Dispatcher::expert_input() const { return xs_.data(); }
-float* Dispatcher::expert_output() { return ys_.data(); }
+backend::ConstTensorView Dispatcher::expert_input(int64_t first, int64_t n) const { return xs_.part(first * d_, {n, d_}); }
+backend::TensorView Dispatcher::expert_output(int64_t first, int64_t n) { return ys_.part(first * d_, {n, d_}); }
 
 void Dispatcher::unsort() { received_order(ys_, yr_, yp_); }
 
 CommBuffer Dispatcher::give_back() { return from_experts(yr_, yp_); }
 
-void Dispatcher::combine(backend::ConstTensorView weights, float* out) {
-  landed(yp_);
+void Dispatcher::combine(backend::ConstTensorView weights, backend::TensorView out) {
   yr_ = {};
-  be_.moe_combine(view(be_, yp_.data(), {slots_, d_}), pos_.view(), weights, view(be_, out, {tokens_, d_}));
+  be_.moe_combine(yp_.part(0, {slots_, d_}), pos_.view(), weights, out);
 }
 
 // ---- backward ----
 
-void Dispatcher::combine_backward(const float* dout, backend::ConstTensorView weights, backend::TensorView dweights) {
+void Dispatcher::combine_backward(backend::ConstTensorView dout, backend::ConstTensorView weights,
+                                  backend::TensorView dweights) {
   dyp_ = rows_tensor(slots_);
-  be_.moe_combine_bwd(view(be_, dout, {tokens_, d_}), view(be_, yp_.data(), {slots_, d_}), pos_.view(), weights,
-                      view(be_, dyp_.data(), {slots_, d_}), dweights);
+  be_.moe_combine_bwd(dout, yp_.part(0, {slots_, d_}), pos_.view(), weights, dyp_.part(0, {slots_, d_}), dweights);
   yp_ = {};
 }
 
@@ -209,19 +190,24 @@ CommBuffer Dispatcher::dispatch_grad() { return to_experts(dyp_, dyr_); }
 
 void Dispatcher::sort_grad() {
   expert_major(dyp_, dyr_, dys_);
-  dxs_ = rows_tensor(rows());
+  dxs_ = rows_tensor(rows(), backend::DType::DTYPE_F32);
 }
 
-const float* Dispatcher::expert_grad_output() const { return dys_.data(); }
-float* Dispatcher::expert_grad_input() { return dxs_.data(); }
+backend::ConstTensorView Dispatcher::expert_grad_output(int64_t first, int64_t n) const {
+  return dys_.part(first * d_, {n, d_});
+}
+backend::TensorView Dispatcher::expert_grad_input(int64_t first, int64_t n) { return dxs_.part(first * d_, {n, d_}); }
 
-void Dispatcher::unsort_grad() { received_order(dxs_, dxr_, dxp_); }
+// At ep 1 the f32 gradients go straight into dx; else rounded once into the rows' type, to travel.
+void Dispatcher::unsort_grad() {
+  if (ep_ > 1 && rows_ != backend::DType::DTYPE_F32) dxs_ = backend::converted(dxs_.view(), rows_, MemCategory::MEM_ACTIVATIONS);
+  received_order(dxs_, dxr_, dxp_);
+}
 
 CommBuffer Dispatcher::return_grad() { return from_experts(dxr_, dxp_); }
 
-void Dispatcher::dispatch_backward(float* dx) {
-  landed(dxp_);
-  be_.moe_dispatch_bwd(view(be_, dxp_.data(), {slots_, d_}), pos_.view(), view(be_, dx, {tokens_, d_}));
+void Dispatcher::dispatch_backward(backend::TensorView dx) {
+  be_.moe_dispatch_bwd(dxp_.part(0, {slots_, d_}), pos_.view(), dx);
   dxp_ = {}, dxr_ = {};
 }
 

@@ -51,7 +51,7 @@ MoeBlock::MoeBlock(const ir::UnitSpec& spec, const config::ModelConfig& cfg, Par
 void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, backend::ConstTensorView xn, backend::TensorView out) {
   Saved s;
   s.rows = mb.rows(), s.seq = mb.seq, s.loss_scale = mb.loss_scale;
-  s.xn = xn, s.out = out.f32();
+  s.xn = xn, s.out = out;
   s.dispatch = std::make_unique<Dispatcher>(be_, cfg_.n_experts, cfg_.d_model, ep_.size, activation_storage());
   Saved& kept = saved_[slot] = std::move(s);
   for (Step step : forward_steps_[0]) run(step, kept);
@@ -62,12 +62,6 @@ void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, backend::ConstTenso
   }
 }
 
-const float* MoeBlock::f32_rows(backend::ConstTensorView v, Tensor& held) {
-  if (v.dtype == backend::DType::DTYPE_F32) return v.f32();
-  held = backend::converted(v, backend::DType::DTYPE_F32, backend::MemCategory::MEM_BUFFERS);
-  return held.data();
-}
-
 void MoeBlock::mixer_forward_segment(int k, int slot) {
   for (Step step : forward_steps_.at(static_cast<size_t>(k))) run(step, saved_.at(slot));
 }
@@ -75,7 +69,7 @@ void MoeBlock::mixer_forward_segment(int k, int slot) {
 void MoeBlock::mixer_backward_input(int slot, backend::ConstTensorView /*xn*/, backend::ConstTensorView dout,
                                     backend::TensorView dxn) {
   Saved& s = saved_.at(slot);
-  s.dout = dout, s.dxn = dxn.f32();
+  s.dout = dout, s.dxn = dxn;
   for (Step step : backward_steps_[0]) run(step, s);
 }
 
@@ -96,8 +90,7 @@ void MoeBlock::run(Step step, Saved& s) {
       // d(loss)/d(probs) of coef x the mean over the global batch's sequences of aux(s).
       const float scale = static_cast<float>(cfg_.moe_aux_coef * static_cast<double>(s.seq) * s.loss_scale);
       s.aux = be_.moe_balance(s.probs.view({M, E}), s.experts.view(), s.seq, s.dprobs.view({M, E}), scale);
-      Tensor widened;  // the dispatcher permutes f32 rows
-      d.route(s.experts.view(), f32_rows(s.xn, widened));
+      d.route(s.experts.view(), s.xn);
       break;
     }
     case Step::SIZE: d.size(); break;
@@ -109,8 +102,7 @@ void MoeBlock::run(Step step, Saved& s) {
     case Step::COMBINE: d.combine(s.weights.view({M, K}), s.out); break;
     case Step::COMBINE_BWD: {
       s.dweights = scratch(M * K);
-      Tensor widened;
-      d.combine_backward(f32_rows(s.dout, widened), s.weights.view({M, K}), s.dweights.view({M, K}));
+      d.combine_backward(s.dout, s.weights.view({M, K}), s.dweights.view({M, K}));
       break;
     }
     case Step::EXPERTS_BWD:
@@ -119,7 +111,7 @@ void MoeBlock::run(Step step, Saved& s) {
       d.unsort_grad();
       break;
     case Step::DISPATCH_BWD:
-      be_.fill_zero(s.dxn, static_cast<size_t>(M * D) * sizeof(float));
+      be_.fill_zero(s.dxn.ptr, static_cast<size_t>(M * D) * backend::dtype_size(s.dxn.dtype));
       d.dispatch_backward(s.dxn);
       router_backward(s);
       break;
@@ -136,21 +128,21 @@ void MoeBlock::for_each_expert(const Saved& s, Fn&& fn) const {
 }
 
 // Each local expert's rows through its SwiGLU: one GEMM per expert group and matrix. The experts compute
-// on the activations' storage type (bf16 under train.precision bf16): gate, up, h, their gradients and
-// the weight half's stash are tensors of it; the rows in and out are f32, which the products take and give.
+// on the activations' storage type (bf16 under train.precision bf16): their rows in and out, gate, up,
+// h, their gradients and the weight half's stash are tensors of it; the input gradient, the sum of two
+// products, is f32 (the dispatcher rounds it once).
 void MoeBlock::experts_forward(Saved& s) {
   const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
   const backend::DType t = activation_storage();
   const int64_t n_all = std::max<int64_t>(1, R * F);
   s.gate = act(n_all, t), s.up = act(n_all, t), s.h = act(n_all, t);
-  const float* x = s.dispatch->expert_input();
-  float* y = s.dispatch->expert_output();
+  Dispatcher& d = *s.dispatch;
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
-    const auto xl = view(be_, x + o * D, {n, D});
+    const auto xl = d.expert_input(o, n);
     be_.linear_fwd(xl, expert_weight(MOE_GATE, li, F, D), s.gate.part(o * F, {n, F}));
     be_.linear_fwd(xl, expert_weight(MOE_UP, li, F, D), s.up.part(o * F, {n, F}));
     be_.swiglu_fwd(s.gate.part(o * F, {n * F}), s.up.part(o * F, {n * F}), s.h.part(o * F, {n * F}));
-    be_.linear_fwd(s.h.part(o * F, {n, F}), expert_weight(MOE_DOWN, li, D, F), view(be_, y + o * D, {n, D}));
+    be_.linear_fwd(s.h.part(o * F, {n, F}), expert_weight(MOE_DOWN, li, D, F), d.expert_output(o, n));
   });
 }
 
@@ -158,15 +150,13 @@ void MoeBlock::experts_backward(Saved& s) {
   const int64_t D = cfg_.d_model, F = dims_.moe_ffn, R = s.dispatch->rows();
   const backend::DType t = s.h.dtype();
   s.dgate = scratch(std::max<int64_t>(1, R * F), t), s.dup = scratch(std::max<int64_t>(1, R * F), t);
-  const float* dy = s.dispatch->expert_grad_output();
-  float* dx = s.dispatch->expert_grad_input();
+  Dispatcher& d = *s.dispatch;
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
     Tensor dh = scratch(n * F, t);
-    be_.linear_bwd_input(view(be_, dy + o * D, {n, D}), expert_weight(MOE_DOWN, li, D, F),
-                         dh.view({n, F}), false);
+    be_.linear_bwd_input(d.expert_grad_output(o, n), expert_weight(MOE_DOWN, li, D, F), dh.view({n, F}), false);
     be_.swiglu_bwd(dh.view(), s.gate.part(o * F, {n * F}), s.up.part(o * F, {n * F}), s.dgate.part(o * F, {n * F}),
                    s.dup.part(o * F, {n * F}));
-    const auto dxl = view(be_, dx + o * D, {n, D});
+    const auto dxl = d.expert_grad_input(o, n);
     be_.linear_bwd_input(s.dgate.part(o * F, {n, F}), expert_weight(MOE_GATE, li, F, D), dxl, false);
     be_.linear_bwd_input(s.dup.part(o * F, {n, F}), expert_weight(MOE_UP, li, F, D), dxl, true);
   });
@@ -182,7 +172,7 @@ void MoeBlock::router_backward(Saved& s) {
   be_.moe_route_bwd(s.dweights.view({M, K}), s.dprobs.view({M, E}), s.probs.view({M, E}), s.experts.view(),
                     s.weights.view({M, K}), s.dlogits.view({M, E}));
   if (tp_.rank == 0)
-    be_.linear_bwd_input(s.dlogits.view({M, E}), weight(MOE_ROUTER, {E, D}), view(be_, s.dxn, {M, D}), true);
+    be_.linear_bwd_input(s.dlogits.view({M, E}), weight(MOE_ROUTER, {E, D}), s.dxn, true);
   s.dweights = {}, s.dprobs = {}, s.probs = {};
 }
 
@@ -190,11 +180,10 @@ void MoeBlock::mixer_backward_weight(int slot, backend::ConstTensorView xn) {
   Saved& s = saved_.at(slot);
   const int64_t M = s.rows, D = cfg_.d_model, E = cfg_.n_experts, F = dims_.moe_ffn;
   be_.linear_bwd_weight(s.dlogits.view({M, E}), xn, view(be_, g(MOE_ROUTER), {E, D}));
-  const float* x = s.dispatch->expert_input();
-  const float* dy = s.dispatch->expert_grad_output();
+  const Dispatcher& d = *s.dispatch;
   for_each_expert(s, [&](int64_t li, int64_t o, int64_t n) {
-    const auto xl = view(be_, x + o * D, {n, D});
-    be_.linear_bwd_weight(view(be_, dy + o * D, {n, D}), s.h.part(o * F, {n, F}),
+    const auto xl = d.expert_input(o, n);
+    be_.linear_bwd_weight(d.expert_grad_output(o, n), s.h.part(o * F, {n, F}),
                           view(be_, expert(g(MOE_DOWN), li, D, F), {D, F}));
     be_.linear_bwd_weight(s.dgate.part(o * F, {n, F}), xl, view(be_, expert(g(MOE_GATE), li, F, D), {F, D}));
     be_.linear_bwd_weight(s.dup.part(o * F, {n, F}), xl, view(be_, expert(g(MOE_UP), li, F, D), {F, D}));

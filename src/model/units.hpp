@@ -104,7 +104,8 @@ class MoeBlock final : public Block {
   double mixer_loss(int slot) const override;
   // The router's gradient comes from the backward's dispatch step, so the weight half waits for it.
   int weight_segment() const override { return static_cast<int>(backward_steps_.size()) - 1; }
-  // The combine and the dispatch backward accumulate the rows in f32.
+  // The combine and the dispatch backward sum the rows into f32 (the dispatch backward's sum takes
+  // the router's part after it).
   bool mixer_writes_f32() const override { return true; }
 
  private:
@@ -124,9 +125,9 @@ class MoeBlock final : public Block {
     int64_t rows = 0, seq = 0;
     float loss_scale = 0;
     backend::ConstTensorView xn;  // the block's, in the storage type
-    float* out = nullptr;         // f32 (mixer_writes_f32)
-    backend::ConstTensorView dout;
-    float* dxn = nullptr;         // f32
+    backend::TensorView out;      // f32 (mixer_writes_f32)
+    backend::ConstTensorView dout;  // in the storage type
+    backend::TensorView dxn;      // f32
     std::unique_ptr<Dispatcher> dispatch;
     Tensor probs, experts, weights, dprobs;  // [M,E], i32 [M,K], [M,K], [M,E]
     Tensor gate, up, h;                      // the experts' [R,F] x3, in the activations' storage type
@@ -135,8 +136,6 @@ class MoeBlock final : public Block {
     Tensor dgate, dup;                       // weight-gradient stash [R,F] x2, likewise
   };
   void run(Step step, Saved& s);
-  // The f32 data of [M, D] rows `v`: its own, or widened into `held` (the dispatcher and the combine move f32 rows).
-  static const float* f32_rows(backend::ConstTensorView v, Tensor& held);
   void experts_forward(Saved& s);
   void experts_backward(Saved& s);
   void router_backward(Saved& s);

@@ -71,6 +71,15 @@ void by_storage(const Check& c, F&& f) {
     f.template operator()<float>();
 }
 
+// Calls f.template operator()<U>() with U the float type t (float or bf16).
+template <class F>
+void by_type(DType t, F&& f) {
+  if (t == DType::DTYPE_BF16)
+    f.template operator()<bf16>();
+  else
+    f.template operator()<float>();
+}
+
 cudaDataType_t cuda_type(DType t) { return t == DType::DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 int gemm_extent(int64_t v, const char* op) {
@@ -477,7 +486,9 @@ class CudaBackend final : public Backend {
   void moe_combine(V y, V pos, V weights, O out) override {
     Check c("moe_combine", this);
     const auto [M, K, D] = ct::moe_combine(c, y, pos, weights, out);
-    by_storage(c, [&]<class T>() { kc::moe_combine(ptr<T>(y), i32(pos), f32(weights), ptr<T>(out), M, K, D, current()); });
+    by_storage(c, [&]<class T>() {
+      by_type(out.dtype, [&]<class U>() { kc::moe_combine(ptr<T>(y), i32(pos), f32(weights), ptr<U>(out), M, K, D, current()); });
+    });
   }
   void moe_combine_bwd(V dout, V y, V pos, V weights, O dy, O dweights) override {
     Check c("moe_combine_bwd", this);
@@ -490,7 +501,9 @@ class CudaBackend final : public Backend {
   void moe_dispatch_bwd(V dxp, V pos, O dx) override {
     Check c("moe_dispatch_bwd", this);
     const auto [M, K, D] = ct::moe_dispatch_bwd(c, dxp, pos, dx);
-    by_storage(c, [&]<class T>() { kc::moe_dispatch_bwd(ptr<T>(dxp), i32(pos), ptr<T>(dx), M, K, D, current()); });
+    by_storage(c, [&]<class T>() {
+      by_type(dx.dtype, [&]<class U>() { kc::moe_dispatch_bwd(ptr<T>(dxp), i32(pos), ptr<U>(dx), M, K, D, current()); });
+    });
   }
   void embedding_fwd(V ids, V table, O out, int64_t vocab_offset) override {
     Check c("embedding_fwd", this);

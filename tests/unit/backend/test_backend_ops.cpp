@@ -683,7 +683,10 @@ Errors moe_combine(Device& d) {
   Tensor ty = d.put(y, {MP, Kd}), tpos = d.put_ids(pm.pos, {MM, MK}), tw = d.put_f32(r.weights, {MM, MK});
   Tensor to = d.put(filled(MM * Kd, kNaN), {MM, Kd});
   d.be().moe_combine(ty.view(), tpos.view(), tw.view(), to.view());
-  return {{"out", normwise_err(d.get(to), out)}};
+  // An MoE block's rows in the storage type combine into its f32 output.
+  Tensor wide = d.put_f32(filled(MM * Kd, kNaN), {MM, Kd});
+  d.be().moe_combine(ty.view(), tpos.view(), tw.view(), wide.view());
+  return {{"out", normwise_err(d.get(to), out)}, {"out (f32)", normwise_err(d.get(wide), out)}};
 }
 
 Errors moe_combine_bwd(Device& d) {
@@ -706,9 +709,11 @@ Errors moe_dispatch_bwd(Device& d) {
   const Vec dxp = random_f(MP * Kd, 97);
   Vec dx = random_f(MM * Kd, 98);
   Tensor tdxp = d.put(dxp, {MP, Kd}), tpos = d.put_ids(pm.pos, {MM, MK}), tdx = d.put(dx, {MM, Kd});
+  Tensor wide = d.put_f32(dx, {MM, Kd});  // an MoE block's f32 input gradient
   k::moe_dispatch_bwd<double>(dxp.data(), pm.pos.data(), dx.data(), MM, MK, Kd);
   d.be().moe_dispatch_bwd(tdxp.view(), tpos.view(), tdx.view());
-  return {{"dx (accumulated)", normwise_err(d.get(tdx), dx)}};
+  d.be().moe_dispatch_bwd(tdxp.view(), tpos.view(), wide.view());
+  return {{"dx (accumulated)", normwise_err(d.get(tdx), dx)}, {"dx (f32, accumulated)", normwise_err(d.get(wide), dx)}};
 }
 
 // torch.optim.AdamW, single-tensor path, in double.

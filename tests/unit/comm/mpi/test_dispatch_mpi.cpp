@@ -1,7 +1,8 @@
 // test_dispatch_mpi.cpp — the MoE token dispatcher over real ep groups (every ep that divides the world):
 // rows reach the ranks of their experts in expert-major order, and with identity experts and uniform
 // weights 1/top_k, dispatch then combine returns the input exactly, and its gradient the output's, with
-// the rows travelling in f32 or in bf16 (every value below has a bf16 form, so bf16 rounds nothing).
+// the rows in f32 or in bf16 from the block's xn to the experts and back (every value below has a bf16
+// form, so bf16 rounds nothing), combined into f32.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -48,7 +49,9 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
   comm::Communicator& world = comm::test_world();
   backend::Backend& be = backend::cpu();
   const int W = world.size(), r = world.rank();
-  for (backend::DType wire : {backend::DType::DTYPE_F32, backend::DType::DTYPE_BF16})
+  const auto f32 = backend::DType::DTYPE_F32;
+  const auto buffers = backend::MemCategory::MEM_BUFFERS;
+  for (backend::DType rows : {f32, backend::DType::DTYPE_BF16})
   for (int ep = 1; ep <= W; ++ep) {
     if (W % ep != 0 || kExperts % ep != 0) continue;
     std::vector<int> members;  // the ep group of this rank: ep consecutive ranks
@@ -67,8 +70,10 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
       const backend::ConstTensorView ev = backend::view(be, experts.data(), {kRows, k});
       const backend::ConstTensorView wv = backend::view(be, weights.data(), {kRows, k});
 
-      Dispatcher d(be, kExperts, kWidth, ep, wire);
-      d.route(ev, x.data());
+      const backend::Tensor xt = backend::converted(backend::view(be, x.data(), {kRows, kWidth}), rows, buffers);
+      const backend::Tensor dt = backend::converted(backend::view(be, dout.data(), {kRows, kWidth}), rows, buffers);
+      Dispatcher d(be, kExperts, kWidth, ep, rows);
+      d.route(ev, xt.view());
       if (ep > 1) {
         run(*group, d.counts());
         d.size();
@@ -87,23 +92,28 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
               if (theirs[static_cast<size_t>(m * k + s)] == g * local + l) expect.push_back(static_cast<float>(world_src * kRows + m));
         }
       ASSERT_EQ(d.rows(), static_cast<int64_t>(expect.size())) << "ep " << ep << " k " << k;
+      const int64_t R = d.rows();
+      EXPECT_EQ(d.expert_input(0, R).dtype, rows);
+      const backend::Tensor in = backend::converted(d.expert_input(0, R), f32, buffers);
       int misplaced = 0;
-      for (int64_t i = 0; i < d.rows(); ++i) misplaced += d.expert_input()[i * kWidth] != expect[static_cast<size_t>(i)];
+      for (int64_t i = 0; i < R; ++i) misplaced += in.data()[i * kWidth] != expect[static_cast<size_t>(i)];
       EXPECT_EQ(misplaced, 0) << "ep " << ep << " k " << k << ": rows away from their experts";
-      std::copy_n(d.expert_input(), d.rows() * kWidth, d.expert_output());  // identity experts
+      be.convert(d.expert_input(0, R), d.expert_output(0, R));  // identity experts
       d.unsort();
       if (ep > 1) run(*group, d.give_back());
       std::vector<float> out(x.size(), -1.0f);
-      d.combine(wv, out.data());
+      d.combine(wv, backend::view(be, out.data(), {kRows, kWidth}));
 
       std::vector<float> dweights(weights.size()), dx(x.size(), 0.0f);
-      d.combine_backward(dout.data(), wv, backend::view(be, dweights.data(), {kRows, k}));
+      d.combine_backward(dt.view(), wv, backend::view(be, dweights.data(), {kRows, k}));
       if (ep > 1) run(*group, d.dispatch_grad());
       d.sort_grad();
-      std::copy_n(d.expert_grad_output(), d.rows() * kWidth, d.expert_grad_input());
+      EXPECT_EQ(d.expert_grad_output(0, R).dtype, rows);
+      EXPECT_EQ(d.expert_grad_input(0, R).dtype, f32);
+      be.convert(d.expert_grad_output(0, R), d.expert_grad_input(0, R));
       d.unsort_grad();
       if (ep > 1) run(*group, d.return_grad());
-      d.dispatch_backward(dx.data());
+      d.dispatch_backward(backend::view(be, dx.data(), {kRows, kWidth}));
 
       int out_wrong = 0, dx_wrong = 0, dw_wrong = 0;
       for (size_t i = 0; i < x.size(); ++i) out_wrong += out[i] != x[i], dx_wrong += dx[i] != dout[i];
@@ -115,7 +125,7 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
       if (r == 0)
         std::printf("[ dispatch ] rows in %s, ep %d top_k %lld: %lld rows on rank 0's experts; combine(dispatch(x)) "
                     "differs from x in %d of %zu values, the input gradient from dout in %d (tolerance: exact)\n",
-                    backend::dtype_name(wire), ep, static_cast<long long>(k), static_cast<long long>(d.rows()),
+                    backend::dtype_name(rows), ep, static_cast<long long>(k), static_cast<long long>(d.rows()),
                     out_wrong, x.size(), dx_wrong);
       EXPECT_EQ(out_wrong, 0) << "ep " << ep << " k " << k;
       EXPECT_EQ(dx_wrong, 0) << "ep " << ep << " k " << k;
