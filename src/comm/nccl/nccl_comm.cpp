@@ -124,13 +124,16 @@ struct LaneState {
   std::deque<Pending> pending;  // the front one is in NCCL's hands when `front_called`
   bool front_called = false;
 
-  // Stops the lane's NCCL communicator without waiting for its operations; it serves no more.
+  // Stops the lane's NCCL communicator without waiting for its operations; it serves no more. The
+  // events its unposted operations held are destroyed with them.
   void abort(std::string why) noexcept {
     if (aborted) return;
     ncclCommAbort(comm);
     comm = nullptr;
     aborted = true;
     why_aborted = std::move(why);
+    for (Pending& op : pending)
+      if (op.before) cudaEventDestroy(op.before);
     pending.clear();
   }
 };
@@ -388,16 +391,24 @@ class NcclCommunicator final : public Communicator {
     const int color = group ? *std::min_element(world_ranks.begin(), world_ranks.end()) : NCCL_SPLIT_NOCOLOR;
     const int key = group ? group->rank() : 0;
     std::array<LaneState, kLanes> child{};
-    for (size_t i = 0; i < kLanes; ++i) {
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      throw_if_aborted(i, OpInfo{OpKind::OP_BARRIER, name(), rank(), size()});
-      drain(i, "splitting");
-      const ncclResult_t rc = ncclCommSplit(lanes_[i].comm, color, key, &child[i].comm, &config);
-      settle_split(rc, lanes_[i], child[i], *ctx_,
-                   std::string("splitting the ") + lane_name(i) + " lane of " + name() + " into " +
-                       group_name(label, world_ranks));
-      if (group) cuda_ok(cudaStreamCreateWithFlags(&child[i].stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    try {
+      for (size_t i = 0; i < kLanes; ++i) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        throw_if_aborted(i, OpInfo{OpKind::OP_BARRIER, name(), rank(), size()});
+        drain(i, "splitting");
+        const ncclResult_t rc = ncclCommSplit(lanes_[i].comm, color, key, &child[i].comm, &config);
+        settle_split(rc, lanes_[i], child[i], *ctx_,
+                     std::string("splitting the ") + lane_name(i) + " lane of " + name() + " into " +
+                         group_name(label, world_ranks));
+        if (group) cuda_ok(cudaStreamCreateWithFlags(&child[i].stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      }
+    } catch (...) {  // the lanes already split go with the split that failed
+      for (LaneState& l : child) {
+        if (l.comm) ncclCommAbort(l.comm);
+        if (l.stream) cudaStreamDestroy(l.stream);
+      }
+      throw;
     }
     if (!group) return nullptr;
     return std::make_unique<NcclCommunicator>(ctx_, *host_, std::move(group), device_, child);
