@@ -119,6 +119,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  piper::backend::set_cuda_environment();
   const Args a = parse(argc, argv);
   try {
     return run(a);

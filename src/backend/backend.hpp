@@ -302,6 +302,11 @@ Backend& cpu_detached();
 // there is none, and then `why` (when given) says why: a build without PIPER_CUDA, no CUDA device
 // or driver, or a device that refused the backend's streams, events or cuBLAS handle.
 Backend* cuda(std::string* why = nullptr);
+// Sets what the CUDA runtime reads when it starts, where the environment leaves it unset: enough
+// hardware queues for the backend's and the NCCL communicator's streams (CUDA_DEVICE_MAX_CONNECTIONS
+// 32). A program's first statement, before MPI or any thread starts (setenv races with a thread's
+// getenv); nothing in a build without CUDA.
+void set_cuda_environment();
 // Every backend this process can compute on, the CPU first: what the op runner tests.
 std::vector<Backend*> registered_backends();
 

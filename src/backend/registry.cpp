@@ -8,6 +8,8 @@
 namespace piper::backend {
 
 #ifndef PIPER_HAVE_CUDA
+void set_cuda_environment() {}
+
 Backend* cuda(std::string* why) {
   if (why) *why = "this build has no CUDA backend (configured with -DPIPER_CUDA=OFF)";
   return nullptr;

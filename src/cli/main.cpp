@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/files.hpp"
 #include "cli/commands.hpp"
@@ -297,6 +298,7 @@ CLI::App* add_generate(CLI::App& app, Commands& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  piper::backend::set_cuda_environment();
   CLI::App app{"piper: distributed training of hybrid Transformer / Mamba-2 language models"};
   app.require_subcommand(1);
   Commands c;

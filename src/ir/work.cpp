@@ -522,16 +522,20 @@ UnitMemory unit_memory(const config::ModelConfig& m, char kind, int64_t rows, in
       scratch += dxn;
       scratch_native += M * d.Q;                // datt
     } else if (kind == 'E') {
-      const double MK = M * d.top_k;
-      native += 3 * MK * d.Fe + 2 * MK * d.D;   // gate, up, h; the experts' rows in and out
-      // probs, dprobs, experts, weights; the dispatcher's indices
-      stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK;
-      freed_native = 2 * MK * d.Fe + MK * d.D;  // gate, up; the experts' rows out
-      freed_stats += 2 * M * d.E;               // probs, dprobs
-      stash = M * d.E;                          // dlogits
-      stash_native = 2 * MK * d.Fe + MK * d.D;  // dgate, dup; the rows' gradients
-      scratch += dxn + MK * d.D;                // + the experts' input gradients (f32)
-      scratch_native += d.Fe * MK + MK * d.D;   // dh; the rows' gradients on their way
+      // The experts' rows: in, in the storage type; out, and the gradients back, in it too, or in f32
+      // where the tp group sums them (model/moe_dispatch.hpp).
+      const double MK = M * d.top_k, xrows = MK * d.D, out_native = summed ? 0 : xrows, out_f32 = xrows - out_native;
+      native += 3 * MK * d.Fe + xrows + out_native;  // gate, up, h; the experts' rows in and out
+      // probs, dprobs, experts, weights; the dispatcher's indices; the experts' rows out where f32
+      stats += M * (2 * d.E + 2 * d.top_k) + 2 * MK + out_f32;
+      freed_native = 2 * MK * d.Fe + out_native;  // gate, up; the experts' rows out
+      freed_stats += 2 * M * d.E + out_f32;       // probs, dprobs; the experts' rows out where f32
+      stash = M * d.E + out_f32;                  // dlogits; the rows' gradients where f32
+      stash_native = 2 * MK * d.Fe + out_native;  // dgate, dup; the rows' gradients
+      // + the experts' input gradients (f32), the rows' gradients on their way where f32, and dout
+      // widened beside them
+      scratch += dxn + xrows + out_f32 + (summed ? M * d.D : 0);
+      scratch_native += d.Fe * MK + out_native;   // dh; the rows' gradients on their way
     } else {
       const double nc = static_cast<double>((d.T_int + d.chunk - 1) / d.chunk);
       const double states = d.Bs * nc * d.Hm * d.P * d.N;  // chunk-entry states

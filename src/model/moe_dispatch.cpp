@@ -24,8 +24,10 @@ backend::ConstTensorView indices(const Tensor& t, int64_t n) {
 }  // namespace
 
 
-Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType rows)
-    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size), rows_(rows) {
+Dispatcher::Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType rows,
+                       backend::DType outputs)
+    : be_(be), n_experts_(n_experts), d_(d_model), ep_(ep_size), local_(n_experts / ep_size), rows_(rows),
+      outputs_(outputs) {
   if (n_experts < 1 || ep_size < 1 || n_experts % ep_size != 0)
     throw std::invalid_argument("MoE dispatcher: " + std::to_string(n_experts) + " experts do not split over ep " +
                                 std::to_string(ep_size));
@@ -116,8 +118,9 @@ CommBuffer Dispatcher::dispatch() { return to_experts(xp_, xr_); }
 // The rows' way there and back, forward and backward alike: the permuted rows to the experts'
 // ranks; received, sorted expert-major; the experts' results back to received order; back home.
 CommBuffer Dispatcher::to_experts(Tensor& permuted, Tensor& received) {
-  received = rows_tensor(rows());
-  return {permuted.view().ptr, received.view().ptr, slots_ * d_, elements(rows_to()), elements(rows_from()), rows_};
+  const backend::DType t = permuted.dtype();
+  received = rows_tensor(rows(), t);
+  return {permuted.view().ptr, received.view().ptr, slots_ * d_, elements(rows_to()), elements(rows_from()), t};
 }
 
 void Dispatcher::expert_major(Tensor& permuted, Tensor& received, Tensor& sorted) {
@@ -139,8 +142,9 @@ void Dispatcher::received_order(Tensor& sorted, Tensor& received, Tensor& permut
 }
 
 CommBuffer Dispatcher::from_experts(Tensor& received, Tensor& permuted) {
-  permuted = rows_tensor(slots_);
-  return {received.view().ptr, permuted.view().ptr, rows() * d_, elements(rows_from()), elements(rows_to()), rows_};
+  const backend::DType t = received.dtype();
+  permuted = rows_tensor(slots_, t);
+  return {received.view().ptr, permuted.view().ptr, rows() * d_, elements(rows_from()), elements(rows_to()), t};
 }
 
 // Received rows come rank by rank, each rank's expert by expert; the experts want them expert by expert.
@@ -162,7 +166,7 @@ void Dispatcher::sort() {
     unsort_ = index_tensor(unsort);
   }
   expert_major(xp_, xr_, xs_);
-  ys_ = rows_tensor(rows());
+  ys_ = rows_tensor(rows(), outputs_);
 }
 
 backend::ConstTensorView Dispatcher::expert_input(int64_t first, int64_t n) const { return xs_.part(first * d_, {n, d_}); }
@@ -181,8 +185,11 @@ void Dispatcher::combine(backend::ConstTensorView weights, backend::TensorView o
 
 void Dispatcher::combine_backward(backend::ConstTensorView dout, backend::ConstTensorView weights,
                                   backend::TensorView dweights) {
-  dyp_ = rows_tensor(slots_);
-  be_.moe_combine_bwd(dout, yp_.part(0, {slots_, d_}), pos_.view(), weights, dyp_.part(0, {slots_, d_}), dweights);
+  dyp_ = rows_tensor(slots_, outputs_);
+  const bool widen = dout.dtype != outputs_;  // bf16 dout beside f32 outputs (tp > 1)
+  const Tensor widened = widen ? backend::converted(dout, outputs_, MemCategory::MEM_BUFFERS) : Tensor();
+  be_.moe_combine_bwd(widen ? widened.view() : dout, yp_.part(0, {slots_, d_}), pos_.view(), weights,
+                      dyp_.part(0, {slots_, d_}), dweights);
   yp_ = {};
 }
 
@@ -198,9 +205,10 @@ backend::ConstTensorView Dispatcher::expert_grad_output(int64_t first, int64_t n
 }
 backend::TensorView Dispatcher::expert_grad_input(int64_t first, int64_t n) { return dxs_.part(first * d_, {n, d_}); }
 
-// At ep 1 the f32 gradients go straight into dx; else rounded once into the rows' type, to travel.
+// At ep 1 the f32 gradients go straight into dx; else rounded once into the outputs' type, to travel.
 void Dispatcher::unsort_grad() {
-  if (ep_ > 1 && rows_ != backend::DType::DTYPE_F32) dxs_ = backend::converted(dxs_.view(), rows_, MemCategory::MEM_ACTIVATIONS);
+  if (ep_ > 1 && outputs_ != backend::DType::DTYPE_F32)
+    dxs_ = backend::converted(dxs_.view(), outputs_, MemCategory::MEM_ACTIVATIONS);
   received_order(dxs_, dxr_, dxp_);
 }
 

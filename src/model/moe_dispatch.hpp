@@ -9,10 +9,12 @@
 // a blocking collective) before the next step. At ep 1 those steps do not
 // exist and the rows stay where they are. The rows are in `rows`, the
 // activations' storage type (bf16 under train.precision bf16), from the
-// block's xn through the experts and back, and travel as they are; only the
-// experts' input gradient, which sums two products, is kept in f32 and rounded
-// once as it leaves them. The combine and the dispatch backward write the
-// block's f32 output and input gradient.
+// block's xn to the experts; their outputs, and the gradients on the way back,
+// are in `outputs`: `rows` too, or f32 where the tp group sums them (each tp
+// rank's experts give a partial sum over its slice of moe_ffn_hidden). All
+// travel as they are. The experts' input gradient, which sums two products, is
+// f32 and rounded once into `outputs` as it leaves them. The combine and the
+// dispatch backward write the block's f32 output and input gradient.
 //
 // Forward:  route | counts() | size() | dispatch() | sort() | the experts
 //           read expert_input(), write expert_output() | unsort() |
@@ -33,7 +35,8 @@ namespace piper::model {
 class Dispatcher {
  public:
   // n_experts: E over the whole ep group, each ep rank holding E / ep consecutive experts.
-  Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType rows);
+  Dispatcher(backend::Backend& be, int64_t n_experts, int64_t d_model, int ep_size, backend::DType rows,
+             backend::DType outputs);
 
   // ---- forward ----
   // experts: i32 [M, K], the routed experts of each row of x [M, D] (in `rows`). Permutes
@@ -48,20 +51,20 @@ class Dispatcher {
   backend::ConstTensorView expert_input(int64_t first, int64_t n) const;
   const std::vector<int64_t>& rows_of_expert() const { return expert_rows_; }
   int64_t rows() const;   // R
-  backend::TensorView expert_output(int64_t first, int64_t n);  // written by the experts, in `rows`
+  backend::TensorView expert_output(int64_t first, int64_t n);  // written by the experts, in `outputs`
   void unsort();           // ep > 1: the outputs back in the order they were received
   CommBuffer give_back();  // ep > 1: the outputs back to the rows' ranks
   // out [M, D] (f32 or `rows`) = sum over k of weights[m, k] * the output for (m, k).
   void combine(backend::ConstTensorView weights, backend::TensorView out);
 
   // ---- backward ----
-  // dout [M, D] (in `rows`) -> the outputs' gradients, and dweights [M, K] (overwritten).
+  // dout [M, D] -> the outputs' gradients (in `outputs`), and dweights [M, K] (overwritten).
   void combine_backward(backend::ConstTensorView dout, backend::ConstTensorView weights, backend::TensorView dweights);
   CommBuffer dispatch_grad();  // ep > 1: the outputs' gradients to the experts' ranks
   void sort_grad();            // expert-major
-  backend::ConstTensorView expert_grad_output(int64_t first, int64_t n) const;  // in `rows`
+  backend::ConstTensorView expert_grad_output(int64_t first, int64_t n) const;  // in `outputs`
   backend::TensorView expert_grad_input(int64_t first, int64_t n);  // f32, written by the experts' backward
-  void unsort_grad();        // rounded into `rows` (ep > 1), back in the order received
+  void unsort_grad();        // rounded into `outputs` (ep > 1), back in the order received
   CommBuffer return_grad();  // ep > 1: the inputs' gradients back
   // dx [M, D] (f32 or `rows`) += the gradient of the permutation's input.
   void dispatch_backward(backend::TensorView dx);
@@ -87,7 +90,7 @@ class Dispatcher {
 
   backend::Backend& be_;
   int64_t n_experts_, d_, ep_, local_;  // E, D, ep, E / ep
-  backend::DType rows_;                 // the rows' storage type
+  backend::DType rows_, outputs_;       // the rows' type; their outputs' and the gradients' type
   int64_t tokens_ = 0, slots_ = 0;      // M, P = M * K
   backend::Tensor order_, pos_;         // i32 [P]: the row of each permuted row; i32 [M, K]: its permuted row
   std::vector<int64_t> counts_;         // [E]
@@ -95,7 +98,7 @@ class Dispatcher {
   std::vector<int64_t> expert_rows_;    // [local]
   backend::Tensor count_send_, count_recv_;   // ep > 1: [E] floats
   backend::Tensor sort_, unsort_;       // ep > 1: i32 [R] both ways between received and expert-major
-  // In rows_, but dxs_ (f32; and dxp_ at ep 1, which is dxs_).
+  // xp_, xr_, xs_ in rows_; the rest in outputs_, but dxs_ (f32; and dxp_ at ep 1, which is dxs_).
   backend::Tensor xp_, xr_, xs_;        // permuted [P, D], received [R, D], expert-major [R, D]
   backend::Tensor ys_, yr_, yp_;        // the outputs, the same three ways back
   backend::Tensor dyp_, dyr_, dys_;     // the outputs' gradients

@@ -52,7 +52,8 @@ void MoeBlock::mixer_forward(int slot, const MicroBatch& mb, backend::ConstTenso
   Saved s;
   s.rows = mb.rows(), s.seq = mb.seq, s.loss_scale = mb.loss_scale;
   s.xn = xn, s.out = out;
-  s.dispatch = std::make_unique<Dispatcher>(be_, cfg_.n_experts, cfg_.d_model, ep_.size, activation_storage());
+  const backend::DType rows = activation_storage();
+  s.dispatch = std::make_unique<Dispatcher>(be_, cfg_.n_experts, cfg_.d_model, ep_.size, rows, partial_dtype(rows));
   Saved& kept = saved_[slot] = std::move(s);
   for (Step step : forward_steps_[0]) run(step, kept);
   if (mb.targets && tp_.rank == 0) {  // training: the routing statistics, once per tp group

@@ -148,6 +148,7 @@ class CudaBackend final : public Backend {
         e = nullptr;
       }
       if (!e || cudaEventRecord(e, s) != cudaSuccess) {
+        cudaGetLastError();  // a passing error is not left for the next launch to report as its own
         if (e) cudaEventDestroy(e);
         for (cudaEvent_t f : blk.freed) cudaEventDestroy(f);
         return;
@@ -679,6 +680,12 @@ int local_rank() {
 }
 }  // namespace
 
+void set_cuda_environment() {
+  // Hardware queues for the backend's streams and the communicator's lanes, so a kernel of one waits
+  // behind another only where the streams say so (CUDA's default is 8). A user's setting stands.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+}
+
 Backend* cuda(std::string* why) {
   static std::once_flag once;
   // Never destroyed: the CUDA runtime tears itself down at exit before a static's destructor would
@@ -687,10 +694,6 @@ Backend* cuda(std::string* why) {
   static CudaBackend* backend = nullptr;
   static std::string reason;
   std::call_once(once, [] {
-    // Hardware queues for the backend's streams and the communicator's lanes, so a kernel of one
-    // waits behind another only where the streams say so (CUDA's default is 8; a user's setting
-    // stands). Read when the runtime starts, below.
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {

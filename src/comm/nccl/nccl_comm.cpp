@@ -138,6 +138,15 @@ struct LaneState {
   }
 };
 
+// Lanes made for a communicator that failed to start, which never served: aborted, their streams destroyed.
+void abort_lanes(std::array<LaneState, kLanes>& lanes) noexcept {
+  for (LaneState& l : lanes) {
+    if (l.comm) ncclCommAbort(l.comm);
+    if (l.stream) cudaStreamDestroy(l.stream);
+    l.comm = nullptr, l.stream = nullptr;
+  }
+}
+
 // A wait on `lane` that ran past the timeout: the lane is aborted and a CommError says what was waited on.
 [[noreturn]] void abort_for_timeout(LaneState& lane, const Context& ctx, const std::string& what, Clock::time_point start) {
   std::ostringstream msg;
@@ -203,9 +212,19 @@ void progress(LaneState& lane, Context& ctx) {
   }
 }
 
-// Moves every lane of the world and its splits on (Context::lanes).
-void progress_all(Context& ctx) {
-  for (LaneState* l : ctx.lanes) progress(*l, ctx);
+// Moves every lane of the world and its splits on (Context::lanes). An error on `mine` throws; one on
+// another lane aborts that lane, which says so to whoever waits on it next, and the waiter here goes on.
+void progress_all(Context& ctx, const LaneState* mine) {
+  for (LaneState* l : ctx.lanes) {
+    if (l == mine) {
+      progress(*l, ctx);
+      continue;
+    }
+    try {
+      progress(*l, ctx);
+    } catch (const CommError&) {
+    }
+  }
 }
 
 // Polls `r` until it is done, within the timeout; past it, a CommError names the operation (`what()`).
@@ -239,18 +258,24 @@ class NcclRequest final : public RequestImpl {
 };
 
 // An operation of the host communicator (a double sum, the barrier): polling it moves the lanes on too.
+// `storage`, when given, is the operation's buffer, kept as long as the operation may write it: an
+// abandoned collective may still land, so abandoning leaves the buffer to it.
 class HostRequest final : public RequestImpl {
  public:
-  HostRequest(NcclCommunicator& comm, Request inner, OpInfo info)
-      : comm_(comm), inner_(std::move(inner)), info_(std::move(info)) {}
+  HostRequest(NcclCommunicator& comm, Request inner, OpInfo info, std::unique_ptr<double> storage)
+      : comm_(comm), inner_(std::move(inner)), info_(std::move(info)), storage_(std::move(storage)) {}
   bool test() override;
   void wait() override;
-  void abandon() noexcept override { Request unwound = std::move(inner_); }  // abandons it, unwinding
+  void abandon() noexcept override {
+    Request unwound = std::move(inner_);  // abandons it, unwinding
+    (void)storage_.release();
+  }
 
  private:
   NcclCommunicator& comm_;
   Request inner_;
   OpInfo info_;
+  std::unique_ptr<double> storage_;
   Clock::time_point posted_ = Clock::now();
 };
 
@@ -261,10 +286,10 @@ class NcclCommunicator final : public Communicator {
                    backend::Backend& device, std::array<LaneState, kLanes> lanes)
       : ctx_(std::move(ctx)), owned_(std::move(owned)), host_(owned_ ? owned_.get() : &host), device_(device),
         lanes_(lanes) {
+    ctx_->lanes.reserve(ctx_->lanes.size() + kLanes);  // so that registering cannot throw
     for (LaneState& l : lanes_) ctx_->lanes.push_back(&l);
   }
   ~NcclCommunicator() override {
-    std::erase_if(ctx_->lanes, [&](LaneState* l) { return l >= &lanes_.front() && l <= &lanes_.back(); });
     // While an exception unwinds the job is failing: its peers may be gone, so nothing waits for them.
     const bool failing = std::uncaught_exceptions() > 0;
     for (size_t i = 0; i < kLanes; ++i) {
@@ -279,7 +304,9 @@ class NcclCommunicator final : public Communicator {
         } catch (const CommError&) {
         }
         if (l.comm) ncclCommDestroy(l.comm);
+        l.comm = nullptr;
       }
+      std::erase(ctx_->lanes, &l);  // drained: no one else's wait needs it moved on
       if (l.stream) cudaStreamDestroy(l.stream);
     }
     if (self_stream_) cudaStreamDestroy(self_stream_);
@@ -356,18 +383,19 @@ class NcclCommunicator final : public Communicator {
   }
   // Over the host communicator; waiting on them moves the lanes on too.
   Request iallreduce_double(double* buf, size_t n) override {
-    return hosted(host_->iallreduce_double(buf, n), info(OpKind::OP_ALLREDUCE, n * sizeof(double)));
+    return hosted(host_->iallreduce_double(buf, n), info(OpKind::OP_ALLREDUCE, n * sizeof(double)), nullptr);
   }
   // A sum of one double: no rank's ends before every rank's has begun.
   void barrier() override {
-    double none = 0.0;
-    hosted(host_->iallreduce_double(&none, 1), info(OpKind::OP_BARRIER, 0)).wait();
+    auto none = std::make_unique<double>(0.0);
+    double* sum = none.get();
+    hosted(host_->iallreduce_double(sum, 1), info(OpKind::OP_BARRIER, 0), std::move(none)).wait();
   }
 
   // For NcclRequest and HostRequest.
   LaneState& lane(size_t i) { return lanes_[i]; }
   const Context& context() const { return *ctx_; }
-  void progress_lanes() { progress_all(*ctx_); }
+  void progress_lanes() { progress_all(*ctx_, nullptr); }
   void throw_if_aborted(size_t lane, const OpInfo& info) const {
     const LaneState& l = lanes_[lane];
     if (l.aborted)
@@ -376,7 +404,7 @@ class NcclCommunicator final : public Communicator {
   }
   // Moves every lane's posted operations on (Context::lanes); then an error NCCL reports for `lane` throws.
   void advance(size_t lane, const OpInfo& info) {
-    progress_all(*ctx_);
+    progress_all(*ctx_, &lanes_[lane]);
     throw_if_aborted(lane, info);
     LaneState& l = lanes_[lane];
     ncclResult_t rc = ncclSuccess;
@@ -391,6 +419,7 @@ class NcclCommunicator final : public Communicator {
     const int color = group ? *std::min_element(world_ranks.begin(), world_ranks.end()) : NCCL_SPLIT_NOCOLOR;
     const int key = group ? group->rank() : 0;
     std::array<LaneState, kLanes> child{};
+    std::unique_ptr<Communicator> made;
     try {
       for (size_t i = 0; i < kLanes; ++i) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -403,15 +432,12 @@ class NcclCommunicator final : public Communicator {
                          group_name(label, world_ranks));
         if (group) cuda_ok(cudaStreamCreateWithFlags(&child[i].stream, cudaStreamNonBlocking), "cudaStreamCreate");
       }
+      if (group) made = std::make_unique<NcclCommunicator>(ctx_, *host_, std::move(group), device_, child);
     } catch (...) {  // the lanes already split go with the split that failed
-      for (LaneState& l : child) {
-        if (l.comm) ncclCommAbort(l.comm);
-        if (l.stream) cudaStreamDestroy(l.stream);
-      }
+      abort_lanes(child);
       throw;
     }
-    if (!group) return nullptr;
-    return std::make_unique<NcclCommunicator>(ctx_, *host_, std::move(group), device_, child);
+    return made;
   }
 
  private:
@@ -441,8 +467,8 @@ class NcclCommunicator final : public Communicator {
     return Request(std::make_unique<NcclRequest>(*this, lane, std::move(inf), std::move(done)));
   }
 
-  Request hosted(Request inner, OpInfo inf) {
-    return Request(std::make_unique<HostRequest>(*this, std::move(inner), std::move(inf)));
+  Request hosted(Request inner, OpInfo inf, std::unique_ptr<double> storage) {
+    return Request(std::make_unique<HostRequest>(*this, std::move(inner), std::move(inf), std::move(storage)));
   }
 
   Request collective(OpKind kind, size_t bytes, NcclCall call) {
@@ -450,14 +476,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Waits, within the timeout, until every operation posted on `lane` is on its stream (before a call
-  // that needs the NCCL communicator idle: a split, the finalisation).
+  // that needs the NCCL communicator idle: a split, the finalisation), moving every lane on meanwhile.
   void drain(size_t lane, const char* doing) {
     LaneState& l = lanes_[lane];
     const auto start = Clock::now();
     const auto deadline = deadline_after(ctx_->options.timeout_s);
     Backoff backoff;
     for (;;) {
-      progress(l, *ctx_);
+      progress_all(*ctx_, &l);
       if (l.aborted || l.pending.empty()) return;
       if (Clock::now() > deadline)
         abort_for_timeout(l, *ctx_,
@@ -605,8 +631,9 @@ void NcclRequest::wait() {
 }
 
 bool HostRequest::test() {
+  if (inner_.test()) return true;
   comm_.progress_lanes();
-  return inner_.test();
+  return false;
 }
 
 void HostRequest::wait() {
@@ -685,19 +712,24 @@ std::unique_ptr<Communicator> start_nccl(Communicator& host, backend::Backend& d
   std::memcpy(&id, all.data(), sizeof id);
 
   std::array<LaneState, kLanes> lanes{};
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  settle(ncclCommInitRankConfig(&lanes[kCollective].comm, host.size(), id, host.rank(), &config), lanes[kCollective],
-         *ctx, "creating the NCCL communicator of " + host.name());
-  for (size_t i = kUp; i < kLanes; ++i) {
-    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-    c.blocking = 0;
-    const ncclResult_t rc = ncclCommSplit(lanes[kCollective].comm, 0, host.rank(), &lanes[i].comm, &c);
-    settle_split(rc, lanes[kCollective], lanes[i], *ctx,
-                 std::string("creating the ") + lane_name(i) + " lane of " + host.name());
+  try {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    settle(ncclCommInitRankConfig(&lanes[kCollective].comm, host.size(), id, host.rank(), &config),
+           lanes[kCollective], *ctx, "creating the NCCL communicator of " + host.name());
+    for (size_t i = kUp; i < kLanes; ++i) {
+      ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+      c.blocking = 0;
+      const ncclResult_t rc = ncclCommSplit(lanes[kCollective].comm, 0, host.rank(), &lanes[i].comm, &c);
+      settle_split(rc, lanes[kCollective], lanes[i], *ctx,
+                   std::string("creating the ") + lane_name(i) + " lane of " + host.name());
+    }
+    for (LaneState& l : lanes) cuda_ok(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    return std::make_unique<NcclCommunicator>(std::move(ctx), host, nullptr, device, lanes);
+  } catch (...) {  // what was made of the lanes goes with the start that failed
+    abort_lanes(lanes);
+    throw;
   }
-  for (LaneState& l : lanes) cuda_ok(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  return std::make_unique<NcclCommunicator>(std::move(ctx), host, nullptr, device, lanes);
 }
 
 }  // namespace piper::comm

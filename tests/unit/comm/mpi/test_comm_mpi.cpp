@@ -802,6 +802,7 @@ Communicator& test_world() { return world(); }
 
 int main(int argc, char** argv) {
   using namespace piper::comm;
+  piper::backend::set_cuda_environment();  // the NCCL tests' streams
   g_thread_level = init_mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;

@@ -1,13 +1,15 @@
 // test_dispatch_mpi.cpp — the MoE token dispatcher over real ep groups (every ep that divides the world):
 // rows reach the ranks of their experts in expert-major order, and with identity experts and uniform
 // weights 1/top_k, dispatch then combine returns the input exactly, and its gradient the output's, with
-// the rows in f32 or in bf16 from the block's xn to the experts and back (every value below has a bf16
-// form, so bf16 rounds nothing), combined into f32.
+// the rows in f32 or in bf16 from the block's xn to the experts and back, or in bf16 to the experts and
+// f32 back (as under tp, whose experts give partial sums); every value below has a bf16 form, so bf16
+// rounds nothing. The outputs combine into f32.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -49,9 +51,10 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
   comm::Communicator& world = comm::test_world();
   backend::Backend& be = backend::cpu();
   const int W = world.size(), r = world.rank();
-  const auto f32 = backend::DType::DTYPE_F32;
+  const auto f32 = backend::DType::DTYPE_F32, bf16 = backend::DType::DTYPE_BF16;
   const auto buffers = backend::MemCategory::MEM_BUFFERS;
-  for (backend::DType rows : {f32, backend::DType::DTYPE_BF16})
+  const std::pair<backend::DType, backend::DType> types[] = {{f32, f32}, {bf16, bf16}, {bf16, f32}};
+  for (const auto& [rows, outputs] : types)
   for (int ep = 1; ep <= W; ++ep) {
     if (W % ep != 0 || kExperts % ep != 0) continue;
     std::vector<int> members;  // the ep group of this rank: ep consecutive ranks
@@ -72,7 +75,7 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
 
       const backend::Tensor xt = backend::converted(backend::view(be, x.data(), {kRows, kWidth}), rows, buffers);
       const backend::Tensor dt = backend::converted(backend::view(be, dout.data(), {kRows, kWidth}), rows, buffers);
-      Dispatcher d(be, kExperts, kWidth, ep, rows);
+      Dispatcher d(be, kExperts, kWidth, ep, rows, outputs);
       d.route(ev, xt.view());
       if (ep > 1) {
         run(*group, d.counts());
@@ -98,6 +101,7 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
       int misplaced = 0;
       for (int64_t i = 0; i < R; ++i) misplaced += in.data()[i * kWidth] != expect[static_cast<size_t>(i)];
       EXPECT_EQ(misplaced, 0) << "ep " << ep << " k " << k << ": rows away from their experts";
+      EXPECT_EQ(d.expert_output(0, R).dtype, outputs);
       be.convert(d.expert_input(0, R), d.expert_output(0, R));  // identity experts
       d.unsort();
       if (ep > 1) run(*group, d.give_back());
@@ -108,7 +112,7 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
       d.combine_backward(dt.view(), wv, backend::view(be, dweights.data(), {kRows, k}));
       if (ep > 1) run(*group, d.dispatch_grad());
       d.sort_grad();
-      EXPECT_EQ(d.expert_grad_output(0, R).dtype, rows);
+      EXPECT_EQ(d.expert_grad_output(0, R).dtype, outputs);
       EXPECT_EQ(d.expert_grad_input(0, R).dtype, f32);
       be.convert(d.expert_grad_output(0, R), d.expert_grad_input(0, R));
       d.unsort_grad();
@@ -123,9 +127,9 @@ TEST(Dispatcher, RoundTripIsExactAtEveryEp) {
         for (int64_t s = 0; s < k; ++s) dw_wrong += dweights[static_cast<size_t>(m * k + s)] != static_cast<float>(dot);
       }
       if (r == 0)
-        std::printf("[ dispatch ] rows in %s, ep %d top_k %lld: %lld rows on rank 0's experts; combine(dispatch(x)) "
+        std::printf("[ dispatch ] rows in %s, out %s, ep %d top_k %lld: %lld rows on rank 0's experts; combine(dispatch(x)) "
                     "differs from x in %d of %zu values, the input gradient from dout in %d (tolerance: exact)\n",
-                    backend::dtype_name(rows), ep, static_cast<long long>(k), static_cast<long long>(d.rows()),
+                    backend::dtype_name(rows), backend::dtype_name(outputs), ep, static_cast<long long>(k), static_cast<long long>(d.rows()),
                     out_wrong, x.size(), dx_wrong);
       EXPECT_EQ(out_wrong, 0) << "ep " << ep << " k " << k;
       EXPECT_EQ(dx_wrong, 0) << "ep " << ep << " k " << k;
