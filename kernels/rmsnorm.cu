@@ -58,7 +58,7 @@ __global__ void rmsnorm_dw_partial(const T* dy, const T* x, const float* rstd, f
 template <class T>
 void rmsnorm_fwd(const T* x, const T* w, T* y, float* rstd, int64_t M, int64_t D, float eps, cudaStream_t s) {
   if (M == 0) return;
-  rmsnorm_fwd_kernel<<<static_cast<unsigned>(M), kThreads, 0, s>>>(x, w, y, rstd, D, eps);
+  rmsnorm_fwd_kernel<T><<<static_cast<unsigned>(M), kThreads, 0, s>>>(x, w, y, rstd, D, eps);
   PIPER_CUDA_LAUNCHED("rmsnorm_fwd");
 }
 
@@ -70,11 +70,11 @@ template <class T>
 void rmsnorm_bwd(const T* dy, const T* x, const T* w, const float* rstd, T* dx, float* dw, int64_t M,
                  int64_t D, void* work, cudaStream_t s) {
   if (M == 0 || D == 0) return;
-  rmsnorm_dx_kernel<<<static_cast<unsigned>(M), kThreads, 0, s>>>(dy, x, w, rstd, dx, D);
+  rmsnorm_dx_kernel<T><<<static_cast<unsigned>(M), kThreads, 0, s>>>(dy, x, w, rstd, dx, D);
   PIPER_CUDA_LAUNCHED("rmsnorm_bwd (dx)");
   const int64_t R = (M + kPartialRows - 1) / kPartialRows;
   auto* part = static_cast<float*>(work);
-  rmsnorm_dw_partial<<<dim3(blocks_for(D), static_cast<unsigned>(R)), kThreads, 0, s>>>(dy, x, rstd, part, M, D);
+  rmsnorm_dw_partial<T><<<dim3(blocks_for(D), static_cast<unsigned>(R)), kThreads, 0, s>>>(dy, x, rstd, part, M, D);
   PIPER_CUDA_LAUNCHED("rmsnorm_bwd (dw partials)");
   add_column_sums(part, R, D, dw, s);
 }

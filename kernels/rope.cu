@@ -34,7 +34,7 @@ void rope_apply(const T* x, T* y, int64_t B, int64_t Tn, int64_t H, int64_t hd, 
     throw std::invalid_argument(std::string(op) + ": head dim " + std::to_string(hd) + " must be even");
   const int64_t total = B * Tn * H * (hd / 2);
   if (total == 0) return;
-  rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, B * Tn, Tn, H, hd, theta, sign);
+  rope_kernel<T><<<blocks_for(total), kThreads, 0, s>>>(x, y, B * Tn, Tn, H, hd, theta, sign);
   PIPER_CUDA_LAUNCHED("rope");
 }
 

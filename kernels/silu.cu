@@ -44,25 +44,25 @@ __global__ void swiglu_bwd_kernel(const T* dh, const T* gate, const T* up, T* dg
 template <class T>
 void silu_fwd(const T* x, T* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  silu_fwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  silu_fwd_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
   PIPER_CUDA_LAUNCHED("silu_fwd");
 }
 template <class T>
 void silu_bwd(const T* dy, const T* x, T* dx, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  silu_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(dy, x, dx, n);
+  silu_bwd_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(dy, x, dx, n);
   PIPER_CUDA_LAUNCHED("silu_bwd");
 }
 template <class T>
 void swiglu_fwd(const T* gate, const T* up, T* h, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  swiglu_fwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, h, n);
+  swiglu_fwd_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(gate, up, h, n);
   PIPER_CUDA_LAUNCHED("swiglu_fwd");
 }
 template <class T>
 void swiglu_bwd(const T* dh, const T* gate, const T* up, T* dgate, T* dup, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  swiglu_bwd_kernel<<<blocks_for(n), kThreads, 0, s>>>(dh, gate, up, dgate, dup, n);
+  swiglu_bwd_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(dh, gate, up, dgate, dup, n);
   PIPER_CUDA_LAUNCHED("swiglu_bwd");
 }
 

@@ -64,28 +64,28 @@ __global__ void column_sums_kernel(const float* part, int64_t R, int64_t D, floa
 template <class T>
 void gather_cols(const T* src, int64_t S, int64_t col, T* dst, int64_t n, int64_t M, cudaStream_t s) {
   if (M * n == 0) return;
-  copy_cols_kernel<<<blocks_for(M * n), kThreads, 0, s>>>(src, S, col, dst, n, 0, n, M);
+  copy_cols_kernel<T><<<blocks_for(M * n), kThreads, 0, s>>>(src, S, col, dst, n, 0, n, M);
   PIPER_CUDA_LAUNCHED("gather_cols");
 }
 
 template <class T>
 void scatter_cols(const T* src, int64_t n, T* dst, int64_t S, int64_t col, int64_t M, cudaStream_t s) {
   if (M * n == 0) return;
-  copy_cols_kernel<<<blocks_for(M * n), kThreads, 0, s>>>(src, n, 0, dst, S, col, n, M);
+  copy_cols_kernel<T><<<blocks_for(M * n), kThreads, 0, s>>>(src, n, 0, dst, S, col, n, M);
   PIPER_CUDA_LAUNCHED("scatter_cols");
 }
 
 template <class S, class D>
 void convert(const S* src, D* dst, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  convert_kernel<<<blocks_for(n), kThreads, 0, s>>>(src, dst, n);
+  convert_kernel<S, D><<<blocks_for(n), kThreads, 0, s>>>(src, dst, n);
   PIPER_CUDA_LAUNCHED("convert");
 }
 
 template <class T>
 void add_inplace(T* y, const T* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  add_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
   PIPER_CUDA_LAUNCHED("add_inplace");
 }
 
@@ -98,7 +98,7 @@ void sum_squares(const T* x, int64_t n, double* out, void* work, cudaStream_t s)
   const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
   auto* part = static_cast<double*>(work);
   if (blocks > 0) {
-    sum_squares_partial<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, n, part);
+    sum_squares_partial<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x, n, part);
     PIPER_CUDA_LAUNCHED("sum_squares (partials)");
   }
   sum_doubles(part, blocks, out, s);

@@ -13,11 +13,11 @@ std::unique_ptr<Communicator> make_nccl(Communicator& host, backend::Backend& de
     if (why) *why = std::string("NCCL serves CUDA buffers, and the device is ") + device.name();
     return nullptr;
   }
-#ifdef PIPER_HAVE_CUDA
+#ifdef PIPER_HAVE_NCCL
   return start_nccl(host, device, why);
 #else
   (void)host;
-  if (why) *why = "this build has no CUDA backend and so no NCCL (configured with -DPIPER_CUDA=OFF)";
+  if (why) *why = "this build has no NCCL (configured without -DPIPER_CUDA=ON)";
   return nullptr;
 #endif
 }

@@ -69,6 +69,9 @@ class NcclComm : public ::testing::Test {
     std::string why;
     gpu_ = backend::cuda(&why);
     if (!gpu_) GTEST_SKIP() << "GPU test not run: " << why;
+#ifndef PIPER_HAVE_NCCL
+    GTEST_SKIP() << "GPU test not run: this build's CUDA backend has no NCCL (the emulated GPU)";
+#endif
     nccl_ = make_nccl(self_, *gpu_, &why);
     ASSERT_NE(nccl_, nullptr) << why;
   }
