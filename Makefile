@@ -9,11 +9,11 @@ CMAKE_FLAGS ?=
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_TIME    ?= 60
 FUZZ_READERS ?=
-# make sanitize: g++ ASan + UBSan build in ASAN_BUILD and three test selections (docs/testing.md): tests without
-# MPI, tests that start MPI, a sample of the end-to-end tests.
+# make sanitize: g++ ASan + UBSan build in ASAN_BUILD, its CUDA backend on the emulated GPU, and three test
+# selections (docs/testing.md): tests without MPI, tests that start MPI, a sample of the end-to-end tests.
 ASAN_BUILD         ?= build-asan
 SANITIZE_TESTS     ?= -L '^(kernel_tests|unit_.*|fuzz)$$' -LE '^(unit_checkpoint|unit_runtime|fuzz_mpi)$$'
-SANITIZE_MPI_TESTS ?= -L '^(unit_checkpoint|unit_runtime|comm_mpi|checkpoint_mpi|fuzz_mpi)$$'
+SANITIZE_MPI_TESTS ?= -L '^(unit_checkpoint|unit_runtime|comm_mpi|checkpoint_mpi|fuzz_mpi)$$' -E '^DeviceTraining\.Cuda'
 SANITIZE_E2E       ?= -R '^(Experts/MoeParity\.MatchesSingleRank/ep2_dp2_zero3$$|Cli\.|Table/BadInput\.|Training\.(TinyLossFalls|RunsUnderMpirun)$$|Checkpoint\.(InspectVerifyAndCorruption|OtherModelRefused)$$|Directives\.HandWritten1F1BPlansLikeTheSchedule$$|SimulateCli\.JsonHasStepTimeAndPerRankFigures$$)'
 
 .PHONY: all deps build run test bench corpus clean fuzz sanitize
@@ -59,7 +59,7 @@ fuzz: deps
 	tests/fuzz/run-libfuzzer.sh $(FUZZ_BUILD) $(FUZZ_TIME) $(FUZZ_READERS)
 
 sanitize: deps
-	cmake -S . -B $(ASAN_BUILD) -DPIPER_SANITIZE=ON -DPIPER_CUDA=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(ASAN_BUILD) -DPIPER_SANITIZE=ON -DPIPER_CUDA=OFF -DPIPER_CUDA_EMULATOR=ON $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@scripts/make-corpus.sh $(ASAN_BUILD)
 	tests/sanitizers/run.sh $(ASAN_BUILD) $(JOBS) "$(SANITIZE_TESTS)" "$(SANITIZE_MPI_TESTS)" "$(SANITIZE_E2E)"
