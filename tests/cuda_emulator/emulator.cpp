@@ -493,9 +493,8 @@ void Launch::submit(const char* name, const void* function, std::function<void()
   }
   const dim3 grid = grid_, block = block_;
   const size_t shared = shared_;
-  if (queue_work(d, stream_, name, [name, grid, block, shared, b = std::move(body)] { run_grid(name, grid, block, shared, b); },
-                 false) != cudaSuccess)
-    return;
+  queue_work(d, stream_, name, [name, grid, block, shared, b = std::move(body)] { run_grid(name, grid, block, shared, b); },
+             false);  // a stream that is not live leaves its error for cudaGetLastError
 }
 
 cudaError_t enqueue(cudaStream_t s, const char* what, std::function<void()> work) {
@@ -764,8 +763,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
-  return e;
+  return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
