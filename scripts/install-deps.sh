@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev     # metrics JSON, command line
   libgtest-dev googletest             # tests
   clang libclang-rt-14-dev            # make fuzz: clang 14 and its libFuzzer / sanitizer runtimes (docs/testing.md)
+  libboost-context-dev                # make sanitize: the emulated GPU's fibers (tests/cuda_emulator)
   libdnnl-dev                         # float GEMM: oneDNN, the fastest measured (docs/blas.md)
   libopenblas-dev libopenblas0-openmp libopenblas-openmp-dev  # CBLAS (double), OpenMP build
   python3 python3-torch python3-numpy python3-yaml  # the PyTorch peer of `make bench` and the parity test

@@ -19,10 +19,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/context/fiber.hpp>
+#include <boost/context/preallocated.hpp>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -221,9 +222,18 @@ constexpr size_t kStackBytes = 256 << 10;
 constexpr size_t kGuardBytes = 4096;
 constexpr int kWarpSize = 32;
 
+// A fiber switch is Boost.Context's fcontext: registers and stack pointer, no system call. A fiber
+// plays one CUDA thread after another and is kept for the process, its stack (and AddressSanitizer's
+// fake stack for it) with it, so a launch maps no memory.
+namespace context = boost::context;
+
+struct KeptStack {  // the fibers' stacks are the emulator's, mapped once
+  void deallocate(context::stack_context&) noexcept {}
+};
+
 struct Fiber {
   enum State { kReady, kAtBlockBarrier, kAtShuffle, kDone };
-  ucontext_t context;
+  context::fiber context;
   char* stack = nullptr;
   State state = kReady;
   Place place{};
@@ -235,7 +245,7 @@ struct Fiber {
 };
 
 struct Scheduler {
-  ucontext_t host;
+  context::fiber host;  // where the fiber running now returns to
   const void* host_stack = nullptr;
   size_t host_stack_bytes = 0;
   std::vector<std::unique_ptr<Fiber>> fibers;
@@ -265,34 +275,34 @@ void finish_switch(void* fake_stack, const void** bottom, size_t* bytes) {
 #endif
 }
 
-void fiber_main() {
-  Scheduler& s = scheduler();
-  finish_switch(nullptr, &s.host_stack, &s.host_stack_bytes);
-  Fiber& f = *s.current;
-  piper::cuda_emulator::current_place = &f.place;
-  (*s.body)();
-  f.state = Fiber::kDone;
-  start_switch(nullptr, s.host_stack, s.host_stack_bytes);  // this fiber's stack is done with
-  setcontext(&s.host);
-  std::abort();
-}
-
-// Back to the scheduler until a barrier lets this thread on.
+// Back to the scheduler until a barrier lets this thread on (or, kDone, until the fiber plays its next
+// thread). The host thread that resumes it may be another one: the device runs on whichever host thread
+// waits for it, so the fiber side reads no thread-local state of its own (resume sets current_place).
 void wait_at(Fiber::State state) {
   Scheduler& s = scheduler();
   Fiber& f = *s.current;
   f.state = state;
   start_switch(&f.fake_stack, s.host_stack, s.host_stack_bytes);
-  swapcontext(&f.context, &s.host);
-  finish_switch(f.fake_stack, nullptr, nullptr);
-  piper::cuda_emulator::current_place = &f.place;
+  s.host = std::move(s.host).resume();
+  finish_switch(f.fake_stack, &s.host_stack, &s.host_stack_bytes);
+}
+
+context::fiber fiber_main(context::fiber&& host) {
+  Scheduler& s = scheduler();
+  s.host = std::move(host);
+  finish_switch(nullptr, &s.host_stack, &s.host_stack_bytes);
+  for (;;) {
+    (*s.body)();
+    wait_at(Fiber::kDone);
+  }
 }
 
 void resume(Scheduler& s, Fiber& f) {
   s.current = &f;
+  piper::cuda_emulator::current_place = &f.place;
   void* fake = nullptr;
   start_switch(&fake, f.stack + kGuardBytes, kStackBytes);
-  swapcontext(&s.host, &f.context);
+  f.context = std::move(f.context).resume();
   finish_switch(fake, nullptr, nullptr);
   piper::cuda_emulator::current_place = nullptr;
 }
@@ -305,6 +315,11 @@ Fiber& fiber(Scheduler& s, size_t i) {
     if (m == MAP_FAILED) fault("cannot map a fiber's stack of %zu bytes", kStackBytes);
     mprotect(m, kGuardBytes, PROT_NONE);  // an overflowing stack faults here
     f->stack = static_cast<char*>(m);
+    context::stack_context stack;
+    stack.sp = f->stack + kGuardBytes + kStackBytes;
+    stack.size = kStackBytes;
+    f->context = context::fiber(std::allocator_arg, context::preallocated(stack.sp, stack.size, stack), KeptStack{},
+                                fiber_main);
     s.fibers.push_back(std::move(f));
   }
   return *s.fibers[i];
@@ -362,12 +377,6 @@ void run_block(Scheduler& s, const Place& base, size_t threads, size_t shared_by
     const unsigned bx = base.block_dim.x, by = base.block_dim.y;
     f.place.thread = {static_cast<unsigned>(i % bx), static_cast<unsigned>(i / bx % by),
                       static_cast<unsigned>(i / (size_t(bx) * by))};
-    f.fake_stack = nullptr;
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack + kGuardBytes;
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = nullptr;
-    makecontext(&f.context, fiber_main, 0);
   }
   Device& d = device();
   std::vector<size_t> order;
@@ -432,7 +441,7 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, co
 
 namespace piper::cuda_emulator {
 
-thread_local const Place* current_place = nullptr;
+thread_local const Place* current_place __attribute__((tls_model("initial-exec"))) = nullptr;
 
 void* dynamic_shared_bytes() { return scheduler().shared.data(); }
 

@@ -118,7 +118,9 @@ struct Place {
   uint3 thread, block;
   dim3 block_dim, grid_dim;
 };
-extern thread_local const Place* current_place;
+// Initial-exec: the emulator is linked into executables only, and each read of threadIdx is then a
+// register-relative load, not a call through __tls_get_addr (which AddressSanitizer intercepts).
+extern thread_local const Place* current_place __attribute__((tls_model("initial-exec")));
 
 // The calling block's dynamic shared memory (the launch's third argument), as T.
 void* dynamic_shared_bytes();
