@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <boost/context/fiber.hpp>
 #include <boost/context/preallocated.hpp>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -78,11 +80,12 @@ constexpr size_t kDeviceBytes = size_t(16) << 30;      // what cudaMemGetInfo re
 constexpr size_t kDefaultSharedBytes = 48 << 10;       // dynamic shared memory without the attribute
 constexpr size_t kMaxSharedBytes = 227 << 10;          // sm_90's opt-in limit per block
 constexpr size_t kQueueLimit = 4096;                   // queued items past which the device catches up
+constexpr double kStepsLimitS = 300;                   // an operation in steps that waits longer is a fault
 
 struct Item {
   enum Kind { kWork, kRecord, kWait } kind;
   std::string what;
-  std::function<void()> work;
+  std::function<bool()> work;  // one step of it: true once done (most work is done in one)
   CUevent_st* event = nullptr;
   uint64_t generation = 0;
 };
@@ -155,7 +158,7 @@ bool runnable(const Item& item) {
 void run_item(Device& d, Item& item) {
   switch (item.kind) {
     case Item::kWork:
-      item.work();
+      while (!item.work()) std::this_thread::sleep_for(std::chrono::microseconds(100));
       break;
     case Item::kRecord:
       item.event->pending.erase(item.generation);
@@ -167,21 +170,50 @@ void run_item(Device& d, Item& item) {
   }
 }
 
-// Runs queued work, a random runnable stream's next item at a time, until done() holds.
+// Runs queued work, a random runnable stream's next item at a time, until done() holds; returns
+// whether it does. An operation in steps that cannot go on yet (it waits for other processes) lets
+// the other streams go on; when only such operations are left, the host waits for them (the device's
+// lock released, so the process's other threads may use it) or, when `wait` is false, returns.
 template <class Done>
-void progress(Device& d, Done done) {
+bool progress(Device& d, Done done, bool wait = true) {
   std::vector<CUstream_st*> ready;
+  std::set<CUstream_st*> stalled;  // at an operation in steps that could not go on this round
+  auto since = std::chrono::steady_clock::now();
   while (!done()) {
     ready.clear();
     for (CUstream_st* s : d.streams)
-      if (!s->queue.empty() && runnable(s->queue.front())) ready.push_back(s);
-    if (ready.empty()) fault("queued work waits on events that no stream will reach (%zu items queued)", d.queued);
+      if (!s->queue.empty() && runnable(s->queue.front()) && !stalled.count(s)) ready.push_back(s);
+    if (ready.empty() && stalled.empty()) {
+      if (!wait) return false;
+      fault("queued work waits on events that no stream will reach (%zu items queued)", d.queued);
+    }
+    if (ready.empty()) {
+      if (!wait) return false;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() > kStepsLimitS)
+        fault("%s has waited %.0f s for other processes", (*stalled.begin())->queue.front().what.c_str(), kStepsLimitS);
+      stalled.clear();
+      d.lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      d.lock.lock();
+      continue;
+    }
     CUstream_st* s = ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(d.random)];
+    if (s->queue.front().kind == Item::kWork) {
+      if (!s->queue.front().work()) {
+        stalled.insert(s);
+        continue;
+      }
+      since = std::chrono::steady_clock::now();
+      s->queue.pop_front();
+      --d.queued;
+      continue;
+    }
     Item item = std::move(s->queue.front());
     s->queue.pop_front();
     --d.queued;
     run_item(d, item);
   }
+  return true;
 }
 
 void drain(Device& d) {
@@ -204,13 +236,17 @@ void push(Device& d, cudaStream_t s, Item item) {
 cudaError_t queue_work(Device& d, cudaStream_t s, std::string what, std::function<void()> work, bool wait) {
   if (!live_stream(d, s)) return failed(d, cudaErrorInvalidResourceHandle);
   if (!wait || s == nullptr) {
-    push(d, s, {Item::kWork, std::move(what), std::move(work)});
+    push(d, s, {Item::kWork, std::move(what), [w = std::move(work)] {
+                  w();
+                  return true;
+                }});
     return cudaSuccess;
   }
   bool done = false;
   push(d, s, {Item::kWork, std::move(what), [w = std::move(work), &done] {
                 w();
                 done = true;
+                return true;
               }});
   progress(d, [&] { return done; });
   return cudaSuccess;
@@ -512,6 +548,19 @@ cudaError_t enqueue(cudaStream_t s, const char* what, std::function<void()> work
   return queue_work(d, s, what, std::move(work), false);
 }
 
+void enqueue_steps(cudaStream_t s, std::string what, std::function<bool()> step) {
+  Device& d = device();
+  std::lock_guard<std::mutex> hold(d.lock);
+  if (!live_stream(d, s)) fault("%s is queued on stream %p, which is not live", what.c_str(), static_cast<void*>(s));
+  push(d, s, {Item::kWork, std::move(what), std::move(step)});
+}
+
+void poll_device() {
+  Device& d = device();
+  std::lock_guard<std::mutex> hold(d.lock);
+  progress(d, [&] { return d.queued == 0; }, false);
+}
+
 bool is_device_range(const void* p, size_t bytes) {
   Device& d = device();
   std::lock_guard<std::mutex> hold(d.lock);
@@ -531,6 +580,13 @@ cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : failed(devi
 
 cudaError_t cudaGetDevice(int* dev) {
   *dev = 0;
+  return cudaSuccess;
+}
+
+// One process, one emulated device: the bus id tells the processes' devices apart.
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int length, int dev) {
+  if (dev != 0 || length <= 0) return failed(device(), cudaErrorInvalidValue);
+  std::snprintf(bus, static_cast<size_t>(length), "emulated:%d", static_cast<int>(getpid()));
   return cudaSuccess;
 }
 
@@ -682,7 +738,8 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   Device& d = device();
   std::lock_guard<std::mutex> hold(d.lock);
   if (!e || !d.events.count(e) || e->destroyed) return failed(d, cudaErrorInvalidResourceHandle);
-  return e->pending.count(e->recorded) ? cudaErrorNotReady : cudaSuccess;
+  const uint64_t generation = e->recorded;  // the device works while the host looks
+  return progress(d, [&] { return e->pending.count(generation) == 0; }, false) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {

@@ -20,6 +20,7 @@
 #include <functional>
 #include <tuple>
 #include <type_traits>
+#include <string>
 #include <utility>
 
 #define __global__
@@ -75,6 +76,7 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int length, int device);
 cudaError_t cudaGetLastError();
 cudaError_t cudaPeekAtLastError();
 const char* cudaGetErrorName(cudaError_t e);
@@ -173,6 +175,11 @@ class Launch {
 // Runs `work` on stream s in its turn (the cuBLAS and cub emulations queue their work here).
 // `what` names the work in a fault's report.
 cudaError_t enqueue(cudaStream_t s, const char* what, std::function<void()> work);
+// Queues on s an operation played in steps (the emulated NCCL's): step() runs whenever s may run it
+// and returns true once the operation is done; until then s waits at it and the other streams go on.
+void enqueue_steps(cudaStream_t s, std::string what, std::function<bool()> step);
+// Runs queued work as far as it goes without waiting: what the device does while the host polls it.
+void poll_device();
 // Whether [p, p + bytes) lies inside one device allocation (nullptr with bytes 0 does).
 bool is_device_range(const void* p, size_t bytes);
 

@@ -70,7 +70,7 @@ class NcclComm : public ::testing::Test {
     gpu_ = backend::cuda(&why);
     if (!gpu_) GTEST_SKIP() << "GPU test not run: " << why;
 #ifndef PIPER_HAVE_NCCL
-    GTEST_SKIP() << "GPU test not run: this build's CUDA backend has no NCCL (the emulated GPU)";
+    GTEST_SKIP() << "GPU test not run: this build's CUDA backend has no NCCL";
 #endif
     nccl_ = make_nccl(self_, *gpu_, &why);
     ASSERT_NE(nccl_, nullptr) << why;
