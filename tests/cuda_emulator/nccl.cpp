@@ -185,8 +185,11 @@ ncclResult_t settle(ncclComm_t comm, const ncclConfig_t* config, ncclResult_t rc
       rc = advance(*comm->group);
     }
     if (rc != ncclInProgress) return rc;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kJoinLimitS)
-      return usage(*comm->group, "the other ranks did not join within " + std::to_string(int(kJoinLimitS)) + " s");
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kJoinLimitS) {
+      std::lock_guard<std::mutex> hold(state_lock);
+      comm->group->last_error = "the other ranks did not join within " + std::to_string(int(kJoinLimitS)) + " s";
+      return ncclSystemError;
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
