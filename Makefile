@@ -13,7 +13,7 @@ FUZZ_READERS ?=
 # selections (docs/testing.md): tests without MPI, tests that start MPI, a sample of the end-to-end tests.
 ASAN_BUILD         ?= build-asan
 SANITIZE_TESTS     ?= -L '^(kernel_tests|unit_.*|fuzz)$$' -LE '^(unit_checkpoint|unit_runtime|fuzz_mpi)$$'
-SANITIZE_MPI_TESTS ?= -L '^(unit_checkpoint|unit_runtime|comm_mpi|checkpoint_mpi|fuzz_mpi)$$'
+SANITIZE_MPI_TESTS ?= -L '^(unit_checkpoint|unit_runtime|comm_mpi|checkpoint_mpi|fuzz_mpi)$$' -E '^DeviceTraining\.CudaBf16ProductsMatchTheCpus$$'
 SANITIZE_E2E       ?= -R '^(Experts/MoeParity\.MatchesSingleRank/ep2_dp2_zero3$$|Cli\.|Table/BadInput\.|Training\.(TinyLossFalls|RunsUnderMpirun)$$|Checkpoint\.(InspectVerifyAndCorruption|OtherModelRefused)$$|Directives\.HandWritten1F1BPlansLikeTheSchedule$$|SimulateCli\.JsonHasStepTimeAndPerRankFigures$$)'
 
 .PHONY: all deps build run test bench corpus clean fuzz sanitize
