@@ -155,19 +155,20 @@ bool runnable(const Item& item) {
   return item.kind != Item::kWait || item.event->pending.count(item.generation) == 0;
 }
 
-void run_item(Device& d, Item& item) {
+// One step of a runnable item: true once it is done.
+bool step(Device& d, Item& item) {
   switch (item.kind) {
     case Item::kWork:
-      while (!item.work()) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      break;
+      return item.work();
     case Item::kRecord:
       item.event->pending.erase(item.generation);
       release_event_ref(d, item.event);
-      break;
+      return true;
     case Item::kWait:
       release_event_ref(d, item.event);
-      break;
+      return true;
   }
+  return true;
 }
 
 // Runs queued work, a random runnable stream's next item at a time, until done() holds; returns
@@ -198,20 +199,13 @@ bool progress(Device& d, Done done, bool wait = true) {
       continue;
     }
     CUstream_st* s = ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(d.random)];
-    if (s->queue.front().kind == Item::kWork) {
-      if (!s->queue.front().work()) {
-        stalled.insert(s);
-        continue;
-      }
-      since = std::chrono::steady_clock::now();
-      s->queue.pop_front();
-      --d.queued;
+    if (!step(d, s->queue.front())) {
+      stalled.insert(s);
       continue;
     }
-    Item item = std::move(s->queue.front());
+    since = std::chrono::steady_clock::now();
     s->queue.pop_front();
     --d.queued;
-    run_item(d, item);
   }
   return true;
 }
@@ -224,7 +218,7 @@ void drain(Device& d) {
 void push(Device& d, cudaStream_t s, Item item) {
   if (s == nullptr) {
     drain(d);
-    run_item(d, item);
+    while (!step(d, item)) std::this_thread::sleep_for(std::chrono::microseconds(100));
     return;
   }
   s->queue.push_back(std::move(item));
@@ -686,7 +680,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   Item wait{Item::kWait, "wait", {}, e, e->recorded};
   if (s == nullptr) {
     progress(d, [&] { return runnable(wait); });
-    run_item(d, wait);
+    step(d, wait);  // a wait is done in one
   } else {
     push(d, s, std::move(wait));
   }

@@ -93,7 +93,6 @@ struct Group {  // a communicator's state, shared with its queued operations
   int rank = 0, size = 1;
   enum Phase { kJoining, kSplitting, kReady, kFinalizing } phase = kJoining;
   bool aborted = false;
-  ncclResult_t error = ncclSuccess;  // an error the communicator reports from now on
   std::string last_error;
   std::vector<uint64_t> sent[2], received[2];  // per channel and peer: messages numbered so far
   std::set<int> connecting, connected;          // point-to-point peers
@@ -103,10 +102,15 @@ struct Group {  // a communicator's state, shared with its queued operations
   fs::path parent_dir;
   int parent_rank = 0, parent_size = 0, split = 0, color = 0;
 
+  // The files in `dir`: a message; a rank's joining, leaving and part in split k; a rank's first message to a peer.
   std::string message(Channel c, int from, int to, uint64_t seq) const {
     return std::string(1, kChannelName[c]) + "." + std::to_string(from) + "." + std::to_string(to) + "." +
            std::to_string(seq);
   }
+  static std::string joined(int r) { return "j." + std::to_string(r); }
+  static std::string left(int r) { return "x." + std::to_string(r); }
+  static std::string split_part(int k, int r) { return "s" + std::to_string(k) + "." + std::to_string(r); }
+  static std::string connection(int from, int to) { return "c." + std::to_string(from) + "." + std::to_string(to); }
   void sized(int n) {
     size = n;
     for (int c = 0; c < 2; ++c) sent[c].assign(static_cast<size_t>(n), 0), received[c].assign(static_cast<size_t>(n), 0);
@@ -125,16 +129,15 @@ std::mutex state_lock;  // every Group; never held while calling the device (its
 
 // Moves a communicator's asynchronous work on as far as it goes without waiting; its state after it.
 ncclResult_t advance(Group& g) {
-  if (g.error != ncclSuccess) return g.error;
   if (g.phase == Group::kJoining) {
     for (int r = 0; r < g.size; ++r)
-      if (!present(g.dir / ("j." + std::to_string(r)))) return ncclInProgress;
+      if (!present(g.dir / Group::joined(r))) return ncclInProgress;
     g.phase = Group::kReady;
   }
   if (g.phase == Group::kSplitting) {
     std::vector<std::pair<int, int>> members;  // (key, parent rank) of this colour
     for (int r = 0; r < g.parent_size; ++r) {
-      const fs::path f = g.parent_dir / ("s" + std::to_string(g.split) + "." + std::to_string(r));
+      const fs::path f = g.parent_dir / Group::split_part(g.split, r);
       std::FILE* in = std::fopen(f.c_str(), "rb");
       if (!in) return ncclInProgress;
       int ck[2] = {0, 0};
@@ -153,7 +156,7 @@ ncclResult_t advance(Group& g) {
     g.phase = Group::kReady;
   }
   for (auto it = g.connecting.begin(); it != g.connecting.end();) {
-    if (!present(g.dir / ("c." + std::to_string(*it) + "." + std::to_string(g.rank)))) {
+    if (!present(g.dir / Group::connection(*it, g.rank))) {
       ++it;
       continue;
     }
@@ -197,10 +200,10 @@ ncclResult_t settle(ncclComm_t comm, const ncclConfig_t* config, ncclResult_t rc
 // Leaves the directory; the last rank to leave removes it.
 void leave(Group& g) {
   if (g.phase == Group::kSplitting || g.dir.empty()) return;
-  std::error_code ec;
-  put(g.dir, "x." + std::to_string(g.rank), nullptr, 0);
+  put(g.dir, Group::left(g.rank), nullptr, 0);
   for (int r = 0; r < g.size; ++r)
-    if (!present(g.dir / ("x." + std::to_string(r)))) return;
+    if (!present(g.dir / Group::left(r))) return;
+  std::error_code ec;
   fs::remove_all(g.dir, ec);
 }
 
@@ -281,7 +284,7 @@ struct Operation {
 // connecting (the communicator is in progress until the peer posts to this rank too).
 uint64_t number(Group& g, Channel c, int peer, bool sending) {
   if (c == kPointToPoint && peer != g.rank && !g.connected.count(peer) && !g.connecting.count(peer)) {
-    put(g.dir, "c." + std::to_string(g.rank) + "." + std::to_string(peer), nullptr, 0);
+    put(g.dir, Group::connection(g.rank, peer), nullptr, 0);
     g.connecting.insert(peer);
   }
   return (sending ? g.sent : g.received)[c][static_cast<size_t>(peer)]++;
@@ -364,21 +367,27 @@ void sum_in_rank_order(const std::vector<const unsigned char*>& by_rank, size_t 
   for (size_t i = 0; i < count; ++i) store(out + i * e, acc[i], t);
 }
 
-// A collective's messages: `chunk(peer)` is what goes to each peer (bytes), every peer's reply is `bytes_in`.
-void exchange(Group& g, Operation& op, const std::function<const void*(int)>& chunk, size_t bytes_out,
-              size_t bytes_in) {
+// A collective's messages, `bytes` each way between this rank and every other: `chunk(peer)` is what goes to peer.
+void exchange(Group& g, Operation& op, const std::function<const void*(int)>& chunk, size_t bytes) {
   for (int p = 0; p < g.size; ++p) {
     if (p == g.rank) continue;
-    op.out.push_back(Out{kCollective, p, number(g, kCollective, p, true), chunk(p), bytes_out});
-    op.in.push_back(In{kCollective, p, number(g, kCollective, p, false), bytes_in, nullptr, {}, false});
+    op.out.push_back(Out{kCollective, p, number(g, kCollective, p, true), chunk(p), bytes});
+    op.in.push_back(In{kCollective, p, number(g, kCollective, p, false), bytes, nullptr, {}, false});
   }
 }
 
-// The received message of `peer` (not this rank) in a collective's operation.
-const unsigned char* from_peer(const Operation& op, int peer) {
-  for (const In& i : op.in)
-    if (i.peer == peer) return i.data.data();
-  fault(op.what + ": no message from rank " + std::to_string(peer));
+// A finished collective's contributions in rank order: `own` for this rank, each peer's message for the others.
+std::vector<const unsigned char*> by_rank(const Operation& op, const void* own) {
+  std::vector<const unsigned char*> all(static_cast<size_t>(op.group->size), nullptr);
+  all[static_cast<size_t>(op.group->rank)] = static_cast<const unsigned char*>(own);
+  for (const In& i : op.in) all[static_cast<size_t>(i.peer)] = i.data.data();
+  return all;
+}
+
+// The ranks' `bytes` each, in rank order, into `to`.
+void place_in_rank_order(const std::vector<const unsigned char*>& by_rank, size_t bytes, void* to) {
+  auto* out = static_cast<unsigned char*>(to);
+  for (size_t r = 0; r < by_rank.size(); ++r) std::memmove(out + r * bytes, by_rank[r], bytes);
 }
 
 }  // namespace
@@ -427,7 +436,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   std::error_code ec;
   fs::create_directories(g->dir, ec);
   if (ec) return ncclSystemError;
-  put(g->dir, "j." + std::to_string(rank), nullptr, 0);
+  put(g->dir, Group::joined(rank), nullptr, 0);
   *comm = new ncclComm{g};
   ncclResult_t rc;
   {
@@ -448,7 +457,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     Group& parent = *comm->group;
     const int split = parent.splits++;
     const int ck[2] = {color, key};
-    put(parent.dir, "s" + std::to_string(split) + "." + std::to_string(parent.rank), ck, sizeof ck);
+    put(parent.dir, Group::split_part(split, parent.rank), ck, sizeof ck);
     *newcomm = nullptr;
     if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
     auto g = std::make_shared<Group>();
@@ -549,13 +558,9 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   if (!summable(t, op)) return invalid(comm ? comm->group.get() : nullptr, "ncclAllReduce: the emulation sums f32 and bf16");
   const size_t bytes = count * type_size(t);
   return operation("ncclAllReduce", comm, stream, sendbuff, bytes, recvbuff, bytes, count, t, [&](Group& g, Operation& o) {
-    exchange(g, o, [&](int) { return sendbuff; }, bytes, bytes);
+    exchange(g, o, [&](int) { return sendbuff; }, bytes);
     o.finish = [sendbuff, recvbuff, count, t](Operation& done) {
-      const Group& group = *done.group;
-      std::vector<const unsigned char*> by_rank;
-      for (int r = 0; r < group.size; ++r)
-        by_rank.push_back(r == group.rank ? static_cast<const unsigned char*>(sendbuff) : from_peer(done, r));
-      sum_in_rank_order(by_rank, count, t, recvbuff);
+      sum_in_rank_order(by_rank(done, sendbuff), count, t, recvbuff);
     };
   });
 }
@@ -569,13 +574,10 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   return operation("ncclReduceScatter", comm, stream, sendbuff, chunk * ranks, recvbuff, chunk, recvcount, t,
                    [&](Group& g, Operation& o) {
                      const auto* in = static_cast<const unsigned char*>(sendbuff);
-                     exchange(g, o, [&](int p) { return in + static_cast<size_t>(p) * chunk; }, chunk, chunk);
-                     o.finish = [in, recvbuff, recvcount, chunk, t](Operation& done) {
-                       const Group& group = *done.group;
-                       std::vector<const unsigned char*> by_rank;
-                       for (int r = 0; r < group.size; ++r)
-                         by_rank.push_back(r == group.rank ? in + static_cast<size_t>(group.rank) * chunk : from_peer(done, r));
-                       sum_in_rank_order(by_rank, recvcount, t, recvbuff);
+                     exchange(g, o, [&](int p) { return in + static_cast<size_t>(p) * chunk; }, chunk);
+                     const unsigned char* own = in + static_cast<size_t>(g.rank) * chunk;
+                     o.finish = [own, recvbuff, recvcount, t](Operation& done) {
+                       sum_in_rank_order(by_rank(done, own), recvcount, t, recvbuff);
                      };
                    });
 }
@@ -586,13 +588,9 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   const size_t ranks = comm && comm->group ? static_cast<size_t>(comm->group->size) : 1;
   return operation("ncclAllGather", comm, stream, sendbuff, chunk, recvbuff, chunk * ranks, sendcount, t,
                    [&](Group& g, Operation& o) {
-                     exchange(g, o, [&](int) { return sendbuff; }, chunk, chunk);
+                     exchange(g, o, [&](int) { return sendbuff; }, chunk);
                      o.finish = [sendbuff, recvbuff, chunk](Operation& done) {
-                       const Group& group = *done.group;
-                       auto* out = static_cast<unsigned char*>(recvbuff);
-                       for (int r = 0; r < group.size; ++r)
-                         std::memmove(out + static_cast<size_t>(r) * chunk,
-                                      r == group.rank ? static_cast<const unsigned char*>(sendbuff) : from_peer(done, r), chunk);
+                       place_in_rank_order(by_rank(done, sendbuff), chunk, recvbuff);
                      };
                    });
 }
@@ -604,13 +602,10 @@ ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, nc
   return operation("ncclAlltoAll", comm, stream, sendbuff, chunk * ranks, recvbuff, chunk * ranks, count, t,
                    [&](Group& g, Operation& o) {
                      const auto* in = static_cast<const unsigned char*>(sendbuff);
-                     exchange(g, o, [&](int p) { return in + static_cast<size_t>(p) * chunk; }, chunk, chunk);
-                     o.finish = [in, recvbuff, chunk](Operation& done) {
-                       const Group& group = *done.group;
-                       auto* out = static_cast<unsigned char*>(recvbuff);
-                       for (int r = 0; r < group.size; ++r)
-                         std::memmove(out + static_cast<size_t>(r) * chunk,
-                                      r == group.rank ? in + static_cast<size_t>(r) * chunk : from_peer(done, r), chunk);
+                     exchange(g, o, [&](int p) { return in + static_cast<size_t>(p) * chunk; }, chunk);
+                     const unsigned char* own = in + static_cast<size_t>(g.rank) * chunk;
+                     o.finish = [own, recvbuff, chunk](Operation& done) {
+                       place_in_rank_order(by_rank(done, own), chunk, recvbuff);
                      };
                    });
 }

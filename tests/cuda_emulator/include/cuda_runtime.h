@@ -18,9 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
-#include <string>
 #include <utility>
 
 #define __global__
