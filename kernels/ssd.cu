@@ -23,6 +23,7 @@
 
 #include "cuda_common.cuh"
 #include "ssd_cuda.hpp"
+#include "tensor_core.cuh"
 
 namespace piper::kernels::cuda {
 namespace {
@@ -85,39 +86,89 @@ __device__ __forceinline__ int64_t state_at(const Dims& d, int64_t b, int64_t c,
   return ((b * d.nc + c) * d.Hm + h) * d.PN;
 }
 
+// Where a bf16 tile_mma stores its tensor-core product for the threads to read back: 64 x (16 PC)
+// floats, rows of 16 PC, 32-byte aligned; a kernel's own array, one per kernel and PC, for bf16
+// storage (an f32 kernel holds none: nullptr).
+template <class T, int PC>
+__device__ __forceinline__ float* staging() {
+  if constexpr (std::is_same_v<T, bf16>) {
+    __shared__ __align__(32) float staged[kTile * kSub * PC];
+    return staged;
+  } else {
+    return nullptr;
+  }
+}
+
 // acc[a][j] += sum_{k < K} A(ty + 16a, k) * Bop(k, tx + 16j), (ty, tx) = (tid / 16, tid % 16):
 // the 64 x (16 PC) output tile of the block. fa(r, k) is A's element (row r < 64 of the tile, k
 // < K), fb(k, col) Bop's (col < 16 PC); each returns 0 outside its operand. AK / BK: consecutive
 // threads load consecutive k (for operands contiguous in k) rather than consecutive rows or
-// columns. As holds kStep * 65 floats, Bs kStep * (16 PC + 1). Every thread of the block calls it.
-template <int PC, bool AK, bool BK, class FA, class FB>
+// columns. As holds kStep * 65 floats, Bs kStep * (16 PC + 1), both 32-byte aligned. Every thread
+// of the block calls it.
+// For bf16 storage (T = bf16) the product runs on the tensor cores: each k slice of both operands
+// is rounded to bf16 as it is loaded (with its masks and decays applied, as Mamba-2's kernels cast
+// their operands before tl.dot), the warps accumulate in f32, and the tile comes back through
+// `staged` (staging(), or 64 x 16 PC floats of the kernel's own that are free by then); for f32
+// storage it is f32 arithmetic in registers, and `staged` is unused.
+template <class T, int PC, bool AK, bool BK, class FA, class FB>
 __device__ __forceinline__ void tile_mma(float (&acc)[4][PC], int64_t K, FA fa, FB fb, float* As,
-                                         float* Bs) {
+                                         float* Bs, float* staged) {
   constexpr int W = kSub * PC;
   const int tid = threadIdx.x, ty = tid / kSub, tx = tid % kSub;
-  for (int64_t k0 = 0; k0 < K; k0 += kStep) {
-    for (int e = tid; e < kTile * kStep; e += kThreads) {
-      const int r = AK ? e / kStep : e % kTile, k = AK ? e % kStep : e / kTile;
-      As[k * (kTile + 1) + r] = k0 + k < K ? fa(r, k0 + k) : 0.0f;
+  if constexpr (std::is_same_v<T, bf16>) {
+    constexpr unsigned lda = kTile + 8, ldb = W + 8;
+    static_assert(kStep == kMma && kStep * lda * sizeof(bf16) <= kStep * (kTile + 1) * sizeof(float) &&
+                      kStep * ldb * sizeof(bf16) <= kStep * (W + 1) * sizeof(float),
+                  "the bf16 k slices fit in As and Bs");
+    bf16* A16 = reinterpret_cast<bf16*>(As);  // A(r, k) at A16[k * lda + r]: column-major
+    bf16* B16 = reinterpret_cast<bf16*>(Bs);  // B(k, col) at B16[k * ldb + col]: row-major
+    BlockMma<kTile / kMma, PC> mma;
+    mma.zero();
+    for (int64_t k0 = 0; k0 < K; k0 += kStep) {
+      for (int e = tid; e < kTile * kStep; e += kThreads) {
+        const int r = AK ? e / kStep : e % kTile, k = AK ? e % kStep : e / kTile;
+        A16[k * lda + r] = __float2bfloat16_rn(k0 + k < K ? fa(r, k0 + k) : 0.0f);
+      }
+      for (int e = tid; e < W * kStep; e += kThreads) {
+        const int col = BK ? e / kStep : e % W, k = BK ? e % kStep : e / W;
+        B16[k * ldb + col] = __float2bfloat16_rn(k0 + k < K ? fb(k0 + k, col) : 0.0f);
+      }
+      __syncthreads();
+      mma.template add<wmma::col_major, wmma::row_major, 1>(A16, lda, B16, ldb);
+      __syncthreads();
     }
-    for (int e = tid; e < W * kStep; e += kThreads) {
-      const int col = BK ? e / kStep : e % W, k = BK ? e % kStep : e / W;
-      Bs[k * (W + 1) + col] = k0 + k < K ? fb(k0 + k, col) : 0.0f;
-    }
+    mma.store(staged, W);
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < kStep; ++k) {
-      float av[4], bv[PC];
+    for (int a = 0; a < 4; ++a)
 #pragma unroll
-      for (int a = 0; a < 4; ++a) av[a] = As[k * (kTile + 1) + ty + kSub * a];
+      for (int j = 0; j < PC; ++j) acc[a][j] += staged[(ty + kSub * a) * W + tx + kSub * j];
+    __syncthreads();  // read before another product stores there
+  } else {
+    for (int64_t k0 = 0; k0 < K; k0 += kStep) {
+      for (int e = tid; e < kTile * kStep; e += kThreads) {
+        const int r = AK ? e / kStep : e % kTile, k = AK ? e % kStep : e / kTile;
+        As[k * (kTile + 1) + r] = k0 + k < K ? fa(r, k0 + k) : 0.0f;
+      }
+      for (int e = tid; e < W * kStep; e += kThreads) {
+        const int col = BK ? e / kStep : e % W, k = BK ? e % kStep : e / W;
+        Bs[k * (W + 1) + col] = k0 + k < K ? fb(k0 + k, col) : 0.0f;
+      }
+      __syncthreads();
 #pragma unroll
-      for (int j = 0; j < PC; ++j) bv[j] = Bs[k * (W + 1) + tx + kSub * j];
+      for (int k = 0; k < kStep; ++k) {
+        float av[4], bv[PC];
 #pragma unroll
-      for (int a = 0; a < 4; ++a)
+        for (int a = 0; a < 4; ++a) av[a] = As[k * (kTile + 1) + ty + kSub * a];
 #pragma unroll
-        for (int j = 0; j < PC; ++j) acc[a][j] += av[a] * bv[j];
+        for (int j = 0; j < PC; ++j) bv[j] = Bs[k * (W + 1) + tx + kSub * j];
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int j = 0; j < PC; ++j) acc[a][j] += av[a] * bv[j];
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
@@ -160,7 +211,8 @@ __global__ void ssd_cumsum_kernel(const T* dt, const float* A_log, float* cs, Di
 // Block: ((b,g,c), I, J).
 template <class T>
 __global__ void ssd_cb_kernel(const T* Bm, const T* Cm, float* cb, Dims d) {
-  __shared__ float As[kStep * (kTile + 1)], Bs[kStep * (kTile + 1)];
+  __shared__ __align__(32) float As[kStep * (kTile + 1)];
+  __shared__ __align__(32) float Bs[kStep * (kTile + 1)];
   const int64_t J = blockIdx.x % d.nt, I = (blockIdx.x / d.nt) % d.nt, bgc = blockIdx.x / (d.nt * d.nt);
   const int64_t c = bgc % d.nc, g = (bgc / d.nc) % d.G, b = bgc / (d.nc * d.G);
   const int64_t Lc = chunk_len(d, c), i0 = I * kTile, j0 = J * kTile;
@@ -169,9 +221,9 @@ __global__ void ssd_cb_kernel(const T* Bm, const T* Cm, float* cb, Dims d) {
   const T* C0 = Cm + (b * d.T + c * d.L) * d.bs + g * d.N;
   float acc[4][4];
   zero(acc);
-  tile_mma<4, true, true>(
+  tile_mma<T, 4, true, true>(
       acc, d.N, [&](int r, int64_t n) { return i0 + r < Lc ? to_f32(C0[(i0 + r) * d.bs + n]) : 0.0f; },
-      [&](int64_t n, int col) { return j0 + col < Lc ? to_f32(B0[(j0 + col) * d.bs + n]) : 0.0f; }, As, Bs);
+      [&](int64_t n, int col) { return j0 + col < Lc ? to_f32(B0[(j0 + col) * d.bs + n]) : 0.0f; }, As, Bs, staging<T, 4>());
   float* out = cb + bgc * d.L * d.L;
   const int ty = threadIdx.x / kSub, tx = threadIdx.x % kSub;
   for (int a = 0; a < 4; ++a)
@@ -189,7 +241,8 @@ __global__ void ssd_cb_kernel(const T* Bm, const T* Cm, float* cb, Dims d) {
 template <class T, bool kFwd>
 __global__ void ssd_chunk_state_kernel(const T* U, const T* dt, const T* V, const float* cs,
                                        float* out, Dims d) {
-  __shared__ float As[kStep * (kTile + 1)], Bs[kStep * (kTile + 1)];
+  __shared__ __align__(32) float As[kStep * (kTile + 1)];
+  __shared__ __align__(32) float Bs[kStep * (kTile + 1)];
   const int64_t npt = (d.P + kTile - 1) / kTile, nnt = (d.N + kTile - 1) / kTile;
   const int64_t tile = blockIdx.x % (npt * nnt), rest = blockIdx.x / (npt * nnt);
   const int64_t p0 = tile / nnt * kTile, n0 = tile % nnt * kTile;
@@ -203,14 +256,14 @@ __global__ void ssd_chunk_state_kernel(const T* U, const T* dt, const T* V, cons
   const T* dt0 = dt + (b * d.T + t0) * d.Hm + h;
   float acc[4][4];
   zero(acc);
-  tile_mma<4, false, false>(
+  tile_mma<T, 4, false, false>(
       acc, Lc, [&](int r, int64_t j) { return p0 + r < d.P ? to_f32(U0[j * d.xs + p0 + r]) : 0.0f; },
       [&](int64_t j, int col) {
         if (n0 + col >= d.N) return 0.0f;
         const float sj = kFwd ? expf(last - csc[j]) * to_f32(dt0[j * d.Hm]) : expf(csc[j]);
         return sj * to_f32(V0[j * d.bs + n0 + col]);
       },
-      As, Bs);
+      As, Bs, staging<T, 4>());
   float* o = out + state_at(d, b, kFwd ? c + 1 : c - 1, h);
   const int ty = threadIdx.x / kSub, tx = threadIdx.x % kSub;
   for (int a = 0; a < 4; ++a)
@@ -246,7 +299,8 @@ __global__ void ssd_state_fwd_kernel(const float* cs, float* saved, Dims d) {
 template <class T, int PC>
 __global__ void ssd_scan_fwd_kernel(const T* x, const T* dt, const T* Cm, const float* D,
                                     const float* cs, const float* cb, const float* saved, T* y, Dims d) {
-  __shared__ float As[kStep * (kTile + 1)], Bs[kStep * (kSub * PC + 1)];
+  __shared__ __align__(32) float As[kStep * (kTile + 1)];
+  __shared__ __align__(32) float Bs[kStep * (kSub * PC + 1)];
   const int64_t I = blockIdx.x % d.nt, bhc = blockIdx.x / d.nt;
   const int64_t c = bhc % d.nc, h = (bhc / d.nc) % d.Hm, b = bhc / (d.nc * d.Hm), g = h / d.hpg;
   const int64_t Lc = chunk_len(d, c), t0 = c * d.L, i0 = I * kTile;
@@ -261,23 +315,23 @@ __global__ void ssd_scan_fwd_kernel(const T* x, const T* dt, const T* Cm, const 
   zero(acc);
   // intra-chunk: sum_{j <= i} M(i,j) X_j
   const int64_t K = Lc < i0 + kTile ? Lc : i0 + kTile;
-  tile_mma<PC, true, false>(
+  tile_mma<T, PC, true, false>(
       acc, K,
       [&](int r, int64_t j) {
         const int64_t i = i0 + r;
         if (i >= Lc || j > i) return 0.0f;
         return cbc[i * d.L + j] * expf(csc[i] - csc[j]) * to_f32(dt0[j * d.Hm]);
       },
-      [&](int64_t j, int col) { return col < d.P ? to_f32(X0[j * d.xs + col]) : 0.0f; }, As, Bs);
+      [&](int64_t j, int col) { return col < d.P ? to_f32(X0[j * d.xs + col]) : 0.0f; }, As, Bs, staging<T, PC>());
   // inter-chunk: exp(acum(i)) C_i S_in^T (S_in = 0 for the first chunk)
   if (c > 0)
-    tile_mma<PC, true, true>(
+    tile_mma<T, PC, true, true>(
         acc, d.N,
         [&](int r, int64_t n) {
           const int64_t i = i0 + r;
           return i < Lc ? expf(csc[i]) * to_f32(C0[i * d.bs + n]) : 0.0f;
         },
-        [&](int64_t n, int col) { return col < d.P ? Sin[col * d.N + n] : 0.0f; }, As, Bs);
+        [&](int64_t n, int col) { return col < d.P ? Sin[col * d.N + n] : 0.0f; }, As, Bs, staging<T, PC>());
   const float Dh = D[h];
   const int ty = threadIdx.x / kSub, tx = threadIdx.x % kSub;
   for (int a = 0; a < 4; ++a) {
@@ -345,9 +399,14 @@ template <class T, int PC>
 __global__ void ssd_dx_kernel(const T* dy, const T* x, const T* dt, const T* Bm, const T* Cm,
                               const float* D, const float* cs, const float* cb, const float* saved,
                               T* dx, BwdWork w, Dims d) {
-  __shared__ float As[kStep * (kTile + 1)], Bs[kStep * (kSub * PC + 1)];
-  __shared__ float Mt[kTile][kTile + 1];  // M(I,J)
-  __shared__ float Qt[kTile][kTile + 1];  // q(I,J), on the diagonal tile then its column suffix sums of Q
+  __shared__ __align__(32) float As[kStep * (kTile + 1)];
+  __shared__ __align__(32) float Bs[kStep * (kSub * PC + 1)];
+  // M(I,J) and q(I,J) (on the diagonal tile then its column suffix sums of Q); between the uses of
+  // one tile and the next, where a bf16 product stores its tile (64 x 16 PC <= 2 x 64 x 65 floats).
+  __shared__ __align__(32) float MQ[2][kTile][kTile + 1];
+  float(&Mt)[kTile][kTile + 1] = MQ[0];
+  float(&Qt)[kTile][kTile + 1] = MQ[1];
+  float* const staged = &MQ[0][0][0];
   __shared__ float dtj[kTile];            // dt of the columns (0 past the chunk)
   __shared__ float colq[kTile];           // sum over all rows of q, per column
   __shared__ float colq_off[kTile];       // the same over the rows past J
@@ -377,9 +436,9 @@ __global__ void ssd_dx_kernel(const T* dy, const T* x, const T* dt, const T* Bm,
     const int64_t i0 = I * kTile;
     float dm[4][4];
     zero(dm);
-    tile_mma<4, true, true>(
+    tile_mma<T, 4, true, true>(
         dm, d.P, [&](int r, int64_t p) { return i0 + r < Lc ? to_f32(dY0[(i0 + r) * d.xs + p]) : 0.0f; },
-        [&](int64_t p, int col) { return j0 + col < Lc ? to_f32(X0[(j0 + col) * d.xs + p]) : 0.0f; }, As, Bs);
+        [&](int64_t p, int col) { return j0 + col < Lc ? to_f32(X0[(j0 + col) * d.xs + p]) : 0.0f; }, As, Bs, staged);
     for (int a = 0; a < 4; ++a)
       for (int j = 0; j < 4; ++j) {
         const int rl = ty + kSub * a, cl = tx + kSub * j;
@@ -422,12 +481,12 @@ __global__ void ssd_dx_kernel(const T* dy, const T* x, const T* dt, const T* Bm,
       }
     }
     // dX_J += M(I,J)^T dY_I
-    tile_mma<PC, false, false>(
+    tile_mma<T, PC, false, false>(
         acc, kTile, [&](int r, int64_t k) { return Mt[k][r]; },
         [&](int64_t k, int col) {
           return i0 + k < Lc && col < d.P ? to_f32(dY0[(i0 + k) * d.xs + col]) : 0.0f;
         },
-        As, Bs);
+        As, Bs, staged);
   }
   __syncthreads();
   if (tid < kTile && j0 + tid < Lc) {  // add the rows past J: sum_{j in J, j<k} sum_{i past J} Q(i,j)
@@ -456,9 +515,9 @@ __global__ void ssd_dx_kernel(const T* dy, const T* x, const T* dt, const T* Bm,
     const float* dSo = w.dso + state_at(d, b, c, h);
     float v[4][PC];
     zero(v);
-    tile_mma<PC, true, true>(
+    tile_mma<T, PC, true, true>(
         v, d.N, [&](int r, int64_t n) { return j0 + r < Lc ? to_f32(B0[(j0 + r) * d.bs + n]) : 0.0f; },
-        [&](int64_t n, int col) { return col < d.P ? dSo[col * d.N + n] : 0.0f; }, As, Bs);
+        [&](int64_t n, int col) { return col < d.P ? dSo[col * d.N + n] : 0.0f; }, As, Bs, staged);
     for (int a = 0; a < 4; ++a) {
       const int64_t jj = j0 + ty + kSub * a;
       const float wj = jj < Lc ? expf(last - csc[jj]) * dtj[ty + kSub * a] : 0.0f;
@@ -475,9 +534,9 @@ __global__ void ssd_dx_kernel(const T* dy, const T* x, const T* dt, const T* Bm,
     const float* Sin = saved + state_at(d, b, c, h);
     float u[4][PC];
     zero(u);
-    tile_mma<PC, true, true>(
+    tile_mma<T, PC, true, true>(
         u, d.N, [&](int r, int64_t n) { return j0 + r < Lc ? to_f32(C0[(j0 + r) * d.bs + n]) : 0.0f; },
-        [&](int64_t n, int col) { return col < d.P ? Sin[col * d.N + n] : 0.0f; }, As, Bs);
+        [&](int64_t n, int col) { return col < d.P ? Sin[col * d.N + n] : 0.0f; }, As, Bs, staged);
     for (int a = 0; a < 4; ++a) {
       const int64_t jj = j0 + ty + kSub * a;
       float s = 0;
@@ -549,9 +608,9 @@ __device__ __forceinline__ void dcb_tile(const T* dY0, const T* X0, const T* dt0
                                          float (*Dt)[kTile + 1], float* As, float* Bs) {
   float dm[4][4];
   zero(dm);
-  tile_mma<4, true, true>(
+  tile_mma<T, 4, true, true>(
       dm, d.P, [&](int r, int64_t p) { return i0 + r < Lc ? to_f32(dY0[(i0 + r) * d.xs + p]) : 0.0f; },
-      [&](int64_t p, int col) { return j0 + col < Lc ? to_f32(X0[(j0 + col) * d.xs + p]) : 0.0f; }, As, Bs);
+      [&](int64_t p, int col) { return j0 + col < Lc ? to_f32(X0[(j0 + col) * d.xs + p]) : 0.0f; }, As, Bs, staging<T, 4>());
   const int ty = threadIdx.x / kSub, tx = threadIdx.x % kSub;
   for (int a = 0; a < 4; ++a)
     for (int j = 0; j < 4; ++j) {
@@ -567,7 +626,8 @@ __device__ __forceinline__ void dcb_tile(const T* dY0, const T* X0, const T* dt0
 template <class T>
 __global__ void ssd_dc_kernel(const T* dy, const T* x, const T* dt, const T* Bm, const float* cs,
                               const float* saved, T* dCm, Dims d) {
-  __shared__ float As[kStep * (kTile + 1)], Bs[kStep * (kTile + 1)];
+  __shared__ __align__(32) float As[kStep * (kTile + 1)];
+  __shared__ __align__(32) float Bs[kStep * (kTile + 1)];
   __shared__ float Dt[kTile][kTile + 1];
   const int64_t nnt = (d.N + kTile - 1) / kTile;
   const int64_t n0 = blockIdx.x % nnt * kTile, I = blockIdx.x / nnt % d.nt, bgc = blockIdx.x / (nnt * d.nt);
@@ -584,23 +644,23 @@ __global__ void ssd_dc_kernel(const T* dy, const T* x, const T* dt, const T* Bm,
     const T* dt0 = dt + (b * d.T + t0) * d.Hm + h;
     if (c > 0) {
       const float* Sin = saved + state_at(d, b, c, h);
-      tile_mma<4, true, false>(
+      tile_mma<T, 4, true, false>(
           acc, d.P,
           [&](int r, int64_t p) {
             const int64_t i = i0 + r;
             return i < Lc ? expf(csc[i]) * to_f32(dY0[i * d.xs + p]) : 0.0f;
           },
-          [&](int64_t p, int col) { return n0 + col < d.N ? Sin[p * d.N + n0 + col] : 0.0f; }, As, Bs);
+          [&](int64_t p, int col) { return n0 + col < d.N ? Sin[p * d.N + n0 + col] : 0.0f; }, As, Bs, staging<T, 4>());
     }
     for (int64_t J = 0; J <= I; ++J) {
       const int64_t j0 = J * kTile;
       dcb_tile(dY0, X0, dt0, csc, i0, j0, Lc, d, Dt, As, Bs);
-      tile_mma<4, true, false>(
+      tile_mma<T, 4, true, false>(
           acc, kTile, [&](int r, int64_t k) { return Dt[r][k]; },
           [&](int64_t k, int col) {
             return j0 + k < Lc && n0 + col < d.N ? to_f32(B0[(j0 + k) * d.bs + n0 + col]) : 0.0f;
           },
-          As, Bs);
+          As, Bs, staging<T, 4>());
     }
   }
   const int ty = threadIdx.x / kSub, tx = threadIdx.x % kSub;
@@ -616,7 +676,8 @@ __global__ void ssd_dc_kernel(const T* dy, const T* x, const T* dt, const T* Bm,
 template <class T>
 __global__ void ssd_db_kernel(const T* dy, const T* x, const T* dt, const T* Cm, const float* cs,
                               BwdWork w, T* dBm, Dims d) {
-  __shared__ float As[kStep * (kTile + 1)], Bs[kStep * (kTile + 1)];
+  __shared__ __align__(32) float As[kStep * (kTile + 1)];
+  __shared__ __align__(32) float Bs[kStep * (kTile + 1)];
   __shared__ float Dt[kTile][kTile + 1];
   const int64_t nnt = (d.N + kTile - 1) / kTile;
   const int64_t n0 = blockIdx.x % nnt * kTile, J = blockIdx.x / nnt % d.nt, bgc = blockIdx.x / (nnt * d.nt);
@@ -635,23 +696,23 @@ __global__ void ssd_db_kernel(const T* dy, const T* x, const T* dt, const T* Cm,
     const T* dt0 = dt + (b * d.T + t0) * d.Hm + h;
     if (c + 1 < d.nc) {
       const float* dSo = w.dso + state_at(d, b, c, h);
-      tile_mma<4, true, false>(
+      tile_mma<T, 4, true, false>(
           acc, d.P,
           [&](int r, int64_t p) {
             const int64_t j = j0 + r;
             return j < Lc ? expf(last - csc[j]) * to_f32(dt0[j * d.Hm]) * to_f32(X0[j * d.xs + p]) : 0.0f;
           },
-          [&](int64_t p, int col) { return n0 + col < d.N ? dSo[p * d.N + n0 + col] : 0.0f; }, As, Bs);
+          [&](int64_t p, int col) { return n0 + col < d.N ? dSo[p * d.N + n0 + col] : 0.0f; }, As, Bs, staging<T, 4>());
     }
     for (int64_t I = J; I < ntc; ++I) {
       const int64_t i0 = I * kTile;
       dcb_tile(dY0, X0, dt0, csc, i0, j0, Lc, d, Dt, As, Bs);
-      tile_mma<4, false, false>(
+      tile_mma<T, 4, false, false>(
           acc, kTile, [&](int r, int64_t k) { return Dt[k][r]; },
           [&](int64_t k, int col) {
             return i0 + k < Lc && n0 + col < d.N ? to_f32(C0[(i0 + k) * d.bs + n0 + col]) : 0.0f;
           },
-          As, Bs);
+          As, Bs, staging<T, 4>());
     }
   }
   const int ty = threadIdx.x / kSub, tx = threadIdx.x % kSub;

@@ -8,8 +8,8 @@
 // not), so work that two streams race for runs in either order from one run to the next.
 //
 // Threads: a block's threads run as fibers on the host thread, each up to its next barrier
-// (__syncthreads, or a warp shuffle for its warp), in a random order each round; a barrier lets
-// its threads on once every thread it names has reached it (a thread that has returned counts as
+// (__syncthreads, or a warp shuffle or wmma operation for its warp), in a random order each round;
+// a barrier lets its threads on once every thread it names has reached it (a thread that has returned counts as
 // arrived at __syncthreads; a shuffle that reads a returned lane is a fault). A round in which no
 // barrier can let anyone on is a fault.
 //
@@ -262,7 +262,7 @@ struct KeptStack {  // the fibers' stacks are the emulator's, mapped once
 };
 
 struct Fiber {
-  enum State { kReady, kAtBlockBarrier, kAtShuffle, kDone };
+  enum State { kReady, kAtBlockBarrier, kAtShuffle, kAtWarpCollective, kDone };
   context::fiber context;
   char* stack = nullptr;
   State state = kReady;
@@ -271,6 +271,8 @@ struct Fiber {
   uint64_t bits = 0;              // a shuffle's value, then its result
   unsigned mask = 0;
   int lane_mask = 0, width = kWarpSize;
+  piper::cuda_emulator::WarpCollective collective = nullptr;  // a warp-wide operation, and this lane's part
+  void* collective_arg = nullptr;
   void* fake_stack = nullptr;  // AddressSanitizer's, while the fiber is switched out
 };
 
@@ -398,6 +400,35 @@ bool release_warp(Scheduler& s, size_t first, size_t lanes) {
   return true;
 }
 
+// Plays a warp-wide operation (a wmma load, store or product) once every lane of the warp has reached
+// it: the whole warp must take part, every lane in the same operation; false if it cannot yet.
+bool release_collective(Scheduler& s, size_t first, size_t lanes) {
+  size_t waiting = 0, live = 0;
+  for (size_t l = 0; l < lanes; ++l) {
+    const Fiber& f = *s.fibers[first + l];
+    if (f.state != Fiber::kDone) ++live;
+    if (f.state == Fiber::kAtWarpCollective) ++waiting;
+  }
+  if (waiting == 0 || waiting != live) return false;
+  const Fiber& lead = *s.fibers[first];
+  if (lanes != kWarpSize || live != lanes)
+    fault("%s: a warp-wide operation (wmma) at threads %zu..%zu with %zu of its 32 lanes (the others have "
+          "returned or the block is not whole warps); every lane of the warp must take part",
+          where(s, lead.place).c_str(), first, first + lanes - 1, live);
+  void* args[kWarpSize];
+  for (size_t l = 0; l < lanes; ++l) {
+    const Fiber& f = *s.fibers[first + l];
+    if (f.collective != lead.collective)
+      fault("%s: lanes 0 and %zu of the warp at thread %zu reach different warp-wide operations",
+            where(s, lead.place).c_str(), l, first);
+    args[l] = f.collective_arg;
+  }
+  const std::string error = lead.collective(args);
+  if (!error.empty()) fault("%s, warp at thread %zu: %s", where(s, lead.place).c_str(), first, error.c_str());
+  for (size_t l = 0; l < lanes; ++l) s.fibers[first + l]->state = Fiber::kReady;
+  return true;
+}
+
 void run_block(Scheduler& s, const Place& base, size_t threads, size_t shared_bytes) {
   std::fill(s.shared.begin(), s.shared.begin() + static_cast<std::ptrdiff_t>(shared_bytes), 0xff);  // NaN until written
   for (size_t i = 0; i < threads; ++i) {
@@ -420,14 +451,17 @@ void run_block(Scheduler& s, const Place& base, size_t threads, size_t shared_by
       continue;
     }
     bool released = false;
-    for (size_t w = 0; w < threads; w += kWarpSize)
-      released |= release_warp(s, w, std::min<size_t>(kWarpSize, threads - w));
+    for (size_t w = 0; w < threads; w += kWarpSize) {
+      const size_t lanes = std::min<size_t>(kWarpSize, threads - w);
+      released |= release_warp(s, w, lanes);
+      released |= release_collective(s, w, lanes);
+    }
     if (released) continue;
     size_t at_barrier = 0, at_shuffle = 0, done = 0;
     for (size_t i = 0; i < threads; ++i) {
       const Fiber& f = *s.fibers[i];
       at_barrier += f.state == Fiber::kAtBlockBarrier;
-      at_shuffle += f.state == Fiber::kAtShuffle;
+      at_shuffle += f.state == Fiber::kAtShuffle || f.state == Fiber::kAtWarpCollective;
       done += f.state == Fiber::kDone;
     }
     if (done == threads) return;
@@ -496,6 +530,13 @@ uint64_t shuffle_xor(unsigned mask, uint64_t bits, int lane_mask, int width) {
   f.width = width;
   wait_at(Fiber::kAtShuffle);
   return f.bits;
+}
+
+void warp_collective(WarpCollective operation, void* arg) {
+  Fiber& f = *scheduler().current;
+  f.collective = operation;
+  f.collective_arg = arg;
+  wait_at(Fiber::kAtWarpCollective);
 }
 
 cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value) {

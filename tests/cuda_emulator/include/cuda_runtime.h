@@ -29,6 +29,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static  // one block runs at a time, so a static is its block's shared memory
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 {
   unsigned x, y, z;
@@ -136,6 +137,12 @@ T* dynamic_shared() {
 void sync_block();
 int sync_block_or(int predicate);
 uint64_t shuffle_xor(unsigned mask, uint64_t bits, int lane_mask, int width);
+// A warp-wide operation (mma.h's wmma calls): every lane of the calling warp calls warp_collective
+// with the same operation and its own argument; once all 32 have, the operation runs once with the
+// lanes' arguments in lane order and returns what is wrong with the call ("" when nothing is; the
+// emulator then faults, naming the kernel, the block and the warp).
+using WarpCollective = std::string (*)(void* const* lanes);
+void warp_collective(WarpCollective operation, void* arg);
 
 cudaError_t set_function_attribute(const void* function, cudaFuncAttribute attribute, int value);
 // Stops the process: a launch's pointer argument outside device and page-locked memory.
