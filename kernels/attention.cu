@@ -19,6 +19,7 @@
 // Every sum runs in a fixed order: the results do not change from run to run.
 #include "attention_cuda.hpp"
 #include "cuda_common.cuh"
+#include "tensor_core.cuh"
 
 #include <cmath>
 #include <stdexcept>
@@ -38,13 +39,22 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kRowsHeld = 64;
 constexpr int kRowsStreamed = 32;
 
-// dst[R][HD + 1] (f32) = rows r0 .. r0+R-1 of one head's [Tn, HD] slice (row t at base + t *
-// stride), zero for rows t >= Tn.
-template <class T, int HD>
-__device__ void load_rows(const T* base, int64_t stride, int r0, int R, int Tn, float* dst) {
+// The element of a tile in shared memory: f32 for the SIMT products, bf16 for the tensor cores'.
+template <class S, class T>
+__device__ __forceinline__ S tile_value(T x) {
+  if constexpr (std::is_same_v<S, T>)
+    return x;
+  else
+    return from_f32<S>(to_f32(x));
+}
+
+// dst[R][LD] = rows r0 .. r0+R-1 of one head's [Tn, HD] slice (row t at base + t * stride), zero
+// for rows t >= Tn.
+template <class T, int HD, int LD, class S>
+__device__ void load_rows(const T* base, int64_t stride, int r0, int R, int Tn, S* dst) {
   for (int i = threadIdx.x; i < R * HD; i += blockDim.x) {
     const int r = i / HD, d = i % HD, t = r0 + r;
-    dst[r * (HD + 1) + d] = t < Tn ? to_f32(base[int64_t(t) * stride + d]) : 0.0f;
+    dst[r * LD + d] = tile_value<S>(t < Tn ? base[int64_t(t) * stride + d] : T(from_f32<T>(0.0f)));
   }
 }
 
@@ -91,6 +101,19 @@ __device__ __forceinline__ void acc_rows(const float* A, int ar, int ak, const f
   }
 }
 
+// r[a][c] = St[(ty + 16a) * LDS + tx + 16c] (or +=): a product the tensor cores stored, read into
+// the SIMT layout.
+template <bool kAdd, int LDS, int RA, int RC>
+__device__ __forceinline__ void from_staged(const float* St, int ty, int tx, float (&r)[RA][RC]) {
+#pragma unroll
+  for (int a = 0; a < RA; ++a)
+#pragma unroll
+    for (int c = 0; c < RC; ++c) {
+      const float v = St[(ty + kGrid * a) * LDS + tx + kGrid * c];
+      r[a][c] = kAdd ? r[a][c] + v : v;
+    }
+}
+
 // Max and sum over the 16 threads of a row (a half warp; every lane gets the same value).
 __device__ __forceinline__ float row_group_max(float v) {
   for (int o = kGrid / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -125,6 +148,88 @@ struct Heads {
   __device__ int group() const { return H / KV; }
 };
 
+// ---- the forward's softmax and the backward's score gradients, shared by both kinds of kernel
+
+// One key tile (keys k0 ..) of the online softmax for the thread's rows ty + 16a (query rows q0 +
+// ...): the scores s are masked (keys past the row) and scaled to log2 units; P = exp2(s - m) goes
+// to Ps[i * LDP + j]; the running max m and sum l grow and the output o is rescaled to them.
+template <int RA, int RC, int RE, int LDP, class S>
+__device__ __forceinline__ void softmax_tile(float (&s)[RA][RC], float (&m)[RA], float (&l)[RA],
+                                             float (&o)[RA][RE], S* Ps, int q0, int k0, float scale_log2,
+                                             int ty, int tx) {
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    const int i = ty + kGrid * a;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < RC; ++c) {
+      s[a][c] = k0 + tx + kGrid * c <= q0 + i ? s[a][c] * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, s[a][c]);
+    }
+    const float mn = fmaxf(m[a], row_group_max(mx));
+    const float base = mn == -INFINITY ? 0.0f : mn;  // a row with no key yet stays at 0
+    const float alpha = exp2f(m[a] - base);
+    float rs = 0.0f;
+#pragma unroll
+    for (int c = 0; c < RC; ++c) {
+      const float p = exp2f(s[a][c] - base);
+      Ps[i * LDP + tx + kGrid * c] = tile_value<S>(p);
+      rs += p;
+    }
+    l[a] = l[a] * alpha + row_group_sum(rs);
+    m[a] = mn;
+#pragma unroll
+    for (int e = 0; e < RE; ++e) o[a][e] *= alpha;
+  }
+}
+
+// The forward's rows q0 + ty + 16a (< Tn): out = o / l, lse = ln(sum of exp(score)).
+template <class T, int RA, int RE>
+__device__ __forceinline__ void finish_rows(const float (&o)[RA][RE], const float (&m)[RA], const float (&l)[RA],
+                                            T* O, int64_t ldq, float* lse_row, int q0, int Tn, int ty, int tx) {
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    const int t = q0 + ty + kGrid * a;
+    if (t >= Tn) continue;
+    const float inv = 1.0f / l[a];
+#pragma unroll
+    for (int e = 0; e < RE; ++e) O[int64_t(t) * ldq + tx + kGrid * e] = from_f32<T>(o[a][e] * inv);
+    if (tx == 0) lse_row[t] = (m[a] + log2f(l[a])) * kLn2;
+  }
+}
+
+// Of a score tile, rows ty + 16a (query rows q0 + i) and columns tx + 16c (keys k0 + j), with the
+// rows' lse (log2 units) in Ls and their D in Ds: P = exp2(s scale_log2 - L), 0 for keys past the
+// row and rows past Tn, into Ps[i * LDP + j] unless Ps is null; dS = P (dP - D) into dSs.
+template <int RQ, int RC, int LDP, class S>
+__device__ __forceinline__ void score_grads(const float (&s)[RQ][RC], const float (&dp)[RQ][RC], const float* Ls,
+                                            const float* Ds, S* Ps, S* dSs, int q0, int k0, int Tn,
+                                            float scale_log2, int ty, int tx) {
+#pragma unroll
+  for (int a = 0; a < RQ; ++a) {
+    const int i = ty + kGrid * a, row = q0 + i;
+#pragma unroll
+    for (int c = 0; c < RC; ++c) {
+      const int j = tx + kGrid * c;
+      const float p = k0 + j <= row && row < Tn ? exp2f(s[a][c] * scale_log2 - Ls[i]) : 0.0f;
+      if (Ps) Ps[i * LDP + j] = tile_value<S>(p);
+      dSs[i * LDP + j] = tile_value<S>(p * (dp[a][c] - Ds[i]));
+    }
+  }
+}
+
+// The rows' lse (in log2 units) and D of query rows q0 .. q0 + R - 1, 0 past Tn.
+__device__ __forceinline__ void load_row_terms(const float* lse_row, const float* D_row, int q0, int R, int Tn,
+                                               float* Ls, float* Ds) {
+  for (int i = threadIdx.x; i < R; i += blockDim.x) {
+    const bool in = q0 + i < Tn;
+    Ls[i] = in ? lse_row[q0 + i] * kLog2e : 0.0f;
+    Ds[i] = in ? D_row[q0 + i] : 0.0f;
+  }
+}
+
+// ---- f32 storage: products in f32 on the SIMT cores, tiles of f32 with rows of HD + 1 floats
+
 template <int HD>
 constexpr size_t fwd_smem_bytes() {
   return sizeof(float) * (size_t(kRowsHeld) * (HD + 1) + 2 * size_t(kRowsStreamed) * (HD + 1) +
@@ -148,7 +253,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int64_t ldq = int64_t(g.H) * HD, ldk = int64_t(g.KV) * HD;
   const T* K = k + g.k_off(b, kvh, HD);
   const T* V = v + g.k_off(b, kvh, HD);
-  load_rows<T, HD>(q + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, Qs);
+  load_rows<T, HD, LD>(q + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, Qs);
 
   float o[RA][RE], m[RA], l[RA];
 #pragma unroll
@@ -161,49 +266,16 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int kend = min(q0 + BQ, g.Tn);  // keys [0, kend) reach some row of the tile
   for (int k0 = 0; k0 < kend; k0 += BK) {
     __syncthreads();  // the previous tile's Ks, Vs and Ps are read
-    load_rows<T, HD>(K, ldk, k0, BK, g.Tn, Ks);
-    load_rows<T, HD>(V, ldk, k0, BK, g.Tn, Vs);
+    load_rows<T, HD, LD>(K, ldk, k0, BK, g.Tn, Ks);
+    load_rows<T, HD, LD>(V, ldk, k0, BK, g.Tn, Vs);
     __syncthreads();
     float s[RA][RC];
     dot_rows<RA, RC, HD>(Qs, Ks, ty, tx, s);
-#pragma unroll
-    for (int a = 0; a < RA; ++a) {
-      const int i = ty + kGrid * a;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int c = 0; c < RC; ++c) {
-        s[a][c] = k0 + tx + kGrid * c <= q0 + i ? s[a][c] * scale_log2 : -INFINITY;
-        mx = fmaxf(mx, s[a][c]);
-      }
-      const float mn = fmaxf(m[a], row_group_max(mx));
-      const float base = mn == -INFINITY ? 0.0f : mn;  // a row with no key yet stays at 0
-      const float alpha = exp2f(m[a] - base);
-      float rs = 0.0f;
-#pragma unroll
-      for (int c = 0; c < RC; ++c) {
-        const float p = exp2f(s[a][c] - base);
-        Ps[i * LDP + tx + kGrid * c] = p;
-        rs += p;
-      }
-      l[a] = l[a] * alpha + row_group_sum(rs);
-      m[a] = mn;
-#pragma unroll
-      for (int e = 0; e < RE; ++e) o[a][e] *= alpha;
-    }
+    softmax_tile<RA, RC, RE, LDP>(s, m, l, o, Ps, q0, k0, scale_log2, ty, tx);
     __syncthreads();  // Ps is written
     acc_rows<RA, HD, BK>(Ps, LDP, 1, Vs, ty, tx, o);
   }
-
-  T* O = out + g.q_off(b, h, HD);
-#pragma unroll
-  for (int a = 0; a < RA; ++a) {
-    const int t = q0 + ty + kGrid * a;
-    if (t >= g.Tn) continue;
-    const float inv = 1.0f / l[a];
-#pragma unroll
-    for (int e = 0; e < RE; ++e) O[int64_t(t) * ldq + tx + kGrid * e] = from_f32<T>(o[a][e] * inv);
-    if (tx == 0) lse[g.row_off(b, h) + t] = (m[a] + log2f(l[a])) * kLn2;
-  }
+  finish_rows<T>(o, m, l, out + g.q_off(b, h, HD), ldq, lse + g.row_off(b, h), q0, g.Tn, ty, tx);
 }
 
 // D[b,h,t] = sum over d of dout[b,t,h,d] * out[b,t,h,d]: one warp per (b, t, h) row.
@@ -246,8 +318,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
   const int k0 = blockIdx.x * BK, kvh = blockIdx.y, b = blockIdx.z;
   const int64_t ldq = int64_t(g.H) * HD, ldk = int64_t(g.KV) * HD;
-  load_rows<T, HD>(k + g.k_off(b, kvh, HD), ldk, k0, BK, g.Tn, Ks);
-  load_rows<T, HD>(v + g.k_off(b, kvh, HD), ldk, k0, BK, g.Tn, Vs);
+  load_rows<T, HD, LD>(k + g.k_off(b, kvh, HD), ldk, k0, BK, g.Tn, Ks);
+  load_rows<T, HD, LD>(v + g.k_off(b, kvh, HD), ldk, k0, BK, g.Tn, Vs);
 
   float dK[RJ][RE], dV[RJ][RE];
 #pragma unroll
@@ -257,32 +329,16 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int h = kvh * g.group(); h < (kvh + 1) * g.group(); ++h) {
     const T* Q = q + g.q_off(b, h, HD);
     const T* dO = dout + g.q_off(b, h, HD);
-    const float* L = lse + g.row_off(b, h);
-    const float* Dr = D + g.row_off(b, h);
     for (int q0 = k0 / BQ * BQ; q0 < g.Tn; q0 += BQ) {  // rows below k0 see none of these keys
       __syncthreads();  // the previous tile's Qs, dOs, Ps, dSs, Ls, Ds are read
-      load_rows<T, HD>(Q, ldq, q0, BQ, g.Tn, Qs);
-      load_rows<T, HD>(dO, ldq, q0, BQ, g.Tn, dOs);
-      for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-        const bool in = q0 + i < g.Tn;
-        Ls[i] = in ? L[q0 + i] * kLog2e : 0.0f;
-        Ds[i] = in ? Dr[q0 + i] : 0.0f;
-      }
+      load_rows<T, HD, LD>(Q, ldq, q0, BQ, g.Tn, Qs);
+      load_rows<T, HD, LD>(dO, ldq, q0, BQ, g.Tn, dOs);
+      load_row_terms(lse + g.row_off(b, h), D + g.row_off(b, h), q0, BQ, g.Tn, Ls, Ds);
       __syncthreads();
       float s[RQ][RC], dp[RQ][RC];
       dot_rows<RQ, RC, HD>(Qs, Ks, ty, tx, s);
       dot_rows<RQ, RC, HD>(dOs, Vs, ty, tx, dp);
-#pragma unroll
-      for (int a = 0; a < RQ; ++a) {
-        const int i = ty + kGrid * a, row = q0 + i;
-#pragma unroll
-        for (int c = 0; c < RC; ++c) {
-          const int j = tx + kGrid * c;
-          const float p = k0 + j <= row && row < g.Tn ? exp2f(s[a][c] * scale_log2 - Ls[i]) : 0.0f;
-          Ps[i * LDP + j] = p;
-          dSs[i * LDP + j] = p * (dp[a][c] - Ds[i]);
-        }
-      }
+      score_grads<RQ, RC, LDP>(s, dp, Ls, Ds, Ps, dSs, q0, k0, g.Tn, scale_log2, ty, tx);
       __syncthreads();
       acc_rows<RJ, HD, BQ>(Ps, 1, LDP, dOs, ty, tx, dV);   // dV[j] += sum_i P[i][j] dO[i]
       acc_rows<RJ, HD, BQ>(dSs, 1, LDP, Qs, ty, tx, dK);   // dK[j] += sum_i dS[i][j] Q[i]
@@ -318,13 +374,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int64_t ldq = int64_t(g.H) * HD, ldk = int64_t(g.KV) * HD;
   const T* K = k + g.k_off(b, kvh, HD);
   const T* V = v + g.k_off(b, kvh, HD);
-  load_rows<T, HD>(q + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, Qs);
-  load_rows<T, HD>(dout + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, dOs);
-  for (int i = threadIdx.x; i < BQ; i += blockDim.x) {
-    const bool in = q0 + i < g.Tn;
-    Ls[i] = in ? lse[g.row_off(b, h) + q0 + i] * kLog2e : 0.0f;
-    Ds[i] = in ? D[g.row_off(b, h) + q0 + i] : 0.0f;
-  }
+  load_rows<T, HD, LD>(q + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, Qs);
+  load_rows<T, HD, LD>(dout + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, dOs);
+  load_row_terms(lse + g.row_off(b, h), D + g.row_off(b, h), q0, BQ, g.Tn, Ls, Ds);
 
   float dQ[RA][RE];
 #pragma unroll
@@ -334,26 +386,246 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int kend = min(q0 + BQ, g.Tn);
   for (int k0 = 0; k0 < kend; k0 += BK) {
     __syncthreads();  // the previous tile's Ks, Vs, dSs are read (and Qs, dOs, Ls, Ds written)
-    load_rows<T, HD>(K, ldk, k0, BK, g.Tn, Ks);
-    load_rows<T, HD>(V, ldk, k0, BK, g.Tn, Vs);
+    load_rows<T, HD, LD>(K, ldk, k0, BK, g.Tn, Ks);
+    load_rows<T, HD, LD>(V, ldk, k0, BK, g.Tn, Vs);
     __syncthreads();
     float s[RA][RC], dp[RA][RC];
     dot_rows<RA, RC, HD>(Qs, Ks, ty, tx, s);
     dot_rows<RA, RC, HD>(dOs, Vs, ty, tx, dp);
-#pragma unroll
-    for (int a = 0; a < RA; ++a) {
-      const int i = ty + kGrid * a, row = q0 + i;
-#pragma unroll
-      for (int c = 0; c < RC; ++c) {
-        const int j = tx + kGrid * c;
-        const float p = k0 + j <= row && row < g.Tn ? exp2f(s[a][c] * scale_log2 - Ls[i]) : 0.0f;
-        dSs[i * LDP + j] = p * (dp[a][c] - Ds[i]);
-      }
-    }
+    score_grads<RA, RC, LDP, float>(s, dp, Ls, Ds, nullptr, dSs, q0, k0, g.Tn, scale_log2, ty, tx);
     __syncthreads();
     acc_rows<RA, HD, BK>(dSs, LDP, 1, Ks, ty, tx, dQ);  // dQ[i] += sum_j dS[i][j] K[j]
   }
   store_rows<T, RA, HD>(dQ, scale, dq + g.q_off(b, h, HD), ldq, q0, g.Tn, ty, tx);
+}
+
+// ---- bf16 storage: products on the tensor cores (tensor_core.cuh), the same tiles and the same
+// order of blocks and sums. Operand tiles are bf16 with rows of HD + 8 (16-byte multiples, as wmma
+// wants them), score tiles bf16 with rows of their width + 8 (P and dS rounded to bf16 before their
+// products, as FlashAttention-2 rounds P), and each product the SIMT code reads back is stored to
+// an f32 tile; the softmax, the row statistics and the outputs' running sums stay f32.
+
+// A bf16 kernel's dynamic shared memory, carved in order; every region a multiple of 32 bytes.
+struct Carve {
+  unsigned char* at;
+  template <class E>
+  __device__ E* take(size_t n) {
+    E* p = reinterpret_cast<E*>(at);
+    at += (n * sizeof(E) + 31) / 32 * 32;
+    return p;
+  }
+};
+constexpr size_t carved(size_t n, size_t elem) { return (n * elem + 31) / 32 * 32; }
+
+template <int HD>
+struct TcTiles {
+  static constexpr int LD = HD + 8;  // bf16 operand rows
+  static constexpr size_t rows(int r) { return carved(size_t(r) * LD, sizeof(bf16)); }
+  static constexpr size_t scores(int r, int c) { return carved(size_t(r) * (c + 8), sizeof(bf16)); }
+  static constexpr size_t staged(int r, int c) { return carved(size_t(r) * (c + 4), sizeof(float)); }
+  static constexpr size_t terms(int r) { return carved(size_t(r), sizeof(float)); }
+};
+
+template <int HD>
+constexpr size_t fwd_tc_smem_bytes() {
+  using L = TcTiles<HD>;
+  return L::rows(kRowsHeld) + 2 * L::rows(kRowsStreamed) + L::scores(kRowsHeld, kRowsStreamed) +
+         L::staged(kRowsHeld, HD > kRowsStreamed ? HD : kRowsStreamed);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_fwd_tc_kernel(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Heads g,
+                            float scale_log2) {
+  constexpr int BQ = kRowsHeld, BK = kRowsStreamed, LD = TcTiles<HD>::LD, LDP = BK + 8;
+  constexpr int LDS = (HD > BK ? HD : BK) + 4;  // S [BQ][BK], then P V [BQ][HD]
+  constexpr int RA = BQ / kGrid, RC = BK / kGrid, RE = HD / kGrid;
+  extern __shared__ __align__(32) float smem[];
+  Carve carve{reinterpret_cast<unsigned char*>(smem)};
+  bf16* Qs = carve.take<bf16>(BQ * LD);   // [BQ][LD]
+  bf16* Ks = carve.take<bf16>(BK * LD);   // [BK][LD]
+  bf16* Vs = carve.take<bf16>(BK * LD);   // [BK][LD]
+  bf16* Ps = carve.take<bf16>(BQ * LDP);  // [BQ][LDP]
+  float* St = carve.take<float>(BQ * LDS);  // [BQ][LDS]
+  const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * BQ;  // the longest rows first
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / g.group();
+  const int64_t ldq = int64_t(g.H) * HD, ldk = int64_t(g.KV) * HD;
+  const bf16* K = k + g.k_off(b, kvh, HD);
+  const bf16* V = v + g.k_off(b, kvh, HD);
+  load_rows<bf16, HD, LD>(q + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, Qs);
+
+  float o[RA][RE], m[RA], l[RA];
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    m[a] = -INFINITY;
+    l[a] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < RE; ++e) o[a][e] = 0.0f;
+  }
+  const int kend = min(q0 + BQ, g.Tn);
+  for (int k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();  // the previous tile's Ks, Vs, Ps and St are read
+    load_rows<bf16, HD, LD>(K, ldk, k0, BK, g.Tn, Ks);
+    load_rows<bf16, HD, LD>(V, ldk, k0, BK, g.Tn, Vs);
+    __syncthreads();
+    BlockMma<BQ / kMma, BK / kMma> qk;  // S = Q K^T
+    qk.zero();
+    qk.template add<wmma::row_major, wmma::col_major, HD / kMma>(Qs, LD, Ks, LD);
+    qk.store(St, LDS);
+    __syncthreads();
+    float s[RA][RC];
+    from_staged<false, LDS>(St, ty, tx, s);
+    softmax_tile<RA, RC, RE, LDP>(s, m, l, o, Ps, q0, k0, scale_log2, ty, tx);
+    __syncthreads();  // Ps is written, St read
+    BlockMma<BQ / kMma, HD / kMma> pv;
+    pv.zero();
+    pv.template add<wmma::row_major, wmma::row_major, BK / kMma>(Ps, LDP, Vs, LD);
+    pv.store(St, LDS);
+    __syncthreads();
+    from_staged<true, LDS>(St, ty, tx, o);
+  }
+  finish_rows<bf16>(o, m, l, out + g.q_off(b, h, HD), ldq, lse + g.row_off(b, h), q0, g.Tn, ty, tx);
+}
+
+template <int HD>
+constexpr size_t dkdv_tc_smem_bytes() {
+  using L = TcTiles<HD>;
+  return 2 * L::rows(kRowsHeld) + 2 * L::rows(kRowsStreamed) + 2 * L::scores(kRowsStreamed, kRowsHeld) +
+         2 * L::terms(kRowsStreamed) + 2 * L::staged(kRowsStreamed, kRowsHeld) + L::staged(kRowsHeld, HD);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_dkdv_tc_kernel(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                             const float* D, bf16* dk, bf16* dv, Heads g, float scale_log2, float scale) {
+  constexpr int BK = kRowsHeld, BQ = kRowsStreamed, LD = TcTiles<HD>::LD, LDP = BK + 8;
+  constexpr int LDS = BK + 4, LDO = HD + 4;
+  constexpr int RQ = BQ / kGrid, RC = BK / kGrid, RJ = BK / kGrid, RE = HD / kGrid;
+  extern __shared__ __align__(32) float smem[];
+  Carve carve{reinterpret_cast<unsigned char*>(smem)};
+  bf16* Ks = carve.take<bf16>(BK * LD);     // [BK][LD]
+  bf16* Vs = carve.take<bf16>(BK * LD);     // [BK][LD]
+  bf16* Qs = carve.take<bf16>(BQ * LD);     // [BQ][LD]
+  bf16* dOs = carve.take<bf16>(BQ * LD);    // [BQ][LD]
+  bf16* Ps = carve.take<bf16>(BQ * LDP);    // [BQ][LDP]
+  bf16* dSs = carve.take<bf16>(BQ * LDP);   // [BQ][LDP]
+  float* Ls = carve.take<float>(BQ);        // [BQ] lse in log2 units
+  float* Ds = carve.take<float>(BQ);        // [BQ]
+  float* Ss = carve.take<float>(BQ * LDS);  // [BQ][LDS] S
+  float* dPs = carve.take<float>(BQ * LDS); // [BQ][LDS] dP
+  float* Os = carve.take<float>(BK * LDO);  // [BK][LDO] dK, then dV
+  const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+  const int k0 = blockIdx.x * BK, kvh = blockIdx.y, b = blockIdx.z;
+  const int64_t ldq = int64_t(g.H) * HD, ldk = int64_t(g.KV) * HD;
+  load_rows<bf16, HD, LD>(k + g.k_off(b, kvh, HD), ldk, k0, BK, g.Tn, Ks);
+  load_rows<bf16, HD, LD>(v + g.k_off(b, kvh, HD), ldk, k0, BK, g.Tn, Vs);
+
+  BlockMma<BK / kMma, HD / kMma> dK, dV;  // held by the warps across every query tile
+  dK.zero();
+  dV.zero();
+  for (int h = kvh * g.group(); h < (kvh + 1) * g.group(); ++h) {
+    const bf16* Q = q + g.q_off(b, h, HD);
+    const bf16* dO = dout + g.q_off(b, h, HD);
+    for (int q0 = k0 / BQ * BQ; q0 < g.Tn; q0 += BQ) {
+      __syncthreads();  // the previous tile's Qs, dOs, Ps, dSs, Ls, Ds are read
+      load_rows<bf16, HD, LD>(Q, ldq, q0, BQ, g.Tn, Qs);
+      load_rows<bf16, HD, LD>(dO, ldq, q0, BQ, g.Tn, dOs);
+      load_row_terms(lse + g.row_off(b, h), D + g.row_off(b, h), q0, BQ, g.Tn, Ls, Ds);
+      __syncthreads();
+      BlockMma<BQ / kMma, BK / kMma> qk, dov;  // S = Q K^T, dP = dO V^T
+      qk.zero();
+      dov.zero();
+      qk.template add<wmma::row_major, wmma::col_major, HD / kMma>(Qs, LD, Ks, LD);
+      dov.template add<wmma::row_major, wmma::col_major, HD / kMma>(dOs, LD, Vs, LD);
+      qk.store(Ss, LDS);
+      dov.store(dPs, LDS);
+      __syncthreads();
+      float s[RQ][RC], dp[RQ][RC];
+      from_staged<false, LDS>(Ss, ty, tx, s);
+      from_staged<false, LDS>(dPs, ty, tx, dp);
+      score_grads<RQ, RC, LDP>(s, dp, Ls, Ds, Ps, dSs, q0, k0, g.Tn, scale_log2, ty, tx);
+      __syncthreads();
+      dV.template add<wmma::col_major, wmma::row_major, BQ / kMma>(Ps, LDP, dOs, LD);   // dV += P^T dO
+      dK.template add<wmma::col_major, wmma::row_major, BQ / kMma>(dSs, LDP, Qs, LD);   // dK += dS^T Q
+    }
+  }
+  float r[RJ][RE];
+  dK.store(Os, LDO);
+  __syncthreads();
+  from_staged<false, LDO>(Os, ty, tx, r);
+  store_rows<bf16, RJ, HD>(r, scale, dk + g.k_off(b, kvh, HD), ldk, k0, g.Tn, ty, tx);
+  __syncthreads();
+  dV.store(Os, LDO);
+  __syncthreads();
+  from_staged<false, LDO>(Os, ty, tx, r);
+  store_rows<bf16, RJ, HD>(r, 1.0f, dv + g.k_off(b, kvh, HD), ldk, k0, g.Tn, ty, tx);
+}
+
+template <int HD>
+constexpr size_t dq_tc_smem_bytes() {
+  using L = TcTiles<HD>;
+  return 2 * L::rows(kRowsHeld) + 2 * L::rows(kRowsStreamed) + L::scores(kRowsHeld, kRowsStreamed) +
+         2 * L::terms(kRowsHeld) + 2 * L::staged(kRowsHeld, kRowsStreamed) + L::staged(kRowsHeld, HD);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_dq_tc_kernel(const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                           const float* D, bf16* dq, Heads g, float scale_log2, float scale) {
+  constexpr int BQ = kRowsHeld, BK = kRowsStreamed, LD = TcTiles<HD>::LD, LDP = BK + 8;
+  constexpr int LDS = BK + 4, LDO = HD + 4;
+  constexpr int RA = BQ / kGrid, RC = BK / kGrid, RE = HD / kGrid;
+  extern __shared__ __align__(32) float smem[];
+  Carve carve{reinterpret_cast<unsigned char*>(smem)};
+  bf16* Qs = carve.take<bf16>(BQ * LD);     // [BQ][LD]
+  bf16* dOs = carve.take<bf16>(BQ * LD);    // [BQ][LD]
+  bf16* Ks = carve.take<bf16>(BK * LD);     // [BK][LD]
+  bf16* Vs = carve.take<bf16>(BK * LD);     // [BK][LD]
+  bf16* dSs = carve.take<bf16>(BQ * LDP);   // [BQ][LDP]
+  float* Ls = carve.take<float>(BQ);        // [BQ] lse in log2 units
+  float* Ds = carve.take<float>(BQ);        // [BQ]
+  float* Ss = carve.take<float>(BQ * LDS);  // [BQ][LDS] S
+  float* dPs = carve.take<float>(BQ * LDS); // [BQ][LDS] dP
+  float* Os = carve.take<float>(BQ * LDO);  // [BQ][LDO] dQ
+  const int ty = threadIdx.x / kGrid, tx = threadIdx.x % kGrid;
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * BQ;  // the longest rows first
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / g.group();
+  const int64_t ldq = int64_t(g.H) * HD, ldk = int64_t(g.KV) * HD;
+  const bf16* K = k + g.k_off(b, kvh, HD);
+  const bf16* V = v + g.k_off(b, kvh, HD);
+  load_rows<bf16, HD, LD>(q + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, Qs);
+  load_rows<bf16, HD, LD>(dout + g.q_off(b, h, HD), ldq, q0, BQ, g.Tn, dOs);
+  load_row_terms(lse + g.row_off(b, h), D + g.row_off(b, h), q0, BQ, g.Tn, Ls, Ds);
+
+  BlockMma<BQ / kMma, HD / kMma> dQ;  // held by the warps across every key tile
+  dQ.zero();
+  const int kend = min(q0 + BQ, g.Tn);
+  for (int k0 = 0; k0 < kend; k0 += BK) {
+    __syncthreads();  // the previous tile's Ks, Vs, dSs are read (and Qs, dOs, Ls, Ds written)
+    load_rows<bf16, HD, LD>(K, ldk, k0, BK, g.Tn, Ks);
+    load_rows<bf16, HD, LD>(V, ldk, k0, BK, g.Tn, Vs);
+    __syncthreads();
+    BlockMma<BQ / kMma, BK / kMma> qk, dov;  // S = Q K^T, dP = dO V^T
+    qk.zero();
+    dov.zero();
+    qk.template add<wmma::row_major, wmma::col_major, HD / kMma>(Qs, LD, Ks, LD);
+    dov.template add<wmma::row_major, wmma::col_major, HD / kMma>(dOs, LD, Vs, LD);
+    qk.store(Ss, LDS);
+    dov.store(dPs, LDS);
+    __syncthreads();
+    float s[RA][RC], dp[RA][RC];
+    from_staged<false, LDS>(Ss, ty, tx, s);
+    from_staged<false, LDS>(dPs, ty, tx, dp);
+    score_grads<RA, RC, LDP, bf16>(s, dp, Ls, Ds, nullptr, dSs, q0, k0, g.Tn, scale_log2, ty, tx);
+    __syncthreads();
+    dQ.template add<wmma::row_major, wmma::row_major, BK / kMma>(dSs, LDP, Ks, LD);  // dQ += dS K
+  }
+  float r[RA][RE];
+  dQ.store(Os, LDO);
+  __syncthreads();
+  from_staged<false, LDO>(Os, ty, tx, r);
+  store_rows<bf16, RA, HD>(r, scale, dq + g.q_off(b, h, HD), ldq, q0, g.Tn, ty, tx);
 }
 
 // The launch limits, checked on the host: std::invalid_argument naming the op and the limit.
@@ -410,10 +682,16 @@ void attention_fwd(const T* q, const T* k, const T* v, T* out, float* lse, int64
   const float scale_log2 = scale_of(hd) * kLog2e;
   with_head_dim(hd, [&](auto hd_c) {
     constexpr int HD = decltype(hd_c)::value;
-    constexpr size_t smem = fwd_smem_bytes<HD>();
-    allow_smem(attention_fwd_kernel<T, HD>, smem);
     const dim3 grid(tiles(Tn, kRowsHeld), unsigned(H), unsigned(B));
-    attention_fwd_kernel<T, HD><<<grid, kAttnThreads, smem, s>>>(q, k, v, out, lse, g, scale_log2);
+    if constexpr (std::is_same_v<T, bf16>) {
+      constexpr size_t smem = fwd_tc_smem_bytes<HD>();
+      allow_smem(attention_fwd_tc_kernel<HD>, smem);
+      attention_fwd_tc_kernel<HD><<<grid, kAttnThreads, smem, s>>>(q, k, v, out, lse, g, scale_log2);
+    } else {
+      constexpr size_t smem = fwd_smem_bytes<HD>();
+      allow_smem(attention_fwd_kernel<T, HD>, smem);
+      attention_fwd_kernel<T, HD><<<grid, kAttnThreads, smem, s>>>(q, k, v, out, lse, g, scale_log2);
+    }
     PIPER_CUDA_LAUNCHED("attention_fwd");
   });
 }
@@ -438,17 +716,25 @@ void attention_bwd(const T* dout, const T* q, const T* k, const T* v, const T* o
   PIPER_CUDA_LAUNCHED("attention_bwd (row terms)");
   with_head_dim(hd, [&](auto hd_c) {
     constexpr int HD = decltype(hd_c)::value;
-    constexpr size_t smem_kv = dkdv_smem_bytes<HD>(), smem_q = dq_smem_bytes<HD>();
-    allow_smem(attention_dkdv_kernel<T, HD>, smem_kv);
-    allow_smem(attention_dq_kernel<T, HD>, smem_q);
     const dim3 grid_kv(tiles(Tn, kRowsHeld), unsigned(KV), unsigned(B));
-    attention_dkdv_kernel<T, HD><<<grid_kv, kAttnThreads, smem_kv, s>>>(dout, q, k, v, lse, D, dk, dv, g,
-                                                                       scale_log2, scale);
-    PIPER_CUDA_LAUNCHED("attention_bwd (dk, dv)");
     const dim3 grid_q(tiles(Tn, kRowsHeld), unsigned(H), unsigned(B));
-    attention_dq_kernel<T, HD><<<grid_q, kAttnThreads, smem_q, s>>>(dout, q, k, v, lse, D, dq, g,
-                                                                   scale_log2, scale);
-    PIPER_CUDA_LAUNCHED("attention_bwd (dq)");
+    if constexpr (std::is_same_v<T, bf16>) {
+      constexpr size_t smem_kv = dkdv_tc_smem_bytes<HD>(), smem_q = dq_tc_smem_bytes<HD>();
+      allow_smem(attention_dkdv_tc_kernel<HD>, smem_kv);
+      allow_smem(attention_dq_tc_kernel<HD>, smem_q);
+      attention_dkdv_tc_kernel<HD><<<grid_kv, kAttnThreads, smem_kv, s>>>(dout, q, k, v, lse, D, dk, dv, g, scale_log2, scale);
+      PIPER_CUDA_LAUNCHED("attention_bwd (dk, dv)");
+      attention_dq_tc_kernel<HD><<<grid_q, kAttnThreads, smem_q, s>>>(dout, q, k, v, lse, D, dq, g, scale_log2, scale);
+      PIPER_CUDA_LAUNCHED("attention_bwd (dq)");
+    } else {
+      constexpr size_t smem_kv = dkdv_smem_bytes<HD>(), smem_q = dq_smem_bytes<HD>();
+      allow_smem(attention_dkdv_kernel<T, HD>, smem_kv);
+      allow_smem(attention_dq_kernel<T, HD>, smem_q);
+      attention_dkdv_kernel<T, HD><<<grid_kv, kAttnThreads, smem_kv, s>>>(dout, q, k, v, lse, D, dk, dv, g, scale_log2, scale);
+      PIPER_CUDA_LAUNCHED("attention_bwd (dk, dv)");
+      attention_dq_kernel<T, HD><<<grid_q, kAttnThreads, smem_q, s>>>(dout, q, k, v, lse, D, dq, g, scale_log2, scale);
+      PIPER_CUDA_LAUNCHED("attention_bwd (dq)");
+    }
   });
 }
 

@@ -284,7 +284,12 @@ struct Scheduler {
   Fiber* current = nullptr;
   const std::function<void()>* body = nullptr;
   const char* kernel = nullptr;
-  std::vector<unsigned char> shared;
+  // The block's dynamic shared memory, 256-byte aligned as a GPU's is (wmma's tiles need 32).
+  struct alignas(256) SharedLine {
+    unsigned char bytes[256];
+  };
+  std::vector<SharedLine> shared;
+  unsigned char* shared_bytes() { return shared.front().bytes; }
 };
 
 Scheduler& scheduler() {
@@ -430,7 +435,7 @@ bool release_collective(Scheduler& s, size_t first, size_t lanes) {
 }
 
 void run_block(Scheduler& s, const Place& base, size_t threads, size_t shared_bytes) {
-  std::fill(s.shared.begin(), s.shared.begin() + static_cast<std::ptrdiff_t>(shared_bytes), 0xff);  // NaN until written
+  std::fill(s.shared_bytes(), s.shared_bytes() + shared_bytes, 0xff);  // NaN until written
   for (size_t i = 0; i < threads; ++i) {
     Fiber& f = fiber(s, i);
     f.state = Fiber::kReady;
@@ -487,7 +492,8 @@ void run_grid(const char* kernel, dim3 grid, dim3 block, size_t shared_bytes, co
   Scheduler& s = scheduler();
   s.kernel = kernel;
   s.body = &body;
-  if (s.shared.size() < shared_bytes) s.shared.resize(shared_bytes);
+  const size_t lines = (shared_bytes + sizeof(Scheduler::SharedLine) - 1) / sizeof(Scheduler::SharedLine);
+  if (s.shared.size() < std::max<size_t>(lines, 1)) s.shared.resize(std::max<size_t>(lines, 1));
   const size_t threads = size_t(block.x) * block.y * block.z;
   Place base{};
   base.block_dim = block;
@@ -507,7 +513,7 @@ namespace piper::cuda_emulator {
 
 thread_local const Place* current_place __attribute__((tls_model("initial-exec"))) = nullptr;
 
-void* dynamic_shared_bytes() { return scheduler().shared.data(); }
+void* dynamic_shared_bytes() { return scheduler().shared_bytes(); }
 
 void sync_block() {
   Fiber& f = *scheduler().current;

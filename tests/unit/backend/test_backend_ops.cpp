@@ -247,10 +247,11 @@ Errors rope(Device& d, bool backward) {
   return {{out, normwise_err(d.get(ty), y)}, {out + " (in place)", normwise_err(d.get(tin), y)}};
 }
 
-// Attention at two shapes: the small one of the other cases (one tile of the CUDA kernels' query and
-// key blocks, 64 and 32 rows), and one of several tiles each way with a remainder, eight query heads
-// to a kv head and the widest head dim the kernels take (the tiles' rescaling, the backward's sums
-// over query tiles and heads, the 113 KiB shared-memory launch).
+// Attention at three shapes: the small one of the other cases (one tile of the CUDA kernels' query and
+// key blocks, 64 and 32 rows); one of several tiles each way with a remainder, eight query heads to a
+// kv head and the widest head dim the kernels take (the tiles' rescaling, the backward's sums over
+// query tiles and heads, the 113 KiB shared-memory launch); and the narrowest head dim, narrower than
+// a key tile (the bf16 kernels' score tile is wider than their output tile).
 struct AttnShape {
   int64_t b, t, h, kv, hd;
   // The suffix of an output's name: none for the small shape.
@@ -263,7 +264,7 @@ struct AttnShape {
   Shape ks() const { return {b, t, kv, hd}; }
   Shape ls() const { return {b, h, t}; }
 };
-const AttnShape kAttnShapes[] = {{B, T, H, KV, HD}, {1, 130, 8, 1, 128}};
+const AttnShape kAttnShapes[] = {{B, T, H, KV, HD}, {1, 130, 8, 1, 128}, {1, 40, 2, 2, 16}};
 
 struct AttnData {
   Vec q, k, v, out, lse;
