@@ -887,6 +887,7 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) { return cudaMemsetAs
 
 struct cublasContext {
   cudaStream_t stream = nullptr;
+  void* workspace = nullptr;  // the caller's (cublasSetWorkspace), or null for cuBLAS's own
 };
 
 namespace {
@@ -927,6 +928,16 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   std::lock_guard<std::mutex> hold(d.lock);
   if (!live_stream(d, stream)) return CUBLAS_STATUS_INVALID_VALUE;
   handle->stream = stream;
+  handle->workspace = nullptr;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const bool inside = bytes == 0 || piper::cuda_emulator::is_device_range(workspace, bytes);
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0 || !inside)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  handle->workspace = workspace;
   return CUBLAS_STATUS_SUCCESS;
 }
 

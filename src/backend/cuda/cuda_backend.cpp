@@ -94,6 +94,10 @@ class CudaBackend final : public Backend {
   static constexpr int kStreams = 4;
   static constexpr size_t kEventRing = 4096;  // events recorded and not yet waited for, at most
   static constexpr size_t kAlign = 512;
+  // cuBLAS's workspace for one stream, the size its documentation recommends on Hopper: taken from
+  // the backend's memory (MEM_BUFFERS) when a stream's first product runs and held from then on, so
+  // the accounting sees it; a stream's own, as cuBLAS needs (one workspace serves one stream at a time).
+  static constexpr size_t kBlasWorkspace = size_t(32) << 20;
 
   explicit CudaBackend(int device) : device_(device) {
     PIPER_CUDA_CHECK(cudaSetDevice(device_));
@@ -618,6 +622,10 @@ class CudaBackend final : public Backend {
     if (m == 0 || n == 0) return;
     const float alpha = 1.0f;
     check_cublas(cublasSetStream(blas_, current()), "cublasSetStream");
+    void*& work = blas_work_[static_cast<size_t>(stream_)];
+    if (!work) work = allocate(kBlasWorkspace, MemCategory::MEM_BUFFERS);
+    // after cublasSetStream, which gives the handle cuBLAS's own workspace back
+    check_cublas(cublasSetWorkspace(blas_, work, kBlasWorkspace), "cublasSetWorkspace");
     // k = 0 makes C = beta C; cuBLAS still wants every leading dimension at least 1.
     const auto ld = [&](int64_t v) { return gemm_extent(std::max<int64_t>(v, 1), op); };
     check_cublas(cublasGemmEx(blas_, ta, tb, gemm_extent(m, op), gemm_extent(n, op), gemm_extent(k, op), &alpha,
@@ -659,6 +667,7 @@ class CudaBackend final : public Backend {
   std::array<cudaEvent_t, kEventRing> ring_{};
   std::vector<cudaEvent_t> free_events_;
   cublasHandle_t blas_ = nullptr;
+  std::array<void*, kStreams> blas_work_{};  // each stream's cuBLAS workspace, kBlasWorkspace bytes
   double* scalar_ = nullptr;       // device: the double an op returns
   double* host_scalar_ = nullptr;  // pinned host copy of it
   int stream_ = 0;

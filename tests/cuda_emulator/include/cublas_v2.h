@@ -1,6 +1,8 @@
 // cublas_v2.h — the part of cuBLAS piper calls (cublasGemmEx), on the emulated device
 // (cuda_runtime.h): column-major products in f32 arithmetic queued on the handle's stream, with
-// cuBLAS's argument checks and type combinations, TF32 products rounding their inputs to TF32.
+// cuBLAS's argument checks and type combinations, TF32 products rounding their inputs to TF32; a
+// workspace the caller sets is checked as cuBLAS checks it (256-byte aligned device memory) and, as
+// in cuBLAS, cublasSetStream gives the handle its default workspace back.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +28,7 @@ enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes);
 const char* cublasGetStatusName(cublasStatus_t status);
 const char* cublasGetStatusString(cublasStatus_t status);
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
