@@ -17,7 +17,9 @@
 #                                  losses), then measures the training throughput of
 #                                  config/nemotron-h-1b.yaml (1.06B parameters, seq 4096) on the GPU
 #                                  with bf16 products (throughput.json), with MFU against the GPU's
-#                                  bf16 dense peak; summary.txt has one line per check.
+#                                  bf16 dense peak, and the time of its blocks' heavy ops at one
+#                                  microbatch's shapes in bf16 (bench/op_bench: ops.json, and in the
+#                                  summary each op's TFLOP/s); summary.txt has one line per check.
 #
 # PEAK_TFLOPS: the dense bf16 peak MFU is quoted against, default 989.4 (H100/H200 SXM, the
 # hardware table's h200-sxm entry, src/sim/hardware.cpp).
@@ -38,13 +40,15 @@ prepare() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPER_CUDA=ON -DPIPER_BLAS=openblas \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DPIPER_WERROR=ON ${CMAKE_FLAGS:-} > "$log" 2>&1 \
     || { tail -30 "$log"; exit 1; }
-  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_comm unit_runtime device_train >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" --target unit_backend unit_comm unit_runtime device_train op_bench >> "$log" 2>&1 || { tail -30 "$log"; exit 1; }
   # The executables and every library they load except the CUDA ones the GPU machine has (runtime,
   # cuBLAS, driver), xz-packed into one file: unpacked they pass the 64 MiB a working tree carries.
   local stage="$build/gpu-check-stage"
   rm -rf "$stage" "$out" && mkdir -p "$stage/lib" "$out"
-  cp "$build/unit_backend" "$build/unit_comm" "$build/unit_runtime" "$build/bench/device_train" "$stage/"
-  ldd "$build/unit_backend" "$build/unit_comm" "$build/unit_runtime" "$build/bench/device_train" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
+  local programs=("$build/unit_backend" "$build/unit_comm" "$build/unit_runtime" "$build/bench/device_train"
+                  "$build/bench/op_bench")
+  cp "${programs[@]}" "$stage/"
+  ldd "${programs[@]}" | awk '/=>/ {print $3} /ld-linux/ {print $1}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
       libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*) ;;
       *) cp -L "$lib" "$stage/lib/" ;;
@@ -83,7 +87,13 @@ run() {
     echo '{"skipped":"no GPU, or the fp32 training check failed"}' > "$results/throughput.json"
   fi
   flops=$(python3 "$root/bench/model_flops.py" "$root/config/nemotron-h-1b.yaml")
-  local bench_s=$((SECONDS - started))
+  local bench_s=$((SECONDS - started)) ops_rc=0
+  if [[ $bench_rc -eq 0 ]] && grep -q tokens_per_s "$results/throughput.json"; then
+    "$bin/lib/loader" --library-path "$path" "$bin/op_bench" "$root/config/nemotron-h-1b.yaml" \
+      --set train.device=cuda --set train.precision=bf16 > "$results/ops.json" 2> "$results/ops.err" || ops_rc=$?
+  else
+    echo '{"skipped":"no throughput run"}' > "$results/ops.json"
+  fi
   {
     echo "gpu: $(cat "$results/gpu.txt" 2>/dev/null || echo unknown)"
     echo "op runner: exit $rc in $ops_s s; $(grep -c '^\[ ok   \] cuda' "$results/op-runner.txt" || true) cuda outputs within tolerance, $(grep -c '^\[ FAIL \] cuda' "$results/op-runner.txt" || true) above"
@@ -106,12 +116,15 @@ print(f"throughput (nemotron-h-1b, bf16 products): exit {rc} in {secs} s; {r['to
       f"median step {r['median_step_ms']:.1f} ms, {achieved:.1f} TFLOP/s = MFU {100 * achieved / peak:.1f}% "
       f"of the {peak} TFLOP/s bf16 dense peak, peak memory {r['peak_bytes'] / 2**30:.1f} GiB")
 PY
+    echo "ops of the 1b hybrid's blocks (bf16, one microbatch): exit $ops_rc"
+    python3 "$root/bench/model_flops.py" "$root/config/nemotron-h-1b.yaml" --ops "$results/ops.json" --peak "${PEAK_TFLOPS:-989.4}" || true
   } > "$results/summary.txt"
   cat "$results/summary.txt"
   [[ $rc -eq 0 ]] || return "$rc"
   [[ $nccl_rc -eq 0 ]] || return "$nccl_rc"
   [[ $train_rc -eq 0 ]] || return "$train_rc"
-  return "$bench_rc"
+  [[ $bench_rc -eq 0 ]] || return "$bench_rc"
+  return "$ops_rc"
 }
 
 case "$mode" in

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -144,6 +145,36 @@ TEST(Device, ThroughputBenchmarkReportsOneLine) {
   auto bad = run(std::string(PIPER_BINARY_DIR) + "/bench/device_train " + source("config/tiny.yaml") + " --steps 0");
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--steps"), std::string::npos) << bad.output;
+}
+
+// The op benchmark (bench/op_bench, what scripts/gpu-check.sh times the 1B hybrid's ops with) reports a line for
+// each op of the model's blocks, at one microbatch's shapes, in the storage train.precision asks.
+TEST(Device, OpBenchmarkReportsEachOpOfTheBlocks) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    auto r = run(std::string(PIPER_BINARY_DIR) + "/bench/op_bench " + source("config/tiny.yaml") +
+                 " --set train.device=cpu_detached --set train.precision=" + precision + " --runs 1 --batches 2 --warmup 0");
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::vector<std::string> ops;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      ops.push_back(j["op"]);
+      EXPECT_EQ(j["device"], "cpu_detached");
+      EXPECT_EQ(j["storage"], std::string(precision) == "bf16" ? "bf16" : "f32") << line;
+      EXPECT_GT(j["median_ms"].get<double>(), 0.0) << line;
+      if (j["op"] == "attention_fwd") {
+        EXPECT_EQ(j["shape"], nlohmann::json({8, 64, 4, 16}));  // [B, T, H, hd]
+      }
+    }
+    const std::vector<std::string> want{
+        "linear_fwd:in_proj", "linear_bwd_input:in_proj", "linear_bwd_weight:in_proj", "conv1d_fwd", "conv1d_bwd",
+        "ssd_fwd", "ssd_bwd", "gated_rmsnorm_fwd", "gated_rmsnorm_bwd", "attention_fwd", "attention_bwd",
+        "linear_fwd:mlp_up", "linear_bwd_input:mlp_up", "linear_bwd_weight:mlp_up"};
+    EXPECT_EQ(ops, want) << r.output;
+  }
+  auto bad = run(std::string(PIPER_BINARY_DIR) + "/bench/op_bench " + source("config/tiny.yaml") + " --runs 0");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--runs"), std::string::npos) << bad.output;
 }
 
 // A checkpoint trained on one device generates on any: greedy text from a cpu_detached run's checkpoint is the
