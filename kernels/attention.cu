@@ -488,6 +488,41 @@ __global__ void __launch_bounds__(kAttnThreads)
   finish_rows<bf16>(o, m, l, out + g.q_off(b, h, HD), ldq, lse + g.row_off(b, h), q0, g.Tn, ty, tx);
 }
 
+// The backward's score tile on the tensor cores: s = Q K^T and dp = dO V^T of R query rows (Qs, dOs) and
+// C keys (Ks, Vs), bf16 rows of LD, stored through Ss and dPs (rows of C + 4) and read back in the
+// SIMT layout. Every thread of the block calls it; the tiles are in shared memory and written.
+template <int HD, int R, int C>
+__device__ __forceinline__ void backward_scores_tc(const bf16* Qs, const bf16* dOs, const bf16* Ks, const bf16* Vs,
+                                                   float* Ss, float* dPs, int ty, int tx,
+                                                   float (&s)[R / kGrid][C / kGrid], float (&dp)[R / kGrid][C / kGrid]) {
+  constexpr unsigned LD = TcTiles<HD>::LD, LDS = C + 4;
+  BlockMma<R / kMma, C / kMma> qk, dov;
+  qk.zero();
+  dov.zero();
+  qk.template add<wmma::row_major, wmma::col_major, HD / kMma>(Qs, LD, Ks, LD);
+  dov.template add<wmma::row_major, wmma::col_major, HD / kMma>(dOs, LD, Vs, LD);
+  qk.store(Ss, LDS);
+  dov.store(dPs, LDS);
+  __syncthreads();
+  from_staged<false, LDS>(Ss, ty, tx, s);
+  from_staged<false, LDS>(dPs, ty, tx, dp);
+}
+
+// Rows r0 + ty + 16a of a head slice (row t at base + t * stride) = a gradient the warps accumulated
+// (R x HD) * scale, stored through Os (rows of HD + 4) into the SIMT layout. Os is free on entry and
+// again on return.
+template <int HD, int R, class Acc>
+__device__ __forceinline__ void store_accumulated(const Acc& acc, float* Os, float scale, bf16* base, int64_t stride,
+                                                  int r0, int Tn, int ty, int tx) {
+  constexpr int LDO = HD + 4;
+  float r[R / kGrid][HD / kGrid];
+  acc.store(Os, LDO);
+  __syncthreads();
+  from_staged<false, LDO>(Os, ty, tx, r);
+  store_rows<bf16, R / kGrid, HD>(r, scale, base, stride, r0, Tn, ty, tx);
+  __syncthreads();
+}
+
 template <int HD>
 constexpr size_t dkdv_tc_smem_bytes() {
   using L = TcTiles<HD>;
@@ -501,7 +536,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                              const float* D, bf16* dk, bf16* dv, Heads g, float scale_log2, float scale) {
   constexpr int BK = kRowsHeld, BQ = kRowsStreamed, LD = TcTiles<HD>::LD, LDP = BK + 8;
   constexpr int LDS = BK + 4, LDO = HD + 4;
-  constexpr int RQ = BQ / kGrid, RC = BK / kGrid, RJ = BK / kGrid, RE = HD / kGrid;
+  constexpr int RQ = BQ / kGrid, RC = BK / kGrid;
   extern __shared__ __align__(32) float smem[];
   Carve carve{reinterpret_cast<unsigned char*>(smem)};
   bf16* Ks = carve.take<bf16>(BK * LD);     // [BK][LD]
@@ -533,33 +568,16 @@ __global__ void __launch_bounds__(kAttnThreads)
       load_rows<bf16, HD, LD>(dO, ldq, q0, BQ, g.Tn, dOs);
       load_row_terms(lse + g.row_off(b, h), D + g.row_off(b, h), q0, BQ, g.Tn, Ls, Ds);
       __syncthreads();
-      BlockMma<BQ / kMma, BK / kMma> qk, dov;  // S = Q K^T, dP = dO V^T
-      qk.zero();
-      dov.zero();
-      qk.template add<wmma::row_major, wmma::col_major, HD / kMma>(Qs, LD, Ks, LD);
-      dov.template add<wmma::row_major, wmma::col_major, HD / kMma>(dOs, LD, Vs, LD);
-      qk.store(Ss, LDS);
-      dov.store(dPs, LDS);
-      __syncthreads();
       float s[RQ][RC], dp[RQ][RC];
-      from_staged<false, LDS>(Ss, ty, tx, s);
-      from_staged<false, LDS>(dPs, ty, tx, dp);
+      backward_scores_tc<HD, BQ, BK>(Qs, dOs, Ks, Vs, Ss, dPs, ty, tx, s, dp);
       score_grads<RQ, RC, LDP>(s, dp, Ls, Ds, Ps, dSs, q0, k0, g.Tn, scale_log2, ty, tx);
       __syncthreads();
       dV.template add<wmma::col_major, wmma::row_major, BQ / kMma>(Ps, LDP, dOs, LD);   // dV += P^T dO
       dK.template add<wmma::col_major, wmma::row_major, BQ / kMma>(dSs, LDP, Qs, LD);   // dK += dS^T Q
     }
   }
-  float r[RJ][RE];
-  dK.store(Os, LDO);
-  __syncthreads();
-  from_staged<false, LDO>(Os, ty, tx, r);
-  store_rows<bf16, RJ, HD>(r, scale, dk + g.k_off(b, kvh, HD), ldk, k0, g.Tn, ty, tx);
-  __syncthreads();
-  dV.store(Os, LDO);
-  __syncthreads();
-  from_staged<false, LDO>(Os, ty, tx, r);
-  store_rows<bf16, RJ, HD>(r, 1.0f, dv + g.k_off(b, kvh, HD), ldk, k0, g.Tn, ty, tx);
+  store_accumulated<HD, BK>(dK, Os, scale, dk + g.k_off(b, kvh, HD), ldk, k0, g.Tn, ty, tx);
+  store_accumulated<HD, BK>(dV, Os, 1.0f, dv + g.k_off(b, kvh, HD), ldk, k0, g.Tn, ty, tx);
 }
 
 template <int HD>
@@ -575,7 +593,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                            const float* D, bf16* dq, Heads g, float scale_log2, float scale) {
   constexpr int BQ = kRowsHeld, BK = kRowsStreamed, LD = TcTiles<HD>::LD, LDP = BK + 8;
   constexpr int LDS = BK + 4, LDO = HD + 4;
-  constexpr int RA = BQ / kGrid, RC = BK / kGrid, RE = HD / kGrid;
+  constexpr int RA = BQ / kGrid, RC = BK / kGrid;
   extern __shared__ __align__(32) float smem[];
   Carve carve{reinterpret_cast<unsigned char*>(smem)};
   bf16* Qs = carve.take<bf16>(BQ * LD);     // [BQ][LD]
@@ -606,26 +624,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     load_rows<bf16, HD, LD>(K, ldk, k0, BK, g.Tn, Ks);
     load_rows<bf16, HD, LD>(V, ldk, k0, BK, g.Tn, Vs);
     __syncthreads();
-    BlockMma<BQ / kMma, BK / kMma> qk, dov;  // S = Q K^T, dP = dO V^T
-    qk.zero();
-    dov.zero();
-    qk.template add<wmma::row_major, wmma::col_major, HD / kMma>(Qs, LD, Ks, LD);
-    dov.template add<wmma::row_major, wmma::col_major, HD / kMma>(dOs, LD, Vs, LD);
-    qk.store(Ss, LDS);
-    dov.store(dPs, LDS);
-    __syncthreads();
     float s[RA][RC], dp[RA][RC];
-    from_staged<false, LDS>(Ss, ty, tx, s);
-    from_staged<false, LDS>(dPs, ty, tx, dp);
+    backward_scores_tc<HD, BQ, BK>(Qs, dOs, Ks, Vs, Ss, dPs, ty, tx, s, dp);
     score_grads<RA, RC, LDP, bf16>(s, dp, Ls, Ds, nullptr, dSs, q0, k0, g.Tn, scale_log2, ty, tx);
     __syncthreads();
     dQ.template add<wmma::row_major, wmma::row_major, BK / kMma>(dSs, LDP, Ks, LD);  // dQ += dS K
   }
-  float r[RA][RE];
-  dQ.store(Os, LDO);
-  __syncthreads();
-  from_staged<false, LDO>(Os, ty, tx, r);
-  store_rows<bf16, RA, HD>(r, scale, dq + g.q_off(b, h, HD), ldq, q0, g.Tn, ty, tx);
+  store_accumulated<HD, BQ>(dQ, Os, scale, dq + g.q_off(b, h, HD), ldq, q0, g.Tn, ty, tx);
 }
 
 // The launch limits, checked on the host: std::invalid_argument naming the op and the limit.

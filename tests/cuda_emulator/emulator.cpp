@@ -369,15 +369,22 @@ std::string where(const Scheduler& s, const Place& p) {
   return std::string(s.kernel) + ", " + b;
 }
 
-// Lets a warp whose every live lane waits at a shuffle on; false if it cannot yet.
-bool release_warp(Scheduler& s, size_t first, size_t lanes) {
-  size_t waiting = 0, live = 0;
+// Whether every live lane of the warp at `first` waits in `state` (and one at least does); `live`, when
+// given, gets how many lanes have not returned.
+bool warp_waits_at(const Scheduler& s, size_t first, size_t lanes, Fiber::State state, size_t* live = nullptr) {
+  size_t waiting = 0, running = 0;
   for (size_t l = 0; l < lanes; ++l) {
     const Fiber& f = *s.fibers[first + l];
-    if (f.state != Fiber::kDone) ++live;
-    if (f.state == Fiber::kAtShuffle) ++waiting;
+    if (f.state != Fiber::kDone) ++running;
+    if (f.state == state) ++waiting;
   }
-  if (waiting == 0 || waiting != live) return false;
+  if (live) *live = running;
+  return waiting > 0 && waiting == running;
+}
+
+// Lets a warp whose every live lane waits at a shuffle on; false if it cannot yet.
+bool release_warp(Scheduler& s, size_t first, size_t lanes) {
+  if (!warp_waits_at(s, first, lanes, Fiber::kAtShuffle)) return false;
   std::vector<uint64_t> result(lanes);
   for (size_t l = 0; l < lanes; ++l) {
     const Fiber& f = *s.fibers[first + l];
@@ -408,13 +415,8 @@ bool release_warp(Scheduler& s, size_t first, size_t lanes) {
 // Plays a warp-wide operation (a wmma load, store or product) once every lane of the warp has reached
 // it: the whole warp must take part, every lane in the same operation; false if it cannot yet.
 bool release_collective(Scheduler& s, size_t first, size_t lanes) {
-  size_t waiting = 0, live = 0;
-  for (size_t l = 0; l < lanes; ++l) {
-    const Fiber& f = *s.fibers[first + l];
-    if (f.state != Fiber::kDone) ++live;
-    if (f.state == Fiber::kAtWarpCollective) ++waiting;
-  }
-  if (waiting == 0 || waiting != live) return false;
+  size_t live = 0;
+  if (!warp_waits_at(s, first, lanes, Fiber::kAtWarpCollective, &live)) return false;
   const Fiber& lead = *s.fibers[first];
   if (lanes != kWarpSize || live != lanes)
     fault("%s: a warp-wide operation (wmma) at threads %zu..%zu with %zu of its 32 lanes (the others have "
